@@ -1,0 +1,187 @@
+package handshake
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Header is the fixed part of a frame after the magic.
+type Header struct {
+	Version uint8
+	Type    Type
+	Length  uint16 // body length
+}
+
+// ParseHeader parses the first HeaderLen bytes of b. It returns ErrBadMagic
+// if b does not start with Magic; ErrVersion, together with the parsed
+// header, if the version is not Version (the type and length are then not
+// checked: a future version may define them differently); ErrMalformed if b
+// is shorter than HeaderLen, the type is unknown or the length exceeds
+// MaxBody.
+func ParseHeader(b []byte) (Header, error) {
+	if len(b) < HeaderLen {
+		if !MatchesMagicPrefix(b) {
+			return Header{}, ErrBadMagic
+		}
+		return Header{}, fmt.Errorf("%w: header is %d bytes, want %d", ErrMalformed, len(b), HeaderLen)
+	}
+	if string(b[:len(Magic)]) != Magic {
+		return Header{}, ErrBadMagic
+	}
+	h := Header{
+		Version: b[8],
+		Type:    Type(b[9]),
+		Length:  binary.BigEndian.Uint16(b[10:12]),
+	}
+	if h.Version != Version {
+		return h, fmt.Errorf("%w: peer speaks version %d, want %d", ErrVersion, h.Version, Version)
+	}
+	if !h.Type.known() {
+		return h, fmt.Errorf("%w: unknown message type %d", ErrMalformed, uint8(h.Type))
+	}
+	if h.Length > MaxBody {
+		return h, fmt.Errorf("%w: %s body length %d exceeds %d", ErrMalformed, h.Type, h.Length, MaxBody)
+	}
+	return h, nil
+}
+
+// Decode parses the body of a frame whose header is h. It checks h as
+// ParseHeader does, and that len(body) == h.Length. The result does not
+// alias body.
+func Decode(h Header, body []byte) (Message, error) {
+	switch {
+	case h.Version != Version:
+		return nil, fmt.Errorf("%w: peer speaks version %d, want %d", ErrVersion, h.Version, Version)
+	case !h.Type.known():
+		return nil, fmt.Errorf("%w: unknown message type %d", ErrMalformed, uint8(h.Type))
+	case h.Length > MaxBody:
+		return nil, fmt.Errorf("%w: %s body length %d exceeds %d", ErrMalformed, h.Type, h.Length, MaxBody)
+	case len(body) != int(h.Length):
+		return nil, fmt.Errorf("%w: %s body is %d bytes, header says %d", ErrMalformed, h.Type, len(body), h.Length)
+	}
+	return decodeBody(h.Type, body)
+}
+
+// Read reads exactly one frame from r and decodes it. It never reads past
+// the end of the frame, so r may be the raw connection that carries later
+// frames or other data, and it allocates at most MaxBody bytes for the body
+// (plus the decoded message).
+//
+// It returns io.EOF if r ends before the first byte, io.ErrUnexpectedEOF if
+// it ends inside the frame, any other error from r as is, and otherwise the
+// errors of ParseHeader and Decode. The header is checked against Magic as
+// it arrives, so a peer that does not speak rsock is reported (ErrBadMagic)
+// as soon as a wrong byte is received, without waiting for a full header.
+// After ErrVersion, the body has not been read.
+func Read(r io.Reader) (Message, error) {
+	var hb [HeaderLen]byte
+	if err := readHeader(r, hb[:]); err != nil {
+		return nil, err
+	}
+	h, err := ParseHeader(hb[:])
+	if err != nil {
+		return nil, err
+	}
+	body := make([]byte, h.Length)
+	if _, err := io.ReadFull(r, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return decodeBody(h.Type, body)
+}
+
+// readHeader is io.ReadFull(r, hb) that fails with ErrBadMagic as soon as
+// the bytes read so far are not a prefix of Magic.
+func readHeader(r io.Reader, hb []byte) error {
+	n := 0
+	for n < len(hb) {
+		m, err := r.Read(hb[n:])
+		if m < 0 || m > len(hb)-n {
+			return fmt.Errorf("handshake: reader returned invalid count %d", m)
+		}
+		n += m
+		if !MatchesMagicPrefix(hb[:n]) {
+			return ErrBadMagic
+		}
+		if err != nil {
+			if n == len(hb) {
+				return nil // as io.ReadFull: a full read wins over err
+			}
+			if errors.Is(err, io.EOF) && n > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// MatchesMagicPrefix reports whether b agrees with Magic on their common
+// length: for len(b) < len(Magic), whether b is a prefix of Magic (so an
+// empty b matches); for longer b, whether b starts with Magic. A listener
+// uses it to sniff the first bytes of a connection.
+func MatchesMagicPrefix(b []byte) bool {
+	n := min(len(b), len(Magic))
+	return string(b[:n]) == Magic[:n]
+}
+
+// Append appends the frame (header and body) for m to b. It returns an
+// error wrapping ErrMalformed, and b unchanged, if m cannot be encoded
+// because the decoder would reject it: a nil message, an offer count
+// outside 1..MaxOffers, info longer than MaxInfo, a reason longer than
+// MaxReason or not valid UTF-8 (see SanitizeReason; reasons are refused,
+// not truncated), or a body longer than MaxBody (possible only for a Hello
+// with several large infos). RingInfo is not validated.
+func Append(b []byte, m Message) ([]byte, error) {
+	if isNil(m) {
+		return b, fmt.Errorf("%w: cannot encode nil message", ErrMalformed)
+	}
+	start := len(b)
+	out := append(b, Magic...)
+	out = append(out, Version, uint8(m.Type()), 0, 0)
+	out, err := m.appendBody(out)
+	if err != nil {
+		return b, err
+	}
+	n := len(out) - start - HeaderLen
+	if n > MaxBody {
+		return b, fmt.Errorf("%w: cannot encode %s: body length %d exceeds %d", ErrMalformed, m.Type(), n, MaxBody)
+	}
+	binary.BigEndian.PutUint16(out[start+HeaderLen-2:], uint16(n))
+	return out, nil
+}
+
+func isNil(m Message) bool {
+	switch m := m.(type) {
+	case nil:
+		return true
+	case *Hello:
+		return m == nil
+	case *Accept:
+		return m == nil
+	case *Decline:
+		return m == nil
+	case *Confirm:
+		return m == nil
+	case *Goodbye:
+		return m == nil
+	}
+	return false
+}
+
+// Write encodes m and writes the whole frame to w with a single Write call.
+func Write(w io.Writer, m Message) error {
+	frame, err := Append(make([]byte, 0, 256), m)
+	if err != nil {
+		return err
+	}
+	n, err := w.Write(frame)
+	if err == nil && n != len(frame) {
+		err = io.ErrShortWrite
+	}
+	return err
+}

@@ -1,0 +1,293 @@
+// Package verbs is the transport abstraction that rsock's ring protocol runs
+// on. It is modelled on the RDMA verbs (libibverbs): a Device is a protection
+// domain, memory regions (MR) are registered buffers outside the Go heap that
+// a connected peer may write into with a remote key, queue pairs (QP) are
+// reliable-connected (RC) and carry RDMA WRITE, WRITE with immediate, SEND and
+// RECV, and completion queues (CQ) report finished work requests.
+//
+// Three providers implement it: ibverbs (libibverbs through cgo), shm (two
+// processes on one host, shared memory) and sim (in-process, with fault
+// injection, for tests). The verbstest package holds the conformance suite
+// every provider passes.
+//
+// Semantics every provider keeps (they are the RC guarantees the ring
+// protocol relies on):
+//   - Work requests posted on one QP execute in order. A SEND posted after a
+//     WRITE is delivered to the peer only after the WRITE's data is visible in
+//     the peer's memory.
+//   - A SEND or WRITE with immediate consumes exactly one posted RECV at the
+//     peer, in posting order. Posting one when the peer has no RECV posted is a
+//     receiver-not-ready error that moves the QP to the error state.
+//   - A WRITE outside the bounds of the peer MR named by the remote key, or to
+//     an MR without remote-write access, fails with StatusRemoteAccess and
+//     moves the QP to the error state.
+//   - Once a QP is in the error state, all outstanding and later work requests
+//     complete with StatusFlushed.
+//   - Inline data (SendWR.Inline) is copied when PostSend returns, so the
+//     caller may reuse its buffer at once.
+//
+// Concurrency: PostSend, PostRecv and CQ.Poll may be called from different
+// goroutines at the same time. CQ.Wait is called by at most one goroutine at
+// a time.
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+)
+
+// Access says who may write a memory region.
+type Access uint32
+
+const (
+	// AccessLocalWrite lets the local side's RECVs write into the region.
+	AccessLocalWrite Access = 1 << iota
+	// AccessRemoteWrite lets the connected peer RDMA WRITE into the region.
+	// rsock never grants remote read.
+	AccessRemoteWrite
+)
+
+// Opcode is the operation of a send work request or of a completion.
+type Opcode uint8
+
+const (
+	OpWrite    Opcode = iota + 1 // RDMA WRITE (send queue)
+	OpWriteImm                   // RDMA WRITE with immediate (send queue)
+	OpSend                       // SEND (send queue)
+	OpRecv                       // a RECV consumed by the peer's SEND
+	OpRecvImm                    // a RECV consumed by the peer's WRITE with immediate
+)
+
+func (o Opcode) String() string {
+	switch o {
+	case OpWrite:
+		return "WRITE"
+	case OpWriteImm:
+		return "WRITE_WITH_IMM"
+	case OpSend:
+		return "SEND"
+	case OpRecv:
+		return "RECV"
+	case OpRecvImm:
+		return "RECV_RDMA_WITH_IMM"
+	}
+	return fmt.Sprintf("Opcode(%d)", uint8(o))
+}
+
+// Status is the outcome of a work request.
+type Status uint8
+
+const (
+	StatusSuccess       Status = iota
+	StatusFlushed              // the QP was in the error state; the request did not execute
+	StatusRemoteAccess         // the peer refused the access (bad rkey, bounds, no permission)
+	StatusLocalLength          // a received message was larger than the posted buffer
+	StatusRNR                  // the peer had no RECV posted (receiver not ready, retries exhausted)
+	StatusRetryExceeded        // the peer did not answer (transport retries exhausted)
+	StatusFatal                // any other error; the QP is in the error state
+)
+
+func (s Status) String() string {
+	switch s {
+	case StatusSuccess:
+		return "success"
+	case StatusFlushed:
+		return "flushed"
+	case StatusRemoteAccess:
+		return "remote access error"
+	case StatusLocalLength:
+		return "local length error"
+	case StatusRNR:
+		return "receiver not ready"
+	case StatusRetryExceeded:
+		return "transport retry exceeded"
+	case StatusFatal:
+		return "fatal error"
+	}
+	return fmt.Sprintf("Status(%d)", uint8(s))
+}
+
+// Errors shared by all providers.
+var (
+	// ErrClosed is returned by operations on a closed Device, QP, CQ or MR.
+	ErrClosed = errors.New("verbs: closed")
+	// ErrQPState is returned when posting on a QP that is not connected or is
+	// in the error state.
+	ErrQPState = errors.New("verbs: queue pair not in a state to post")
+	// ErrQueueFull is returned when a post would exceed the queue's depth.
+	ErrQueueFull = errors.New("verbs: work queue full")
+	// ErrInlineTooLong is returned when SendWR.Inline exceeds QP.MaxInline.
+	ErrInlineTooLong = errors.New("verbs: inline data longer than the queue pair allows")
+	// ErrBounds is returned for a local scatter entry outside its MR.
+	ErrBounds = errors.New("verbs: buffer outside its memory region")
+	// ErrUnavailable wraps the reason a provider cannot be used on this host.
+	ErrUnavailable = errors.New("verbs: provider unavailable")
+	// ErrPeerInfo is returned by Connect for a peer description that does not
+	// parse or cannot be reached.
+	ErrPeerInfo = errors.New("verbs: bad peer information")
+)
+
+// CompletionError is the error form of a failed completion.
+type CompletionError struct {
+	Op     Opcode
+	Status Status
+}
+
+func (e *CompletionError) Error() string {
+	return fmt.Sprintf("verbs: %v completed with %v", e.Op, e.Status)
+}
+
+// SGE names Length bytes at Offset inside a memory region.
+type SGE struct {
+	MR     MR
+	Offset int
+	Length int
+}
+
+// SendWR is a send-queue work request.
+type SendWR struct {
+	ID uint64
+	Op Opcode // OpWrite, OpWriteImm or OpSend
+	// Local is the data source. Ignored when Inline is non-nil.
+	Local SGE
+	// Inline, when non-nil, is the data itself; it is copied before PostSend
+	// returns and needs no memory region. len(Inline) <= QP.MaxInline().
+	Inline []byte
+	// RemoteAddr and RKey name the destination of a WRITE: RemoteAddr is the
+	// peer MR's Addr() plus an offset.
+	RemoteAddr uint64
+	RKey       uint32
+	// Imm is the immediate value of OpWriteImm (and of OpSend with HasImm).
+	Imm    uint32
+	HasImm bool
+	// Signaled requests a completion on success. Failed requests always
+	// complete. Unsignaled requests are retired by a later signaled one.
+	Signaled bool
+}
+
+// RecvWR is a receive-queue work request: a buffer for one incoming SEND.
+type RecvWR struct {
+	ID    uint64
+	Local SGE
+}
+
+// Completion reports a finished work request.
+type Completion struct {
+	ID     uint64
+	Op     Opcode
+	Status Status
+	// Len is the number of bytes received (OpRecv) or written by the peer's
+	// WRITE with immediate (OpRecvImm).
+	Len    int
+	Imm    uint32
+	HasImm bool
+}
+
+// Err returns nil for a successful completion and a *CompletionError
+// otherwise.
+func (c *Completion) Err() error {
+	if c.Status == StatusSuccess {
+		return nil
+	}
+	return &CompletionError{Op: c.Op, Status: c.Status}
+}
+
+// MR is a registered memory region. Its memory is outside the Go heap and
+// stays valid until Close.
+type MR interface {
+	// Bytes is the local mapping of the region.
+	Bytes() []byte
+	// Addr is the address a peer uses in SendWR.RemoteAddr for offset 0.
+	Addr() uint64
+	// RKey is the remote key a peer uses to WRITE into the region (zero
+	// unless registered with AccessRemoteWrite).
+	RKey() uint32
+	// Close deregisters the region and frees its memory.
+	Close() error
+}
+
+// CQ is a completion queue shared by the send and receive queues of QPs.
+type CQ interface {
+	// Poll moves up to len(wc) completions into wc without blocking and
+	// returns how many.
+	Poll(wc []Completion) (int, error)
+	// Arm requests a notification for the next completion added after the
+	// call. Poll once more after Arm before Wait, or a completion that raced
+	// with Arm may wait for the next one.
+	Arm() error
+	// Wait blocks until an armed notification fires or the CQ is closed
+	// (ErrClosed). It parks the calling goroutine in the Go netpoller or on a
+	// channel, never an OS thread. Spurious wake-ups are allowed.
+	Wait() error
+	// Close releases the CQ and unblocks Wait. Close the QPs first.
+	Close() error
+}
+
+// QPAttr sizes a queue pair.
+type QPAttr struct {
+	CQ        CQ  // receives both send and receive completions
+	SendDepth int // outstanding send work requests
+	RecvDepth int // outstanding receive work requests
+	MaxInline int // requested inline size; the provider may grant more or less
+}
+
+// QP is a reliable-connected queue pair.
+type QP interface {
+	// Info describes this end for the peer (for ibverbs: QPN, PSN, GID,
+	// LID, MTU). It is sent over the bootstrap connection.
+	Info() []byte
+	// Connect connects this QP to the peer described by peer (the peer's
+	// Info). The passive side (server) calls it before answering the
+	// handshake, the active side (client) after. It may do side exchanges
+	// (shm passes file descriptors) and honours ctx.
+	Connect(ctx context.Context, peer []byte, active bool) error
+	// Established is called on the passive side once the active side has
+	// confirmed; it waits for any side exchange Connect started.
+	Established(ctx context.Context) error
+	// MaxInline is the largest SendWR.Inline this QP accepts.
+	MaxInline() int
+	PostSend(wr *SendWR) error
+	PostRecv(wr *RecvWR) error
+	// Close moves the QP to the error state, so outstanding requests
+	// complete as flushed, and releases it.
+	Close() error
+}
+
+// Device is an opened RDMA device with a protection domain: memory regions
+// and queue pairs of one Device belong together, and a peer connected to a
+// QP can write only into remote-writable MRs of the same Device.
+type Device interface {
+	// Provider is the name of the provider: "ibverbs", "shm" or "sim".
+	Provider() string
+	// AllocMR allocates and registers size bytes outside the Go heap.
+	AllocMR(size int, access Access) (MR, error)
+	NewCQ(depth int) (CQ, error)
+	NewQP(attr QPAttr) (QP, error)
+	// Close releases the device. Close QPs, CQs and MRs first.
+	Close() error
+}
+
+// OpenOptions carries what a provider needs to pick a device for one
+// connection.
+type OpenOptions struct {
+	// LocalAddr and RemoteAddr are the bootstrap TCP connection's addresses
+	// (RoCE picks the device and GID that own LocalAddr's IP).
+	LocalAddr  net.Addr
+	RemoteAddr net.Addr
+	// Device, Port and GIDIndex override automatic selection (ibverbs).
+	Device   string
+	Port     int
+	GIDIndex int // -1 for automatic
+}
+
+// Provider opens devices of one transport kind.
+type Provider interface {
+	// Name is the provider's name: "ibverbs", "shm" or "sim".
+	Name() string
+	// Open opens a device (protection domain) for one connection. An
+	// error that wraps ErrUnavailable means the provider cannot work on this
+	// host, with the reason in the message.
+	Open(opts OpenOptions) (Device, error)
+}
