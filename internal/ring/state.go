@@ -75,13 +75,15 @@ type State struct {
 	p Params
 
 	// Send half.
-	prod        uint64 // bytes written into the peer's ring
-	peerCons    uint64 // peer's consumer cursor, as announced
-	sent        uint64 // state messages posted to the peer
-	peerPosted  uint64 // receive WRs the peer has posted in total, as announced
-	finSent     bool
-	closeSent   bool
-	blockedSent bool // a BLOCKED went out and no data since
+	prod         uint64 // bytes written into the peer's ring
+	prodSent     uint64 // producer cursor of the last message sent
+	peerCons     uint64 // peer's consumer cursor, as announced
+	sent         uint64 // state messages posted to the peer
+	peerPosted   uint64 // receive WRs the peer has posted in total, as announced
+	finSent      bool
+	finAnnounced bool // a message carrying FIN went out
+	closeSent    bool
+	blockedSent  bool // a BLOCKED went out and no data since
 
 	// Receive half.
 	peerProd        uint64 // peer's producer cursor into our ring
@@ -192,6 +194,11 @@ func (s *State) Wrote(n uint64) error {
 	return nil
 }
 
+// Unannounced is how many written bytes no message has announced yet. They
+// go out with the next message; a writer that wrote them without a data
+// credit leaves them for the next one.
+func (s *State) Unannounced() uint64 { return s.prod - s.prodSent }
+
 // Block records that a writer has data it cannot send for lack of space or
 // credits. It reports whether a BLOCKED message should go out now: once per
 // stall, until data moves again.
@@ -210,6 +217,10 @@ func (s *State) SetFIN() { s.finSent = true }
 // CLOSE (and FIN).
 func (s *State) SetClose() { s.finSent, s.closeSent = true, true }
 
+// FINPending reports whether SetFIN or SetClose was called but no message
+// has carried FIN yet: the caller owes the peer one.
+func (s *State) FINPending() bool { return s.finSent && !s.finAnnounced }
+
 // FINSent reports whether SetFIN or SetClose was called.
 func (s *State) FINSent() bool { return s.finSent }
 
@@ -223,6 +234,7 @@ func (s *State) Next(extra Flags) (Msg, error) {
 	f := extra &^ flagsStick
 	if s.finSent {
 		f |= FlagFIN
+		s.finAnnounced = true
 	}
 	if s.closeSent {
 		f |= FlagClose
@@ -232,7 +244,7 @@ func (s *State) Next(extra Flags) (Msg, error) {
 	if s.cons > s.announced {
 		s.peerBlocked = false
 	}
-	s.announced, s.postedAnnounced = s.cons, s.posted
+	s.announced, s.postedAnnounced, s.prodSent = s.cons, s.posted, s.prod
 	return m, nil
 }
 
@@ -262,6 +274,9 @@ func (s *State) Reposted() error {
 	s.posted++
 	return nil
 }
+
+// PeerProd is the peer's producer cursor: all bytes it has announced.
+func (s *State) PeerProd() uint64 { return s.peerProd }
 
 // PeerFIN reports whether the peer said it writes no more.
 func (s *State) PeerFIN() bool { return s.peerFIN }

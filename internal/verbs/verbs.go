@@ -291,3 +291,14 @@ type Provider interface {
 	// host, with the reason in the message.
 	Open(opts OpenOptions) (Device, error)
 }
+
+// RemoteMapper is implemented by QPs whose peer memory is mapped into this
+// process (shm). A writer may copy straight into the returned slice of the
+// peer's memory instead of staging the bytes and posting a WRITE; the
+// ordering rule still holds: bytes copied before a SEND is posted are
+// visible to the peer when that SEND's receive completion is.
+type RemoteMapper interface {
+	// MapRemote returns the peer's memory at addr..addr+length of the MR
+	// named by rkey, or an error if that range is not remote-writable.
+	MapRemote(addr uint64, rkey uint32, length int) ([]byte, error)
+}

@@ -1,0 +1,403 @@
+package stream
+
+import (
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/ring"
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// Conn is a byte stream over a connected queue pair, with the bootstrap TCP
+// connection kept open beside it for orderly close, abort and peer-death
+// detection.
+//
+// Blocking: Read blocks until data, EOF, an error, Close or the read
+// deadline; Write blocks until every byte is in the peer's ring (not until
+// the peer read it), an error, Close or the write deadline. A blocked call
+// first polls for BusyPoll, then parks its goroutine (no OS thread).
+//
+// Concurrency: all methods are safe for concurrent use. Concurrent Writes
+// do not interleave their bytes; concurrent Reads each get a contiguous
+// piece of the stream.
+type Conn struct {
+	ep   *Endpoint
+	boot net.Conn
+	peer Ring
+	opts Options
+
+	direct []byte   // the peer's ring mapped here (shm), or nil
+	stage  verbs.MR // staging for WRITEs when direct is nil
+	inline int      // QP's MaxInline
+
+	rdMu, wrMu sync.Mutex // serialise Reads and Writes
+
+	mu        sync.Mutex // protects everything below
+	st        *ring.State
+	err       error // terminal transport error; set once
+	closed    bool  // Close was called
+	rdClosed  bool  // CloseRead was called
+	wrClosed  bool  // CloseWrite was called
+	peerGone  bool  // the peer said goodbye (orderly close) on the bootstrap
+	sqPosted  uint64
+	sqDone    uint64
+	lastSig   uint64
+	closeSig  uint64 // ID of the signaled final message, 0 if none
+	msgBuf    [ring.MsgLen]byte
+	wcs       [32]verbs.Completion
+	calls     sync.WaitGroup // in-flight Read, Write and friends
+	loops     sync.WaitGroup // the event loop, the bootstrap watcher, abort notices
+	done      chan struct{}  // closed by Close
+	rdWake    chan struct{}
+	wrWake    chan struct{}
+	closeWake chan struct{}
+
+	rdDeadline, wrDeadline *deadline
+
+	stats Stats
+}
+
+// Stats are counters a user can read while the Conn runs.
+type Stats struct {
+	BytesRead    atomic.Uint64
+	BytesWritten atomic.Uint64
+	Writes       atomic.Uint64 // Write calls that moved data
+	MsgsSent     atomic.Uint64 // state messages posted
+	MsgsRecv     atomic.Uint64 // state messages received
+	CreditStalls atomic.Uint64 // times a writer waited for ring space or credits
+	Wakeups      atomic.Uint64 // times a blocked call parked and was woken
+}
+
+// Start turns a connected Endpoint into a Conn. peer is the peer's ring from
+// the handshake; boot is the bootstrap connection, which the Conn now owns.
+func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
+	if err := validatePeer(peer); err != nil {
+		return nil, err
+	}
+	st, err := ring.New(ring.Params{
+		LocalSize: uint64(e.opts.RingSize), LocalCredits: uint64(e.opts.Credits),
+		PeerSize: peer.Size, PeerCredits: peer.Credits,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c := &Conn{
+		ep: e, boot: boot, peer: peer, opts: e.opts, st: st,
+		inline:     e.qp.MaxInline(),
+		done:       make(chan struct{}),
+		rdWake:     make(chan struct{}, 1),
+		wrWake:     make(chan struct{}, 1),
+		closeWake:  make(chan struct{}, 1),
+		rdDeadline: newDeadline(),
+		wrDeadline: newDeadline(),
+	}
+	if m, ok := e.qp.(verbs.RemoteMapper); ok {
+		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {
+			return nil, err
+		}
+	} else if c.stage, err = e.dev.AllocMR(int(peer.Size), verbs.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	e.owned = false
+	c.loops.Add(2)
+	go c.eventLoop()
+	go c.watchBootstrap()
+	return c, nil
+}
+
+// Provider is the name of the verbs provider carrying the Conn.
+func (c *Conn) Provider() string { return c.ep.Provider() }
+
+// Stats returns the Conn's live counters.
+func (c *Conn) Stats() *Stats { return &c.stats }
+
+// LocalAddr and RemoteAddr are the bootstrap connection's addresses.
+func (c *Conn) LocalAddr() net.Addr  { return c.boot.LocalAddr() }
+func (c *Conn) RemoteAddr() net.Addr { return c.boot.RemoteAddr() }
+
+// enter registers an in-flight call; it fails once Close has started.
+func (c *Conn) enter() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return net.ErrClosed
+	}
+	c.calls.Add(1)
+	return nil
+}
+
+// Read reads up to len(b) bytes. It returns io.EOF once the peer has closed
+// its writing side and every byte was read, and after CloseRead.
+func (c *Conn) Read(b []byte) (int, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.calls.Done()
+	c.rdMu.Lock()
+	defer c.rdMu.Unlock()
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return 0, net.ErrClosed
+		}
+		if c.rdClosed {
+			c.mu.Unlock()
+			return 0, io.EOF
+		}
+		if c.rdDeadline.expired() {
+			c.mu.Unlock()
+			return 0, os.ErrDeadlineExceeded
+		}
+		if n := c.st.Readable(); n > 0 {
+			if len(b) == 0 {
+				c.mu.Unlock()
+				return 0, nil
+			}
+			k := min(n, uint64(len(b)))
+			s1, s2 := c.st.ReadSegments(k)
+			c.mu.Unlock()
+			// The peer does not write these bytes again until we announce
+			// them consumed, so the copy needs no lock.
+			mem := c.ep.ring.Bytes()
+			copy(b, mem[s1.Off:s1.Off+s1.Len])
+			copy(b[s1.Len:], mem[s2.Off:s2.Off+s2.Len])
+			c.mu.Lock()
+			err := c.st.Consumed(k)
+			if err == nil {
+				c.flushLocked()
+			}
+			c.mu.Unlock()
+			if err != nil {
+				return 0, err
+			}
+			c.stats.BytesRead.Add(k)
+			return int(k), nil
+		}
+		if c.st.EOF() {
+			c.mu.Unlock()
+			return 0, io.EOF
+		}
+		if c.err != nil {
+			err := c.err
+			c.mu.Unlock()
+			return 0, err
+		}
+		if c.peerGone {
+			// The peer closed and everything it wrote was read, but its
+			// final message never came: treat its goodbye as the FIN.
+			c.mu.Unlock()
+			return 0, io.EOF
+		}
+		c.mu.Unlock()
+		if len(b) == 0 {
+			return 0, nil
+		}
+		if err := c.wait(c.rdWake, c.rdDeadline); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// Write writes all of b unless an error stops it first; it returns how many
+// bytes were placed in the peer's ring. The bytes are copied before Write
+// returns, so b may be reused at once. A deadline that passes mid-way
+// leaves a whole prefix written and reports its length.
+func (c *Conn) Write(b []byte) (int, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.calls.Done()
+	c.wrMu.Lock()
+	defer c.wrMu.Unlock()
+	written := 0
+	stalled := false
+	for {
+		c.mu.Lock()
+		if err := c.writeErrLocked(); err != nil {
+			c.mu.Unlock()
+			return written, err
+		}
+		if written == len(b) {
+			c.mu.Unlock()
+			if written > 0 {
+				c.stats.Writes.Add(1)
+			}
+			return written, nil
+		}
+		space := c.st.Space()
+		// A data chunk needs: ring space, a data credit, and send-queue room
+		// for two WRITEs and the SEND (plus two slots kept for control).
+		if space == 0 || !c.st.CanSendData() || c.sqFreeLocked() < 5 {
+			if c.st.Block() {
+				c.sendLocked(ring.FlagBlocked)
+			}
+			c.mu.Unlock()
+			if !stalled {
+				stalled = true
+				c.stats.CreditStalls.Add(1)
+			}
+			if err := c.wait(c.wrWake, c.wrDeadline); err != nil {
+				return written, err
+			}
+			continue
+		}
+		stalled = false
+		n := min(uint64(len(b)-written), space)
+		s1, s2 := c.st.WriteSegments(n)
+		chunk := b[written : written+int(n)]
+		c.mu.Unlock()
+		// Copy outside the lock: only this writer moves the producer cursor,
+		// and the peer has released this space.
+		if c.direct != nil {
+			copy(c.direct[s1.Off:s1.Off+s1.Len], chunk)
+			copy(c.direct[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
+		} else if n > uint64(c.inline) {
+			st := c.stage.Bytes()
+			copy(st[s1.Off:s1.Off+s1.Len], chunk)
+			copy(st[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
+		}
+		c.mu.Lock()
+		if err := c.writeErrLocked(); err != nil {
+			c.mu.Unlock()
+			return written, err
+		}
+		if err := c.postWritesLocked(chunk, s1, s2); err != nil {
+			c.failLocked(reset("posting a write", err))
+			c.mu.Unlock()
+			return written, c.err
+		}
+		if err := c.st.Wrote(n); err != nil {
+			c.failLocked(err)
+			c.mu.Unlock()
+			return written, c.err
+		}
+		written += int(n)
+		c.stats.BytesWritten.Add(n)
+		if c.st.CanSendData() {
+			c.sendLocked(0)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// writeErrLocked says why no more can be written, or nil.
+func (c *Conn) writeErrLocked() error {
+	switch {
+	case c.closed:
+		return net.ErrClosed
+	case c.err != nil:
+		return c.err
+	case c.wrClosed, c.st.PeerClosed(), c.peerGone:
+		return ErrBrokenPipe
+	case c.wrDeadline.expired():
+		return os.ErrDeadlineExceeded
+	}
+	return nil
+}
+
+// postWritesLocked posts the WRITEs for a chunk already copied to the peer's
+// mapping or to the staging buffer (or small enough to go inline).
+func (c *Conn) postWritesLocked(chunk []byte, s1, s2 ring.Seg) error {
+	if c.direct != nil {
+		return nil
+	}
+	inline := len(chunk) <= c.inline // as Write decided when it copied
+	for _, s := range []ring.Seg{s1, s2} {
+		if s.Len == 0 {
+			continue
+		}
+		wr := verbs.SendWR{Op: verbs.OpWrite, RemoteAddr: c.peer.Addr + s.Off, RKey: c.peer.RKey}
+		if inline {
+			wr.Inline = chunk[:s.Len]
+		} else {
+			wr.Local = verbs.SGE{MR: c.stage, Offset: int(s.Off), Length: int(s.Len)}
+		}
+		chunk = chunk[s.Len:]
+		if err := c.postLocked(&wr, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wait blocks until woken through wake, the deadline passes or the Conn is
+// closed. With BusyPoll set it first polls the completion queue itself.
+func (c *Conn) wait(wake chan struct{}, dl *deadline) error {
+	if c.opts.BusyPoll > 0 {
+		end := time.Now().Add(c.opts.BusyPoll)
+		for {
+			select {
+			case <-wake:
+				return nil
+			default:
+			}
+			if c.progress() {
+				return nil
+			}
+			if dl.expired() {
+				return os.ErrDeadlineExceeded
+			}
+			if time.Now().After(end) {
+				break
+			}
+		}
+	}
+	select {
+	case <-wake:
+		c.stats.Wakeups.Add(1)
+		return nil
+	case <-dl.wait():
+		return os.ErrDeadlineExceeded
+	case <-c.done:
+		return net.ErrClosed
+	}
+}
+
+// SetDeadline sets the read and write deadlines.
+func (c *Conn) SetDeadline(t time.Time) error {
+	if err := c.checkOpen(); err != nil {
+		return err
+	}
+	c.rdDeadline.set(t)
+	c.wrDeadline.set(t)
+	return nil
+}
+
+// SetReadDeadline sets the deadline for pending and future Reads.
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	if err := c.checkOpen(); err != nil {
+		return err
+	}
+	c.rdDeadline.set(t)
+	return nil
+}
+
+// SetWriteDeadline sets the deadline for pending and future Writes.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if err := c.checkOpen(); err != nil {
+		return err
+	}
+	c.wrDeadline.set(t)
+	return nil
+}
+
+func (c *Conn) checkOpen() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return net.ErrClosed
+	}
+	return nil
+}
+
+func wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,166 @@
+// Package stream runs rsock's ring protocol (internal/ring) over a connected
+// verbs queue pair and gives a byte stream with net.Conn semantics: blocking
+// Read and Write with deadlines, half-close, close that unblocks everything,
+// and teardown on any transport error or protocol violation.
+//
+// An Endpoint holds the resources of one side before the handshake: the
+// device (protection domain), completion queue, queue pair, the receive ring
+// the peer writes into, and the receive buffers for state messages, which
+// are all posted before the Endpoint's description is sent. Start turns a
+// connected Endpoint into a Conn.
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/ring"
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// slotSize is the size of one state-message buffer.
+const slotSize = 64
+
+// Options size an Endpoint and tune its Conn.
+type Options struct {
+	RingSize  int           // receive ring bytes: a power of two in [ring.MinRingSize, ring.MaxRingSize]
+	Credits   int           // receive work requests for state messages: [ring.MinCredits, ring.MaxCredits]
+	SendDepth int           // send queue depth; 0 means 4*Credits (at least 64)
+	BusyPoll  time.Duration // how long a blocked Read or Write polls before it parks
+}
+
+// Ring describes a receive ring to the peer.
+type Ring struct {
+	Size    uint64
+	Addr    uint64
+	RKey    uint32
+	Credits uint64
+}
+
+// Endpoint is one side's resources before the handshake completes.
+type Endpoint struct {
+	opts  Options
+	dev   verbs.Device
+	cq    verbs.CQ
+	qp    verbs.QP
+	ring  verbs.MR // our receive ring: the peer writes into it
+	slots verbs.MR // receive buffers for state messages
+	owned bool     // resources not yet handed to a Conn
+}
+
+// NewEndpoint opens a device from p and prepares a queue pair, the receive
+// ring and the posted receive buffers.
+func NewEndpoint(p verbs.Provider, oo verbs.OpenOptions, opts Options) (_ *Endpoint, err error) {
+	if opts.SendDepth == 0 {
+		opts.SendDepth = max(4*opts.Credits, 64)
+	}
+	if opts.Credits < ring.MinCredits || opts.Credits > ring.MaxCredits {
+		return nil, fmt.Errorf("stream: %d credits not in [%d, %d]", opts.Credits, ring.MinCredits, ring.MaxCredits)
+	}
+	if rs := uint64(opts.RingSize); rs&(rs-1) != 0 || rs < ring.MinRingSize || rs > ring.MaxRingSize {
+		return nil, fmt.Errorf("stream: ring size %d is not a power of two in [%d, %d]", opts.RingSize, ring.MinRingSize, ring.MaxRingSize)
+	}
+	e := &Endpoint{opts: opts, owned: true}
+	defer func() {
+		if err != nil {
+			e.Close()
+		}
+	}()
+	if e.dev, err = p.Open(oo); err != nil {
+		return nil, err
+	}
+	// Send completions (at most SendDepth) and receive completions (at most
+	// Credits) share the queue.
+	if e.cq, err = e.dev.NewCQ(opts.SendDepth + opts.Credits); err != nil {
+		return nil, fmt.Errorf("stream: completion queue: %w", err)
+	}
+	if e.ring, err = e.dev.AllocMR(opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		return nil, fmt.Errorf("stream: receive ring: %w", err)
+	}
+	if e.slots, err = e.dev.AllocMR(opts.Credits*slotSize, verbs.AccessLocalWrite); err != nil {
+		return nil, fmt.Errorf("stream: receive buffers: %w", err)
+	}
+	if e.qp, err = e.dev.NewQP(verbs.QPAttr{CQ: e.cq, SendDepth: opts.SendDepth, RecvDepth: opts.Credits, MaxInline: ring.MsgLen}); err != nil {
+		return nil, fmt.Errorf("stream: queue pair: %w", err)
+	}
+	for i := range opts.Credits {
+		if err = e.postSlot(i); err != nil {
+			return nil, fmt.Errorf("stream: posting receive buffers: %w", err)
+		}
+	}
+	return e, nil
+}
+
+func (e *Endpoint) postSlot(i int) error {
+	return e.qp.PostRecv(&verbs.RecvWR{ID: uint64(i), Local: verbs.SGE{MR: e.slots, Offset: i * slotSize, Length: slotSize}})
+}
+
+// Provider is the name of the endpoint's provider.
+func (e *Endpoint) Provider() string { return e.dev.Provider() }
+
+// Ring describes our receive ring for the peer.
+func (e *Endpoint) Ring() Ring {
+	return Ring{Size: uint64(e.opts.RingSize), Addr: e.ring.Addr(), RKey: e.ring.RKey(), Credits: uint64(e.opts.Credits)}
+}
+
+// Info is the queue pair's description for the peer.
+func (e *Endpoint) Info() []byte { return e.qp.Info() }
+
+// Connect connects the queue pair to the peer's description; see
+// verbs.QP.Connect.
+func (e *Endpoint) Connect(ctx context.Context, peer []byte, active bool) error {
+	return e.qp.Connect(ctx, peer, active)
+}
+
+// Established waits, on the passive side, for the connection's side
+// exchanges to finish; see verbs.QP.Established.
+func (e *Endpoint) Established(ctx context.Context) error { return e.qp.Established(ctx) }
+
+// Close releases the resources of an Endpoint that was not started. It is a
+// no-op after Start.
+func (e *Endpoint) Close() {
+	if !e.owned {
+		return
+	}
+	e.owned = false
+	e.release(nil)
+}
+
+// release frees everything, QP first so outstanding work is flushed, then
+// the memory the provider could have written into.
+func (e *Endpoint) release(drain func()) {
+	if e.qp != nil {
+		_ = e.qp.Close()
+	}
+	if drain != nil {
+		drain()
+	}
+	if e.cq != nil {
+		_ = e.cq.Close()
+	}
+	for _, mr := range []verbs.MR{e.ring, e.slots} {
+		if mr != nil {
+			_ = mr.Close()
+		}
+	}
+	if e.dev != nil {
+		_ = e.dev.Close()
+	}
+}
+
+// validatePeer checks the peer's ring description against the protocol's
+// bounds before anything is sized from it.
+func validatePeer(r Ring) error {
+	if r.Size&(r.Size-1) != 0 || r.Size < ring.MinRingSize || r.Size > ring.MaxRingSize {
+		return fmt.Errorf("stream: peer ring size %d is not a power of two in [%d, %d]", r.Size, ring.MinRingSize, ring.MaxRingSize)
+	}
+	if r.Credits < ring.MinCredits || r.Credits > ring.MaxCredits {
+		return fmt.Errorf("stream: peer credits %d not in [%d, %d]", r.Credits, ring.MinCredits, ring.MaxCredits)
+	}
+	if r.Addr+r.Size < r.Addr {
+		return errors.New("stream: peer ring address overflows")
+	}
+	return nil
+}

@@ -1,0 +1,52 @@
+package stream
+
+import (
+	"fmt"
+	"syscall"
+)
+
+// Errors returned by Conn. The rsock package wraps them in *net.OpError.
+//
+//   - net.ErrClosed: the local side closed the Conn.
+//   - os.ErrDeadlineExceeded: a read or write deadline passed; the Conn
+//     stays usable.
+//   - *ResetError (errors.Is syscall.ECONNRESET): the peer aborted, crashed,
+//     broke the protocol, or the transport failed.
+//   - ErrBrokenPipe (errors.Is syscall.EPIPE): a write after the peer closed
+//     for reading or after the local CloseWrite.
+
+// ErrBrokenPipe is returned by Write when the peer will read no more, or
+// after CloseWrite.
+var ErrBrokenPipe = fmt.Errorf("rsock: broken pipe: %w", syscall.EPIPE)
+
+// ResetError reports a connection torn down by something other than an
+// orderly close. It matches syscall.ECONNRESET with errors.Is, and unwraps to
+// its cause.
+type ResetError struct {
+	Reason string // what happened, in words
+	Err    error  // the cause, if any
+}
+
+func (e *ResetError) Error() string {
+	if e.Err != nil {
+		return "rsock: connection reset: " + e.Reason + ": " + e.Err.Error()
+	}
+	return "rsock: connection reset: " + e.Reason
+}
+
+// Unwrap exposes the cause and syscall.ECONNRESET.
+func (e *ResetError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{syscall.ECONNRESET, e.Err}
+	}
+	return []error{syscall.ECONNRESET}
+}
+
+// Is lets errors.Is match any *ResetError against a *ResetError target.
+func (e *ResetError) Is(target error) bool {
+	_, ok := target.(*ResetError)
+	return ok
+}
+
+func reset(reason string, err error) error { return &ResetError{Reason: reason, Err: err} }
+

@@ -1,0 +1,447 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/ring"
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// Bounds on the orderly close.
+const (
+	// closeAckTimeout bounds how long Close waits for the final message to
+	// be acknowledged before it says goodbye on the bootstrap connection.
+	closeAckTimeout = time.Second
+	// goodbyeGrace bounds how long, after the peer's goodbye, we wait for
+	// the ring messages it promised (its final producer cursor).
+	goodbyeGrace = time.Second
+)
+
+// progress polls the completion queue once and handles what it finds. It
+// reports whether anything happened.
+func (c *Conn) progress() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.progressLocked()
+}
+
+func (c *Conn) progressLocked() bool {
+	if c.ep.cq == nil {
+		return false
+	}
+	n, err := c.ep.cq.Poll(c.wcs[:])
+	if err != nil {
+		if !c.closed {
+			c.failLocked(reset("polling completions", err))
+		}
+		return true
+	}
+	rd, wr := false, false
+	for i := range c.wcs[:n] {
+		wc := &c.wcs[i]
+		switch wc.Op {
+		case verbs.OpRecv, verbs.OpRecvImm:
+			if c.handleRecvLocked(wc) {
+				rd, wr = true, true
+			}
+		default:
+			if c.handleSendLocked(wc) {
+				wr = true
+			}
+		}
+	}
+	if n > 0 {
+		c.flushLocked()
+	}
+	if rd {
+		wake(c.rdWake)
+	}
+	if wr {
+		wake(c.wrWake)
+	}
+	return n > 0
+}
+
+func (c *Conn) handleRecvLocked(wc *verbs.Completion) bool {
+	if err := wc.Err(); err != nil {
+		if wc.Status != verbs.StatusFlushed || !c.closed {
+			c.failLocked(reset("receive failed", err))
+		}
+		return true
+	}
+	slot := int(wc.ID)
+	if slot < 0 || slot >= c.opts.Credits || wc.Len != ring.MsgLen {
+		c.failLocked(reset("bad state message", fmt.Errorf("%w: slot %d, %d bytes", ring.ErrMsgFormat, wc.ID, wc.Len)))
+		return true
+	}
+	buf := c.ep.slots.Bytes()[slot*slotSize : slot*slotSize+ring.MsgLen]
+	m, err := ring.Unmarshal(buf)
+	if err == nil {
+		err = c.st.Receive(m)
+	}
+	if err != nil {
+		c.failLocked(reset("peer broke the protocol", err))
+		return true
+	}
+	c.stats.MsgsRecv.Add(1)
+	if c.closed || c.err != nil {
+		return true
+	}
+	if err := c.ep.postSlot(slot); err != nil {
+		c.failLocked(reset("reposting a receive", err))
+		return true
+	}
+	if err := c.st.Reposted(); err != nil {
+		c.failLocked(err)
+	}
+	if c.rdClosed {
+		// Nobody will read: consume and discard so the peer is not stalled.
+		_ = c.st.Consumed(c.st.Readable())
+	}
+	return true
+}
+
+func (c *Conn) handleSendLocked(wc *verbs.Completion) bool {
+	if err := wc.Err(); err != nil {
+		if !c.closed && !c.peerGone {
+			c.failLocked(reset("send failed", err))
+		}
+		return true
+	}
+	if wc.ID > c.sqDone {
+		c.sqDone = wc.ID
+	}
+	if c.closeSig != 0 && c.sqDone >= c.closeSig {
+		wake(c.closeWake)
+	}
+	return true
+}
+
+// sqFreeLocked is how many more work requests the send queue takes.
+func (c *Conn) sqFreeLocked() int { return c.opts.SendDepth - int(c.sqPosted-c.sqDone) }
+
+// postLocked posts one send work request. Every SendDepth/4-th request is
+// signaled, so a full send queue always holds a signaled request whose
+// completion retires the ones before it.
+func (c *Conn) postLocked(wr *verbs.SendWR, signal bool) error {
+	if c.sqFreeLocked() <= 0 {
+		return verbs.ErrQueueFull
+	}
+	c.sqPosted++
+	wr.ID = c.sqPosted
+	if signal || c.sqPosted-c.lastSig >= uint64(max(c.opts.SendDepth/4, 1)) {
+		wr.Signaled = true
+		c.lastSig = c.sqPosted
+	}
+	if err := c.ep.qp.PostSend(wr); err != nil {
+		c.sqPosted--
+		return err
+	}
+	return nil
+}
+
+// sendLocked posts a state message with our cursors and the extra flags. It
+// returns false (and posts nothing) when no credit or queue slot is left;
+// the absolute cursors then go out with a later message.
+func (c *Conn) sendLocked(extra ring.Flags) bool {
+	return c.sendSignaledLocked(extra, false)
+}
+
+func (c *Conn) sendSignaledLocked(extra ring.Flags, signal bool) bool {
+	if c.err != nil || c.peerGone || !c.st.CanSendControl() || c.sqFreeLocked() <= 0 {
+		return false
+	}
+	m, err := c.st.Next(extra)
+	if err != nil {
+		return false
+	}
+	m.Marshal(c.msgBuf[:])
+	wr := verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:]}
+	if err := c.postLocked(&wr, signal); err != nil {
+		c.failLocked(reset("posting a state message", err))
+		return false
+	}
+	c.stats.MsgsSent.Add(1)
+	if signal {
+		c.closeSig = wr.ID
+	}
+	return true
+}
+
+// flushLocked sends what we owe the peer: written bytes not yet announced,
+// and the updates ring.State.NeedUpdate asks for.
+func (c *Conn) flushLocked() {
+	switch {
+	case c.st.Unannounced() > 0 && c.st.CanSendData():
+		c.sendLocked(0)
+	case c.st.FINPending() && c.st.CanSendControl() && !c.closed:
+		c.sendLocked(0)
+	case c.st.NeedUpdate():
+		c.sendLocked(0)
+	}
+}
+
+// failLocked tears the connection down with err: every blocked and later
+// call returns it, and the peer is told through the bootstrap connection.
+func (c *Conn) failLocked(err error) {
+	if c.err != nil {
+		return
+	}
+	var re *ResetError
+	if !errors.As(err, &re) {
+		err = reset("transport failed", err)
+	}
+	c.err = err
+	wake(c.rdWake)
+	wake(c.wrWake)
+	wake(c.closeWake)
+	if c.closed {
+		return // Close says goodbye itself
+	}
+	c.loops.Add(1)
+	go func(reason string) {
+		defer c.loops.Done()
+		// Tell the peer, then close the bootstrap so its watcher wakes.
+		_ = c.boot.SetWriteDeadline(time.Now().Add(closeAckTimeout))
+		_ = handshake.Write(c.boot, &handshake.Goodbye{Abort: true, Reason: truncate(reason, handshake.MaxReason)})
+		_ = c.boot.Close()
+	}(err.Error())
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	// Cut at a rune boundary.
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}
+
+// eventLoop makes progress while no caller does: it parks on the completion
+// queue's notification (the Go netpoller or a channel, never a thread), so
+// credit updates and reposts happen even when the application is busy
+// elsewhere.
+func (c *Conn) eventLoop() {
+	defer c.loops.Done()
+	cq := c.ep.cq
+	for {
+		if err := cq.Arm(); err != nil {
+			return
+		}
+		c.progress()
+		if err := cq.Wait(); err != nil {
+			return
+		}
+	}
+}
+
+// watchBootstrap reads the bootstrap connection after the switch. The peer
+// sends one Goodbye there before closing it; end of stream without one
+// means the peer process died.
+func (c *Conn) watchBootstrap() {
+	defer c.loops.Done()
+	msg, err := handshake.Read(c.boot)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	g, ok := msg.(*handshake.Goodbye)
+	switch {
+	case err == nil && ok && g.Abort:
+		c.failLocked(reset("peer aborted: "+g.Reason, nil))
+	case err == nil && ok:
+		c.awaitFinalLocked(g.FinalProd)
+	case err == nil:
+		c.failLocked(reset("unexpected bootstrap message", fmt.Errorf("%v", msg.Type())))
+	case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
+		c.failLocked(reset("peer vanished (bootstrap connection closed)", nil))
+	default:
+		c.failLocked(reset("bootstrap connection failed", err))
+	}
+}
+
+// awaitFinalLocked handles the peer's orderly goodbye: it gives the ring
+// messages the peer sent before it a bounded time to arrive, then marks the
+// peer gone so reads end with EOF after the data and writes fail.
+func (c *Conn) awaitFinalLocked(final uint64) {
+	end := time.Now().Add(goodbyeGrace)
+	for c.st.PeerProd() < final && c.err == nil && !c.closed && time.Now().Before(end) {
+		if !c.progressLocked() {
+			c.mu.Unlock()
+			time.Sleep(time.Millisecond)
+			c.mu.Lock()
+		}
+	}
+	if c.closed || c.err != nil {
+		return
+	}
+	if c.st.PeerProd() != final {
+		c.failLocked(reset("peer's final cursor never arrived", fmt.Errorf("have %d, promised %d", c.st.PeerProd(), final)))
+		return
+	}
+	c.peerGone = true
+	wake(c.rdWake)
+	wake(c.wrWake)
+}
+
+// CloseWrite shuts down the writing side: the peer reads EOF after the data
+// already written; later Writes fail with ErrBrokenPipe.
+func (c *Conn) CloseWrite() error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.calls.Done()
+	c.wrMu.Lock() // after any Write in progress
+	defer c.wrMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	if c.wrClosed {
+		return nil
+	}
+	c.wrClosed = true
+	c.st.SetFIN()
+	// Without a credit now, the FIN stays pending and flushLocked sends it
+	// when the credit update that frees one arrives.
+	c.sendLocked(0)
+	return nil
+}
+
+// finOwed arranges for a FIN that could not go out to be sent as soon as a
+// credit arrives (flushLocked sends it because Unannounced or NeedUpdate
+// will not; a pending FIN is its own reason).
+func (c *Conn) finOwed() {
+	go func() {
+		for {
+			select {
+			case <-c.done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			c.mu.Lock()
+			sent := c.err != nil || c.peerGone || c.sendLocked(0)
+			c.mu.Unlock()
+			if sent {
+				return
+			}
+		}
+	}()
+}
+
+// CloseRead shuts down the reading side: Reads return io.EOF, and data
+// that arrives is discarded.
+func (c *Conn) CloseRead() error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.calls.Done()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	c.rdClosed = true
+	_ = c.st.Consumed(c.st.Readable())
+	c.flushLocked()
+	wake(c.rdWake)
+	return nil
+}
+
+// Close closes the Conn: blocked calls return net.ErrClosed, the peer reads
+// EOF after everything written, and the queue pair and memory are released
+// once in-flight calls have returned and flushed completions drained. A
+// second Close returns net.ErrClosed.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return net.ErrClosed
+	}
+	c.closed = true
+	close(c.done)
+	c.st.SetClose()
+	c.mu.Unlock()
+
+	// Calls blocked in wait return at once; a call in the middle of a copy
+	// finishes it. Only then may memory go away.
+	c.calls.Wait()
+	c.sayGoodbye()
+
+	// Release: the QP first (outstanding work flushes), drain, then the
+	// completion queue (which stops the event loop), then the memory.
+	_ = c.ep.qp.Close()
+	c.drain()
+	_ = c.ep.cq.Close()
+	c.loops.Wait()
+	if c.stage != nil {
+		_ = c.stage.Close()
+	}
+	for _, mr := range []verbs.MR{c.ep.ring, c.ep.slots} {
+		_ = mr.Close()
+	}
+	_ = c.ep.dev.Close()
+	return nil
+}
+
+// sayGoodbye sends the final state message (FIN and CLOSE with our final
+// producer cursor), waits a bounded time for it to be acknowledged, so it is
+// in the peer's memory before the peer reads our goodbye, then sends the
+// goodbye on the bootstrap connection and closes it.
+func (c *Conn) sayGoodbye() {
+	timer := time.NewTimer(closeAckTimeout)
+	defer timer.Stop()
+	for {
+		c.mu.Lock()
+		if c.closeSig == 0 && c.err == nil && !c.peerGone {
+			c.sendSignaledLocked(0, true)
+		}
+		done := c.err != nil || c.peerGone || (c.closeSig != 0 && c.sqDone >= c.closeSig)
+		c.mu.Unlock()
+		if done {
+			break
+		}
+		if c.progress() {
+			continue
+		}
+		select {
+		case <-c.closeWake:
+		case <-time.After(time.Millisecond):
+		case <-timer.C:
+			c.mu.Lock()
+			c.failLocked(reset("final message not acknowledged", nil))
+			c.mu.Unlock()
+		}
+	}
+	c.mu.Lock()
+	gb := &handshake.Goodbye{FinalProd: c.st.Prod()}
+	if c.err != nil {
+		gb = &handshake.Goodbye{Abort: true, Reason: truncate(c.err.Error(), handshake.MaxReason)}
+	}
+	c.mu.Unlock()
+	_ = c.boot.SetWriteDeadline(time.Now().Add(closeAckTimeout))
+	_ = handshake.Write(c.boot, gb)
+	_ = c.boot.Close()
+}
+
+// drain polls flushed completions for a bounded time after the QP closed.
+func (c *Conn) drain() {
+	end := time.Now().Add(100 * time.Millisecond)
+	for time.Now().Before(end) {
+		c.mu.Lock()
+		n, err := c.ep.cq.Poll(c.wcs[:])
+		c.mu.Unlock()
+		if err != nil || n == 0 {
+			return
+		}
+	}
+}

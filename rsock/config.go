@@ -1,0 +1,244 @@
+package rsock
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/ring"
+)
+
+// Config tunes rsock. The zero value gives good defaults, and every field
+// left at its zero value is taken from its RSOCK_* environment variable if
+// that is set, so a deployment can tune a program without changing its
+// code. A field set in code wins over the environment.
+type Config struct {
+	// Transports lists the transports allowed, in order of preference:
+	// "verbs" (RDMA through libibverbs), "shm" (shared memory, same host)
+	// and "tcp". "tcp" allows falling back to the bootstrap TCP connection
+	// when no other transport can be agreed; it is always the last resort,
+	// wherever it is listed. Without "tcp", Dial fails instead of falling
+	// back and a listener closes connections it cannot switch.
+	// Env RSOCK_TRANSPORTS (comma-separated). Default: verbs,shm,tcp.
+	Transports []string
+
+	// RingSize is the receive ring of each connection, in bytes: a power
+	// of two from 4 KiB to 1 GiB. Env RSOCK_RING_SIZE (accepts k, m, g
+	// suffixes). Default 1 MiB.
+	RingSize int
+
+	// Credits is the number of receive work requests each connection
+	// posts for the peer's state messages (message credits): 4 to 1024.
+	// Env RSOCK_CREDITS. Default 64.
+	Credits int
+
+	// BusyPoll is how long a blocked Read or Write polls for completions
+	// before it parks its goroutine. Polling costs CPU and saves the
+	// wake-up latency of parking. Negative disables it. Env RSOCK_BUSY_POLL
+	// (a Go duration such as 20us, or 0). Default 0 (park at once).
+	BusyPoll time.Duration
+
+	// HandshakeTimeout bounds the whole handshake once it has started, on
+	// both sides. Env RSOCK_HANDSHAKE_TIMEOUT. Default 5s.
+	HandshakeTimeout time.Duration
+
+	// SniffTimeout is how long a listener waits for a new connection's
+	// first bytes. A client that says nothing in that time (a protocol in
+	// which the server speaks first) is handed to Accept as plain TCP.
+	// Env RSOCK_SNIFF_TIMEOUT. Default 200ms.
+	SniffTimeout time.Duration
+
+	// ProbeTimeout is how long Dial waits for the server's answer to its
+	// hello. Silence that long means the server does not speak rsock: Dial
+	// closes the connection and dials again with plain TCP.
+	// Env RSOCK_PROBE_TIMEOUT. Default 1s.
+	ProbeTimeout time.Duration
+
+	// ProbeCacheTTL is how long Dial remembers that an address does not
+	// speak rsock, and dials it with plain TCP without probing. Negative
+	// disables the cache. Env RSOCK_PROBE_CACHE_TTL. Default 1m.
+	ProbeCacheTTL time.Duration
+}
+
+// Defaults.
+const (
+	DefaultRingSize         = 1 << 20
+	DefaultCredits          = 64
+	DefaultHandshakeTimeout = 5 * time.Second
+	DefaultSniffTimeout     = 200 * time.Millisecond
+	DefaultProbeTimeout     = time.Second
+	DefaultProbeCacheTTL    = time.Minute
+)
+
+// DefaultTransports is the transport order when none is configured.
+var DefaultTransports = []string{"verbs", "shm", "tcp"}
+
+// settings is a Config resolved against the environment and the defaults.
+type settings struct {
+	transports    []string // accelerated transports, in order ("tcp" removed)
+	fallback      bool     // "tcp" was listed
+	ringSize      int
+	credits       int
+	busyPoll      time.Duration
+	handshake     time.Duration
+	sniff         time.Duration
+	probe         time.Duration
+	probeCacheTTL time.Duration
+}
+
+// ConfigError reports a bad Config field or RSOCK_* variable.
+type ConfigError struct {
+	Field string // the Config field
+	Env   string // the variable, if the value came from the environment
+	Value string
+	Err   error
+}
+
+func (e *ConfigError) Error() string {
+	src := "Config." + e.Field
+	if e.Env != "" {
+		src = e.Env
+	}
+	return fmt.Sprintf("rsock: bad %s %q: %v", src, e.Value, e.Err)
+}
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func (c *Config) resolve() (*settings, error) {
+	var cfg Config
+	if c != nil {
+		cfg = *c
+	}
+	s := &settings{}
+	list := cfg.Transports
+	env := ""
+	if len(list) == 0 {
+		if v := os.Getenv("RSOCK_TRANSPORTS"); v != "" {
+			env = "RSOCK_TRANSPORTS"
+			list = strings.Split(v, ",")
+		} else {
+			list = DefaultTransports
+		}
+	}
+	seen := map[string]bool{}
+	for _, name := range list {
+		name = strings.ToLower(strings.TrimSpace(name))
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		if name == "tcp" {
+			s.fallback = true
+			continue
+		}
+		if _, ok := handshake.TransportByName(name); !ok {
+			return nil, &ConfigError{Field: "Transports", Env: env, Value: strings.Join(list, ","), Err: fmt.Errorf("unknown transport %q (want verbs, shm or tcp)", name)}
+		}
+		s.transports = append(s.transports, name)
+	}
+	if len(s.transports) == 0 && !s.fallback {
+		return nil, &ConfigError{Field: "Transports", Env: env, Value: strings.Join(list, ","), Err: fmt.Errorf("no transport")}
+	}
+	var err error
+	if s.ringSize, err = intField("RingSize", cfg.RingSize, "RSOCK_RING_SIZE", DefaultRingSize, parseSize); err != nil {
+		return nil, err
+	}
+	if rs := uint64(s.ringSize); rs&(rs-1) != 0 || rs < ring.MinRingSize || rs > ring.MaxRingSize {
+		return nil, &ConfigError{Field: "RingSize", Value: strconv.Itoa(s.ringSize), Err: fmt.Errorf("not a power of two from %d to %d", ring.MinRingSize, ring.MaxRingSize)}
+	}
+	if s.credits, err = intField("Credits", cfg.Credits, "RSOCK_CREDITS", DefaultCredits, strconv.Atoi); err != nil {
+		return nil, err
+	}
+	if s.credits < ring.MinCredits || s.credits > ring.MaxCredits {
+		return nil, &ConfigError{Field: "Credits", Value: strconv.Itoa(s.credits), Err: fmt.Errorf("not in [%d, %d]", ring.MinCredits, ring.MaxCredits)}
+	}
+	durs := []struct {
+		field string
+		v     time.Duration
+		env   string
+		def   time.Duration
+		dst   *time.Duration
+	}{
+		{"BusyPoll", cfg.BusyPoll, "RSOCK_BUSY_POLL", 0, &s.busyPoll},
+		{"HandshakeTimeout", cfg.HandshakeTimeout, "RSOCK_HANDSHAKE_TIMEOUT", DefaultHandshakeTimeout, &s.handshake},
+		{"SniffTimeout", cfg.SniffTimeout, "RSOCK_SNIFF_TIMEOUT", DefaultSniffTimeout, &s.sniff},
+		{"ProbeTimeout", cfg.ProbeTimeout, "RSOCK_PROBE_TIMEOUT", DefaultProbeTimeout, &s.probe},
+		{"ProbeCacheTTL", cfg.ProbeCacheTTL, "RSOCK_PROBE_CACHE_TTL", DefaultProbeCacheTTL, &s.probeCacheTTL},
+	}
+	for _, d := range durs {
+		if *d.dst, err = durField(d.field, d.v, d.env, d.def); err != nil {
+			return nil, err
+		}
+	}
+	if s.busyPoll < 0 {
+		s.busyPoll = 0
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"HandshakeTimeout", s.handshake}, {"SniffTimeout", s.sniff}, {"ProbeTimeout", s.probe}} {
+		if d.v <= 0 {
+			return nil, &ConfigError{Field: d.field, Value: d.v.String(), Err: fmt.Errorf("must be positive")}
+		}
+	}
+	return s, nil
+}
+
+func intField(field string, v int, env string, def int, parse func(string) (int, error)) (int, error) {
+	if v != 0 {
+		return v, nil
+	}
+	if e := os.Getenv(env); e != "" {
+		n, err := parse(strings.TrimSpace(e))
+		if err != nil {
+			return 0, &ConfigError{Field: field, Env: env, Value: e, Err: err}
+		}
+		return n, nil
+	}
+	return def, nil
+}
+
+func durField(field string, v time.Duration, env string, def time.Duration) (time.Duration, error) {
+	if v != 0 {
+		return v, nil
+	}
+	if e := os.Getenv(env); e != "" {
+		d, err := time.ParseDuration(strings.TrimSpace(e))
+		if err != nil {
+			return 0, &ConfigError{Field: field, Env: env, Value: e, Err: err}
+		}
+		return d, nil
+	}
+	return def, nil
+}
+
+// parseSize parses a byte count with an optional k, m or g suffix (powers
+// of 1024).
+func parseSize(s string) (int, error) {
+	if s == "" {
+		return 0, fmt.Errorf("empty")
+	}
+	mult := 1
+	switch strings.ToLower(s[len(s)-1:]) {
+	case "k":
+		mult = 1 << 10
+	case "m":
+		mult = 1 << 20
+	case "g":
+		mult = 1 << 30
+	}
+	if mult != 1 {
+		s = s[:len(s)-1]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 || n > (1<<40)/mult {
+		return 0, fmt.Errorf("out of range")
+	}
+	return n * mult, nil
+}

@@ -1,0 +1,234 @@
+package rsock
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/stream"
+)
+
+// Conn is a connection from Dial or Accept. It implements net.Conn, plus
+// CloseWrite and CloseRead like *net.TCPConn.
+//
+// Underneath is either an RDMA-style transport (verbs or shm: the peer
+// writes into this side's receive ring) or the bootstrap TCP connection
+// itself (fallback). Info and TransportOf say which, and why.
+//
+// The net.Conn contract holds on every transport: Read blocks until data,
+// io.EOF (the peer closed its writing side and all data was read), an
+// error, Close, or the read deadline; Write blocks until all bytes are sent
+// (copied out of b) or an error. Deadlines apply to pending and future
+// calls, can be moved while a call blocks, and time out with an error that
+// wraps os.ErrDeadlineExceeded and has Timeout() true; the Conn stays usable
+// afterwards. Close unblocks every call; later calls fail with an error
+// wrapping net.ErrClosed. Errors are *net.OpError. All methods are safe for
+// concurrent use, and concurrent Writes do not interleave.
+type Conn struct {
+	network   string
+	transport string // "verbs", "shm", "sim" or "tcp"
+	reason    string // why this transport (for tcp: why not another)
+	fallback  bool   // an accelerated transport was possible but TCP is used
+
+	s   *stream.Conn // accelerated transport, or nil
+	tcp *net.TCPConn // fallback, or nil
+
+	prefixMu  sync.Mutex
+	prefix    []byte      // bytes sniffed by the listener, replayed before tcp's
+	hasPrefix atomic.Bool // len(prefix) > 0
+
+	// Counters for the tcp transport (the stream keeps its own).
+	bytesRead, bytesWritten, writes atomic.Uint64
+}
+
+// ConnInfo describes a Conn: which transport carries it, why, and what it
+// has done.
+type ConnInfo struct {
+	// Transport is "verbs", "shm" or "tcp" ("sim" in tests).
+	Transport string
+	// Fallback is true when the Conn runs over TCP although an accelerated
+	// transport was allowed; Reason says why.
+	Fallback bool
+	// Reason says why this transport was chosen, for example the server's
+	// decline, a missing device, or "server does not speak rsock".
+	Reason string
+
+	BytesRead    uint64
+	BytesWritten uint64
+	Writes       uint64 // Write calls that moved data
+	// The following count only on accelerated transports.
+	MsgsSent     uint64 // ring state messages posted
+	MsgsRecv     uint64 // ring state messages received
+	CreditStalls uint64 // times a Write waited for ring space or credits
+	Wakeups      uint64 // times a blocked call parked and was woken
+}
+
+// Info returns the Conn's transport, the reason for it, and its counters.
+func (c *Conn) Info() ConnInfo {
+	ci := ConnInfo{Transport: c.transport, Fallback: c.fallback, Reason: c.reason}
+	if c.s != nil {
+		st := c.s.Stats()
+		ci.BytesRead = st.BytesRead.Load()
+		ci.BytesWritten = st.BytesWritten.Load()
+		ci.Writes = st.Writes.Load()
+		ci.MsgsSent = st.MsgsSent.Load()
+		ci.MsgsRecv = st.MsgsRecv.Load()
+		ci.CreditStalls = st.CreditStalls.Load()
+		ci.Wakeups = st.Wakeups.Load()
+	} else {
+		ci.BytesRead = c.bytesRead.Load()
+		ci.BytesWritten = c.bytesWritten.Load()
+		ci.Writes = c.writes.Load()
+	}
+	return ci
+}
+
+// TransportOf returns the transport carrying c: "verbs", "shm" or "tcp" for
+// a Conn from rsock's Dial or Accept. It looks through wrappers that expose
+// the conn they wrap with a NetConn method (such as *tls.Conn). It returns
+// "" for a connection rsock did not make.
+func TransportOf(c net.Conn) string {
+	if rc := unwrap(c); rc != nil {
+		return rc.transport
+	}
+	return ""
+}
+
+// InfoOf returns c's ConnInfo if c (or the conn it wraps, see TransportOf)
+// is an rsock Conn.
+func InfoOf(c net.Conn) (ConnInfo, bool) {
+	if rc := unwrap(c); rc != nil {
+		return rc.Info(), true
+	}
+	return ConnInfo{}, false
+}
+
+func unwrap(c net.Conn) *Conn {
+	for range 8 {
+		switch v := c.(type) {
+		case *Conn:
+			return v
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+func (c *Conn) opError(op string, err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		return err
+	}
+	return &net.OpError{Op: op, Net: c.network, Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
+
+// Read implements net.Conn.
+func (c *Conn) Read(b []byte) (int, error) {
+	if c.s != nil {
+		n, err := c.s.Read(b)
+		return n, c.opError("read", err)
+	}
+	if c.hasPrefix.Load() {
+		c.prefixMu.Lock()
+		if len(c.prefix) > 0 && len(b) > 0 {
+			n := copy(b, c.prefix)
+			c.prefix = c.prefix[n:]
+			c.hasPrefix.Store(len(c.prefix) > 0)
+			c.prefixMu.Unlock()
+			c.bytesRead.Add(uint64(n))
+			return n, nil
+		}
+		c.prefixMu.Unlock()
+	}
+	n, err := c.tcp.Read(b)
+	c.bytesRead.Add(uint64(n))
+	return n, err
+}
+
+// Write implements net.Conn.
+func (c *Conn) Write(b []byte) (int, error) {
+	if c.s != nil {
+		n, err := c.s.Write(b)
+		return n, c.opError("write", err)
+	}
+	n, err := c.tcp.Write(b)
+	c.bytesWritten.Add(uint64(n))
+	if n > 0 {
+		c.writes.Add(1)
+	}
+	return n, err
+}
+
+// Close closes the connection; see the type's documentation.
+func (c *Conn) Close() error {
+	if c.s != nil {
+		return c.opError("close", c.s.Close())
+	}
+	return c.tcp.Close()
+}
+
+// CloseWrite shuts down the writing side: the peer reads io.EOF after the
+// data already written. Later Writes fail.
+func (c *Conn) CloseWrite() error {
+	if c.s != nil {
+		return c.opError("close", c.s.CloseWrite())
+	}
+	return c.tcp.CloseWrite()
+}
+
+// CloseRead shuts down the reading side: later Reads return io.EOF.
+func (c *Conn) CloseRead() error {
+	if c.s != nil {
+		return c.opError("close", c.s.CloseRead())
+	}
+	return c.tcp.CloseRead()
+}
+
+// LocalAddr returns the local address of the bootstrap TCP connection.
+func (c *Conn) LocalAddr() net.Addr {
+	if c.s != nil {
+		return c.s.LocalAddr()
+	}
+	return c.tcp.LocalAddr()
+}
+
+// RemoteAddr returns the remote address of the bootstrap TCP connection.
+func (c *Conn) RemoteAddr() net.Addr {
+	if c.s != nil {
+		return c.s.RemoteAddr()
+	}
+	return c.tcp.RemoteAddr()
+}
+
+// SetDeadline implements net.Conn.
+func (c *Conn) SetDeadline(t time.Time) error {
+	if c.s != nil {
+		return c.opError("set", c.s.SetDeadline(t))
+	}
+	return c.tcp.SetDeadline(t)
+}
+
+// SetReadDeadline implements net.Conn.
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	if c.s != nil {
+		return c.opError("set", c.s.SetReadDeadline(t))
+	}
+	return c.tcp.SetReadDeadline(t)
+}
+
+// SetWriteDeadline implements net.Conn.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if c.s != nil {
+		return c.opError("set", c.s.SetWriteDeadline(t))
+	}
+	return c.tcp.SetWriteDeadline(t)
+}

@@ -1,0 +1,150 @@
+package rsock
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+)
+
+// Dialer holds options for dialing, like net.Dialer.
+type Dialer struct {
+	// Timeout bounds the whole dial: TCP connect and handshake (and a
+	// plain redial, if the server turns out not to speak rsock). Zero
+	// means no timeout beyond the handshake's own bounds.
+	Timeout time.Duration
+	// LocalAddr is the local address of the bootstrap TCP connection; nil
+	// picks one automatically.
+	LocalAddr net.Addr
+	// Config tunes the connection; nil means defaults (and the RSOCK_*
+	// environment).
+	Config *Config
+}
+
+// Dial connects to the address on the named network, as net.Dial does.
+// The network must be "tcp", "tcp4" or "tcp6". The result is a *Conn: over
+// verbs or shm when the server agrees, otherwise over TCP (unless the
+// Config forbids it), with the reason in its ConnInfo. A server that does
+// not speak rsock is detected and dialled again with plain TCP.
+func Dial(network, address string) (net.Conn, error) {
+	var d Dialer
+	return d.DialContext(context.Background(), network, address)
+}
+
+// Dial connects to the address on the named network.
+func (d *Dialer) Dial(network, address string) (net.Conn, error) {
+	return d.DialContext(context.Background(), network, address)
+}
+
+// DialContext connects to the address on the named network using ctx. A
+// ctx cancelled or expired before the connection is established aborts the
+// dial; once it is established, ctx no longer matters.
+func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, &net.OpError{Op: "dial", Net: network, Err: net.UnknownNetworkError(network)}
+	}
+	s, err := d.Config.resolve()
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
+	}
+	if d.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
+		defer cancel()
+	}
+	nd := &net.Dialer{LocalAddr: d.LocalAddr}
+	plain := func(fallback bool, reason string) (net.Conn, error) {
+		raw, err := nd.DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		return plainConn(network, raw.(*net.TCPConn), nil, fallback, reason), nil
+	}
+	if len(s.transports) == 0 {
+		return plain(false, "tcp is the only transport configured")
+	}
+	key := network + " " + address
+	if s.probeCacheTTL > 0 && plainServers.known(key) {
+		if !s.fallback {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: errors.Join(ErrNoTransport, errors.New("server does not speak rsock (remembered)"))}
+		}
+		return plain(true, "server does not speak rsock (remembered)")
+	}
+	raw, err := nd.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	tc := raw.(*net.TCPConn)
+	stop := context.AfterFunc(ctx, func() { _ = tc.SetDeadline(aLongTimeAgo) })
+	c, err := s.dialHandshake(ctx, network, tc)
+	if !stop() {
+		// ctx ended while the handshake ran: whatever it produced is void.
+		if c != nil {
+			c.Close()
+		}
+		return nil, &net.OpError{Op: "dial", Net: network, Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: ctx.Err()}
+	}
+	var nr *notRsockError
+	if errors.As(err, &nr) {
+		if s.probeCacheTTL > 0 {
+			plainServers.add(key, s.probeCacheTTL)
+		}
+		if !s.fallback {
+			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: errors.Join(ErrNoTransport, err)}
+		}
+		return plain(true, err.Error())
+	}
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: network, Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err}
+	}
+	return c, nil
+}
+
+// probeCache remembers addresses whose servers do not speak rsock.
+type probeCache struct {
+	mu      sync.Mutex
+	expires map[string]time.Time
+}
+
+// maxProbeCache bounds the cache; past it, expired entries are dropped and
+// then the whole cache is cleared (a miss only costs one probe).
+const maxProbeCache = 4096
+
+var plainServers = &probeCache{expires: map[string]time.Time{}}
+
+func (p *probeCache) known(key string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	exp, ok := p.expires[key]
+	if ok && time.Now().After(exp) {
+		delete(p.expires, key)
+		return false
+	}
+	return ok
+}
+
+func (p *probeCache) add(key string, ttl time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.expires) >= maxProbeCache {
+		now := time.Now()
+		for k, exp := range p.expires {
+			if now.After(exp) {
+				delete(p.expires, k)
+			}
+		}
+		if len(p.expires) >= maxProbeCache {
+			clear(p.expires)
+		}
+	}
+	p.expires[key] = time.Now().Add(ttl)
+}
+
+func (p *probeCache) forget(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.expires, key)
+}

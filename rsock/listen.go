@@ -1,0 +1,269 @@
+package rsock
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+)
+
+// maxPending bounds the connections a Listener handshakes at once. Past it
+// the listener stops accepting from the kernel (its backlog queues them),
+// just as an application that stops calling Accept would.
+const maxPending = 256
+
+// readyQueue is how many switched connections wait for Accept.
+const readyQueue = 64
+
+// ListenConfig holds options for listening.
+type ListenConfig struct {
+	// Config tunes the listener and its connections; nil means defaults
+	// (and the RSOCK_* environment).
+	Config *Config
+}
+
+// Listen announces on the local network address, as net.Listen does, and
+// returns a Listener whose Accept returns *Conn. The network must be "tcp",
+// "tcp4" or "tcp6".
+func Listen(network, address string) (net.Listener, error) {
+	var lc ListenConfig
+	return lc.Listen(context.Background(), network, address)
+}
+
+// Listen announces on the local network address. ctx bounds only the
+// setting up of the listening socket, as in net.ListenConfig.
+func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (net.Listener, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, &net.OpError{Op: "listen", Net: network, Err: net.UnknownNetworkError(network)}
+	}
+	s, err := lc.Config.resolve()
+	if err != nil {
+		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
+	}
+	var nlc net.ListenConfig
+	ln, err := nlc.Listen(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	hctx, cancel := context.WithCancel(context.Background())
+	l := &Listener{
+		network: network,
+		ln:      ln.(*net.TCPListener),
+		s:       s,
+		ready:   make(chan *Conn, readyQueue),
+		done:    make(chan struct{}),
+		sem:     make(chan struct{}, maxPending),
+		ctx:     hctx,
+		cancel:  cancel,
+	}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+// Listener accepts rsock connections, and plain TCP clients on the same
+// port. Handshakes run in their own goroutines, off the Accept path: a
+// slow, silent or hostile client never delays the others. Accept returns an
+// error only once the listener is closed or its socket failed.
+type Listener struct {
+	network string
+	ln      *net.TCPListener
+	s       *settings
+	ready   chan *Conn
+	done    chan struct{}
+	sem     chan struct{}
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+
+	closeOnce sync.Once
+	errMu     sync.Mutex
+	err       error // the socket's fatal error, once the accept loop ended
+
+	handshakeErrors atomic.Uint64
+}
+
+// ListenerStats counts what a Listener has seen.
+type ListenerStats struct {
+	// HandshakeErrors counts connections dropped during the handshake:
+	// malformed or truncated hellos, timeouts, failed setups.
+	HandshakeErrors uint64
+}
+
+// Stats returns the listener's counters.
+func (l *Listener) Stats() ListenerStats {
+	return ListenerStats{HandshakeErrors: l.handshakeErrors.Load()}
+}
+
+// Accept waits for and returns the next connection: *Conn, on whichever
+// transport the handshake agreed, or TCP. It blocks until a connection is
+// ready or the listener is closed (an error wrapping net.ErrClosed).
+func (l *Listener) Accept() (net.Conn, error) {
+	// Prefer a ready connection over reporting the end.
+	select {
+	case c := <-l.ready:
+		return c, nil
+	default:
+	}
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case <-l.done:
+		l.errMu.Lock()
+		err := l.err
+		l.errMu.Unlock()
+		if err == nil {
+			err = net.ErrClosed
+		}
+		return nil, &net.OpError{Op: "accept", Net: l.network, Addr: l.ln.Addr(), Err: err}
+	}
+}
+
+// Close stops listening, abandons handshakes in progress and closes the
+// connections no Accept has taken. Accept calls blocked on it return.
+func (l *Listener) Close() error {
+	err := l.shutdown(nil)
+	l.wg.Wait()
+	for {
+		select {
+		case c := <-l.ready:
+			c.Close()
+		default:
+			return err
+		}
+	}
+}
+
+func (l *Listener) shutdown(cause error) error {
+	err := error(&net.OpError{Op: "close", Net: l.network, Addr: l.ln.Addr(), Err: net.ErrClosed})
+	l.closeOnce.Do(func() {
+		l.errMu.Lock()
+		l.err = cause
+		l.errMu.Unlock()
+		close(l.done)
+		l.cancel()
+		err = l.ln.Close()
+	})
+	return err
+}
+
+// Addr returns the listener's network address.
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	var delay time.Duration
+	for {
+		select {
+		case l.sem <- struct{}{}:
+		case <-l.done:
+			return
+		}
+		raw, err := l.ln.AcceptTCP()
+		if err != nil {
+			<-l.sem
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || isTemporary(err) {
+				// Out of file descriptors and the like: back off, as
+				// net/http does, and keep serving.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				select {
+				case <-time.After(delay):
+				case <-l.done:
+					return
+				}
+				continue
+			}
+			l.shutdown(err)
+			return
+		}
+		delay = 0
+		l.wg.Add(1)
+		go l.serveConn(raw)
+	}
+}
+
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// serveConn sniffs raw's first bytes and runs the handshake, then hands the
+// result to Accept.
+func (l *Listener) serveConn(raw *net.TCPConn) {
+	defer l.wg.Done()
+	defer func() { <-l.sem }()
+	stop := context.AfterFunc(l.ctx, func() { _ = raw.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	c, err := l.handshake(raw)
+	if err != nil {
+		l.handshakeErrors.Add(1)
+		return
+	}
+	if !stop() {
+		c.Close() // the listener closed under us
+		return
+	}
+	select {
+	case l.ready <- c:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
+	s := l.s
+	_ = raw.SetReadDeadline(time.Now().Add(s.sniff))
+	var head [len(handshake.Magic)]byte
+	n, err := readFull(raw, head[:])
+	if n < len(head) || !handshake.MatchesMagicPrefix(head[:n]) {
+		// A plain client: the bytes it sent (if any) are its own, or it
+		// waits for the server to speak first.
+		if err != nil && n == 0 && !isTimeout(err) && !errors.Is(err, io.EOF) {
+			raw.Close()
+			return nil, err
+		}
+		if !s.fallback {
+			raw.Close()
+			return nil, fmt.Errorf("%w: plain TCP client", ErrNoTransport)
+		}
+		_ = raw.SetDeadline(time.Time{})
+		return plainConn(l.network, raw, bytes.Clone(head[:n]), false, "client does not speak rsock"), nil
+	}
+	if err != nil {
+		raw.Close()
+		return nil, err
+	}
+	// An rsock client: the whole handshake is bounded from here.
+	_ = raw.SetDeadline(time.Now().Add(s.handshake))
+	ctx, cancel := context.WithTimeout(l.ctx, s.handshake)
+	defer cancel()
+	msg, err := handshake.Read(io.MultiReader(bytes.NewReader(head[:]), raw))
+	if err != nil {
+		if errors.Is(err, handshake.ErrVersion) {
+			_ = handshake.Write(raw, &handshake.Decline{Code: handshake.DeclineVersion, Reason: fmt.Sprintf("server speaks version %d", handshake.Version)})
+		}
+		raw.Close()
+		return nil, err
+	}
+	hello, ok := msg.(*handshake.Hello)
+	if !ok {
+		raw.Close()
+		return nil, fmt.Errorf("rsock: client opened with %v, want hello", msg.Type())
+	}
+	return s.serve(ctx, l.network, raw, hello)
+}

@@ -1,0 +1,332 @@
+package rsock
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/stream"
+	"github.com/rdmanet/rdmanet/internal/transport"
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// aLongTimeAgo is a deadline in the past, used to unblock I/O at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// ErrNoTransport is wrapped by the error Dial returns, and recorded for a
+// connection a listener closes, when no transport could be agreed and TCP
+// fallback is not allowed.
+var ErrNoTransport = errors.New("rsock: no transport could be agreed and TCP fallback is not allowed")
+
+func (s *settings) streamOptions() stream.Options {
+	return stream.Options{RingSize: s.ringSize, Credits: s.credits, BusyPoll: s.busyPoll}
+}
+
+func openOptions(raw net.Conn) verbs.OpenOptions {
+	return verbs.OpenOptions{LocalAddr: raw.LocalAddr(), RemoteAddr: raw.RemoteAddr(), GIDIndex: -1}
+}
+
+// newEndpoint prepares an endpoint of the named transport for raw.
+func (s *settings) newEndpoint(name string, raw net.Conn) (*stream.Endpoint, error) {
+	p, ok := transport.Lookup(name)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s is not built into this binary", verbs.ErrUnavailable, name)
+	}
+	return stream.NewEndpoint(p, openOptions(raw), s.streamOptions())
+}
+
+func ringOf(r stream.Ring) handshake.RingInfo {
+	return handshake.RingInfo{Size: r.Size, Addr: r.Addr, RKey: r.RKey, Credits: uint16(r.Credits)}
+}
+
+func streamRing(r handshake.RingInfo) stream.Ring {
+	return stream.Ring{Size: r.Size, Addr: r.Addr, RKey: r.RKey, Credits: uint64(r.Credits)}
+}
+
+// reasons collects why transports were passed over, for ConnInfo.Reason.
+type reasons []string
+
+func (r *reasons) add(name string, err error) { *r = append(*r, name+": "+err.Error()) }
+func (r reasons) String() string             { return strings.Join(r, "; ") }
+
+// plainConn wraps a TCP connection that stays on TCP.
+func plainConn(network string, raw *net.TCPConn, prefix []byte, fallback bool, reason string) *Conn {
+	c := &Conn{network: network, transport: "tcp", tcp: raw, fallback: fallback, reason: reason}
+	if len(prefix) > 0 {
+		c.prefix = prefix
+		c.hasPrefix.Store(true)
+	}
+	return c
+}
+
+// serve runs the server side of the handshake on raw, whose client sent
+// hello. It returns the Conn to hand to Accept, or an error after which raw
+// has been closed.
+func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, hello *handshake.Hello) (*Conn, error) {
+	var why reasons
+	var (
+		ep     *stream.Endpoint
+		chosen string
+		offer  handshake.Offer
+	)
+	for _, name := range s.transports {
+		t, _ := handshake.TransportByName(name)
+		i := indexOffer(hello.Offers, t)
+		if i < 0 {
+			continue
+		}
+		offer = hello.Offers[i]
+		if err := offer.Ring.Validate(); err != nil {
+			why.add(name, fmt.Errorf("client's ring: %w", err))
+			continue
+		}
+		e, err := s.newEndpoint(name, raw)
+		if err != nil {
+			why.add(name, err)
+			continue
+		}
+		if err := e.Connect(ctx, offer.Info, false); err != nil {
+			e.Close()
+			why.add(name, err)
+			continue
+		}
+		ep, chosen = e, name
+		break
+	}
+	if ep == nil {
+		code := handshake.DeclineNoCommonTransport
+		reason := "no common transport"
+		if len(why) > 0 {
+			code, reason = handshake.DeclineUnavailable, why.String()
+		}
+		return s.decline(network, raw, code, reason)
+	}
+	accept := &handshake.Accept{Transport: mustTransport(chosen), Ring: ringOf(ep.Ring()), Info: ep.Info()}
+	if err := handshake.Write(raw, accept); err != nil {
+		ep.Close()
+		raw.Close()
+		return nil, fmt.Errorf("rsock: writing accept: %w", err)
+	}
+	msg, err := handshake.Read(raw)
+	if err != nil {
+		ep.Close()
+		raw.Close()
+		return nil, fmt.Errorf("rsock: reading confirm: %w", err)
+	}
+	confirm, ok := msg.(*handshake.Confirm)
+	if !ok {
+		ep.Close()
+		raw.Close()
+		return nil, fmt.Errorf("rsock: client sent %v, want confirm", msg.Type())
+	}
+	if confirm.Code != handshake.DeclineNone {
+		ep.Close()
+		reason := fmt.Sprintf("client gave up on %s: %v: %s", chosen, confirm.Code, confirm.Reason)
+		if !s.fallback {
+			raw.Close()
+			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
+		}
+		return plainConn(network, raw, nil, true, reason), nil
+	}
+	// The client has switched: from here on a failure aborts the
+	// connection instead of falling back.
+	if err := ep.Established(ctx); err != nil {
+		return nil, abort(raw, ep, fmt.Errorf("rsock: %s side exchange: %w", chosen, err))
+	}
+	return s.start(network, raw, ep, chosen, offer.Ring)
+}
+
+func (s *settings) start(network string, raw *net.TCPConn, ep *stream.Endpoint, name string, peer handshake.RingInfo) (*Conn, error) {
+	_ = raw.SetDeadline(time.Time{})
+	sc, err := ep.Start(streamRing(peer), raw)
+	if err != nil {
+		return nil, abort(raw, ep, fmt.Errorf("rsock: starting %s: %w", name, err))
+	}
+	return &Conn{network: network, transport: name, s: sc, reason: name + " agreed"}, nil
+}
+
+// abort tells the peer the switched connection failed and closes it.
+func abort(raw *net.TCPConn, ep *stream.Endpoint, err error) error {
+	_ = raw.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = handshake.Write(raw, &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(err.Error())})
+	raw.Close()
+	ep.Close()
+	return err
+}
+
+func (s *settings) decline(network string, raw *net.TCPConn, code handshake.DeclineCode, reason string) (*Conn, error) {
+	reason = handshake.SanitizeReason(reason)
+	if err := handshake.Write(raw, &handshake.Decline{Code: code, Reason: reason}); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("rsock: writing decline: %w", err)
+	}
+	if !s.fallback {
+		raw.Close()
+		return nil, fmt.Errorf("%w: declined: %s", ErrNoTransport, reason)
+	}
+	return plainConn(network, raw, nil, len(s.transports) > 0, "declined: "+reason), nil
+}
+
+func indexOffer(offers []handshake.Offer, t handshake.Transport) int {
+	for i, o := range offers {
+		if o.Transport == t {
+			return i
+		}
+	}
+	return -1
+}
+
+func mustTransport(name string) handshake.Transport {
+	t, ok := handshake.TransportByName(name)
+	if !ok {
+		panic("rsock: unknown transport " + name)
+	}
+	return t
+}
+
+// notRsockError says the server did not answer like an rsock server.
+type notRsockError struct{ why string }
+
+func (e *notRsockError) Error() string { return "server does not speak rsock: " + e.why }
+
+// dialHandshake runs the client side on raw. It returns the Conn, or a
+// *notRsockError when the server turned out not to speak rsock (raw is then
+// closed and the caller dials again plainly), or another error (raw closed).
+func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.TCPConn) (*Conn, error) {
+	var why reasons
+	eps := map[handshake.Transport]*stream.Endpoint{}
+	closeAll := func(keep *stream.Endpoint) {
+		for _, e := range eps {
+			if e != keep {
+				e.Close()
+			}
+		}
+	}
+	hello := &handshake.Hello{}
+	for _, name := range s.transports {
+		e, err := s.newEndpoint(name, raw)
+		if err != nil {
+			why.add(name, err)
+			continue
+		}
+		t := mustTransport(name)
+		eps[t] = e
+		hello.Offers = append(hello.Offers, handshake.Offer{Transport: t, Ring: ringOf(e.Ring()), Info: e.Info()})
+	}
+	if len(hello.Offers) == 0 {
+		reason := "no transport available here: " + why.String()
+		if !s.fallback {
+			raw.Close()
+			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
+		}
+		// Nothing to offer: the connection is plain TCP from the first
+		// byte, which an rsock listener recognises as a plain client.
+		return plainConn(network, raw, nil, len(s.transports) > 0, reason), nil
+	}
+	if err := handshake.Write(raw, hello); err != nil {
+		closeAll(nil)
+		raw.Close()
+		return nil, err
+	}
+	// The server's answer must start with the magic within ProbeTimeout.
+	_ = raw.SetReadDeadline(time.Now().Add(s.probe))
+	var head [len(handshake.Magic)]byte
+	n, err := readFull(raw, head[:])
+	if err != nil || !handshake.MatchesMagicPrefix(head[:n]) {
+		closeAll(nil)
+		raw.Close()
+		switch {
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case n > 0 && !handshake.MatchesMagicPrefix(head[:n]):
+			return nil, &notRsockError{"its reply does not start with the rsock magic"}
+		case isTimeout(err):
+			return nil, &notRsockError{fmt.Sprintf("no reply within %v", s.probe)}
+		default:
+			return nil, &notRsockError{fmt.Sprintf("connection ended: %v", err)}
+		}
+	}
+	_ = raw.SetReadDeadline(time.Now().Add(s.handshake))
+	msg, err := handshake.Read(io.MultiReader(bytes.NewReader(head[:]), raw))
+	if err != nil {
+		closeAll(nil)
+		raw.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("rsock: reading the server's answer: %w", err)
+	}
+	switch m := msg.(type) {
+	case *handshake.Hello:
+		closeAll(nil)
+		raw.Close()
+		return nil, &notRsockError{"it echoed the hello"}
+	case *handshake.Decline:
+		closeAll(nil)
+		reason := fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason)
+		if !s.fallback {
+			raw.Close()
+			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
+		}
+		_ = raw.SetDeadline(time.Time{})
+		return plainConn(network, raw, nil, true, reason), nil
+	case *handshake.Accept:
+		ep := eps[m.Transport]
+		if ep == nil {
+			closeAll(nil)
+			raw.Close()
+			return nil, fmt.Errorf("rsock: server accepted %v, which was not offered", m.Transport)
+		}
+		closeAll(ep)
+		name := m.Transport.String()
+		err := m.Ring.Validate()
+		if err == nil {
+			err = ep.Connect(ctx, m.Info, true)
+		}
+		if err != nil {
+			ep.Close()
+			reason := fmt.Sprintf("%s: %v", name, err)
+			wErr := handshake.Write(raw, &handshake.Confirm{Code: handshake.DeclineFailed, Reason: handshake.SanitizeReason(reason)})
+			if !s.fallback || wErr != nil {
+				raw.Close()
+				return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
+			}
+			_ = raw.SetDeadline(time.Time{})
+			return plainConn(network, raw, nil, true, "could not connect "+reason), nil
+		}
+		if err := handshake.Write(raw, &handshake.Confirm{}); err != nil {
+			ep.Close()
+			raw.Close()
+			return nil, fmt.Errorf("rsock: writing confirm: %w", err)
+		}
+		return s.start(network, raw, ep, name, m.Ring)
+	default:
+		closeAll(nil)
+		raw.Close()
+		return nil, &notRsockError{fmt.Sprintf("it answered with %v", msg.Type())}
+	}
+}
+
+// readFull reads len(b) bytes, returning how many it got before an error.
+func readFull(c net.Conn, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		k, err := c.Read(b[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
