@@ -53,7 +53,7 @@ func streamRing(r handshake.RingInfo) stream.Ring {
 type reasons []string
 
 func (r *reasons) add(name string, err error) { *r = append(*r, name+": "+err.Error()) }
-func (r reasons) String() string             { return strings.Join(r, "; ") }
+func (r reasons) String() string              { return strings.Join(r, "; ") }
 
 // plainConn wraps a TCP connection that stays on TCP.
 func plainConn(network string, raw *net.TCPConn, prefix []byte, fallback bool, reason string) *Conn {

@@ -66,6 +66,9 @@ type Goodbye struct {
 
 const goodbyeAbort = 1 << 0
 
+// offerNames names offers in decode errors without allocating per offer.
+var offerNames = [MaxOffers]string{"offer 0", "offer 1", "offer 2", "offer 3"}
+
 func (*Hello) Type() Type   { return TypeHello }
 func (*Accept) Type() Type  { return TypeAccept }
 func (*Decline) Type() Type { return TypeDecline }
@@ -81,10 +84,10 @@ func (m *Hello) appendBody(b []byte) ([]byte, error) {
 	for i, o := range m.Offers {
 		b = append(b, uint8(o.Transport))
 		b = appendRing(b, o.Ring)
-		var err error
-		if b, err = appendInfo(b, fmt.Sprintf("hello offer %d", i), o.Info); err != nil {
-			return b, err
+		if len(o.Info) > MaxInfo {
+			return b, encodeErr("hello", "offer %d: info length %d exceeds %d", i, len(o.Info), MaxInfo)
 		}
+		b, _ = appendInfo(b, "hello", o.Info)
 	}
 	return b, nil
 }
@@ -132,11 +135,11 @@ func decodeBody(t Type, body []byte) (Message, error) {
 		if d.err == nil {
 			h.Offers = make([]Offer, n)
 			for i := range h.Offers {
-				field := fmt.Sprintf("offer %d", i)
+				d.ctx = offerNames[i]
 				h.Offers[i] = Offer{
-					Transport: Transport(d.u8(field + " transport")),
-					Ring:      d.ring(field + " ring"),
-					Info:      d.info(field + " info"),
+					Transport: Transport(d.u8("transport")),
+					Ring:      d.ring(),
+					Info:      d.info(),
 				}
 			}
 		}
@@ -144,8 +147,8 @@ func decodeBody(t Type, body []byte) (Message, error) {
 	case TypeAccept:
 		m = &Accept{
 			Transport: Transport(d.u8("transport")),
-			Ring:      d.ring("ring"),
-			Info:      d.info("info"),
+			Ring:      d.ring(),
+			Info:      d.info(),
 		}
 	case TypeDecline:
 		m = &Decline{Code: DeclineCode(d.u8("code")), Reason: d.reason()}

@@ -12,14 +12,20 @@ import (
 // problem, so decode functions read all fields and check err once.
 type decoder struct {
 	msg string // message name, for error text
+	ctx string // part of the message being read ("offer 1"), for error text
 	b   []byte
 	err error
 }
 
 func (d *decoder) fail(format string, args ...any) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: %s: %s", ErrMalformed, d.msg, fmt.Sprintf(format, args...))
+	if d.err != nil {
+		return
 	}
+	where := d.msg
+	if d.ctx != "" {
+		where += " " + d.ctx
+	}
+	d.err = fmt.Errorf("%w: %s: %s", ErrMalformed, where, fmt.Sprintf(format, args...))
 }
 
 // take returns the next n bytes of the body, aliasing it.
@@ -65,16 +71,16 @@ func (d *decoder) u64(field string) uint64 {
 }
 
 // info reads infoLen uint16 + info bytes and returns a copy (nil if empty).
-func (d *decoder) info(field string) []byte {
-	n := d.u16(field + " length")
+func (d *decoder) info() []byte {
+	n := d.u16("info length")
 	if d.err != nil {
 		return nil
 	}
 	if n > MaxInfo {
-		d.fail("%s length %d exceeds %d", field, n, MaxInfo)
+		d.fail("info length %d exceeds %d", n, MaxInfo)
 		return nil
 	}
-	p := d.take(int(n), field)
+	p := d.take(int(n), "info")
 	if len(p) == 0 {
 		return nil
 	}
@@ -104,19 +110,19 @@ func (d *decoder) reason() string {
 }
 
 // ring reads a fixed-size RingInfo.
-func (d *decoder) ring(field string) RingInfo {
+func (d *decoder) ring() RingInfo {
 	return RingInfo{
-		Size:    d.u64(field + " size"),
-		Addr:    d.u64(field + " addr"),
-		RKey:    d.u32(field + " rkey"),
-		Credits: d.u16(field + " credits"),
+		Size:    d.u64("ring size"),
+		Addr:    d.u64("ring addr"),
+		RKey:    d.u32("ring rkey"),
+		Credits: d.u16("ring credits"),
 	}
 }
 
 // finish reports trailing bytes after the last field, and the first error.
 func (d *decoder) finish() error {
 	if d.err == nil && len(d.b) != 0 {
-		d.fail("%d trailing bytes after body", len(d.b))
+		d.fail("%d trailing byte(s) after body", len(d.b))
 	}
 	return d.err
 }

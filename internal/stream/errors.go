@@ -49,4 +49,3 @@ func (e *ResetError) Is(target error) bool {
 }
 
 func reset(reason string, err error) error { return &ResetError{Reason: reason, Err: err} }
-
