@@ -87,6 +87,13 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		}
 		return nil, &net.OpError{Op: "dial", Net: network, Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: ctx.Err()}
 	}
+	var noOffers *noOffersError
+	if errors.As(err, &noOffers) {
+		if !s.fallback {
+			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: errors.Join(ErrNoTransport, err)}
+		}
+		return plain(true, err.Error())
+	}
 	var nr *notRsockError
 	if errors.As(err, &nr) {
 		if s.probeCacheTTL > 0 {

@@ -190,6 +190,23 @@ func mustTransport(name string) handshake.Transport {
 	return t
 }
 
+// nothingToOffer continues on raw as plain TCP (nothing was sent yet), or
+// fails if TCP is not allowed.
+func (s *settings) nothingToOffer(network string, raw *net.TCPConn, why reasons) (*Conn, error) {
+	reason := "no transport available here: " + why.String()
+	if !s.fallback {
+		raw.Close()
+		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
+	}
+	return plainConn(network, raw, nil, true, reason), nil
+}
+
+// noOffersError says no endpoint could be prepared after the magic was
+// sent; the caller dials again plainly.
+type noOffersError struct{ why string }
+
+func (e *noOffersError) Error() string { return "no transport available here: " + e.why }
+
 // notRsockError says the server did not answer like an rsock server.
 type notRsockError struct{ why string }
 
@@ -200,6 +217,23 @@ func (e *notRsockError) Error() string { return "server does not speak rsock: " 
 // closed and the caller dials again plainly), or another error (raw closed).
 func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.TCPConn) (*Conn, error) {
 	var why reasons
+	var names []string
+	for _, name := range s.transports {
+		if _, ok := transport.Lookup(name); ok {
+			names = append(names, name)
+		} else {
+			why.add(name, fmt.Errorf("%w: not built into this binary", verbs.ErrUnavailable))
+		}
+	}
+	if len(names) == 0 {
+		return s.nothingToOffer(network, raw, why)
+	}
+	// The magic goes out at once, so the listener classifies us as an
+	// rsock client however long preparing the endpoints takes.
+	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
+		raw.Close()
+		return nil, err
+	}
 	eps := map[handshake.Transport]*stream.Endpoint{}
 	closeAll := func(keep *stream.Endpoint) {
 		for _, e := range eps {
@@ -209,7 +243,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		}
 	}
 	hello := &handshake.Hello{}
-	for _, name := range s.transports {
+	for _, name := range names {
 		e, err := s.newEndpoint(name, raw)
 		if err != nil {
 			why.add(name, err)
@@ -220,16 +254,16 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		hello.Offers = append(hello.Offers, handshake.Offer{Transport: t, Ring: ringOf(e.Ring()), Info: e.Info()})
 	}
 	if len(hello.Offers) == 0 {
-		reason := "no transport available here: " + why.String()
-		if !s.fallback {
-			raw.Close()
-			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
-		}
-		// Nothing to offer: the connection is plain TCP from the first
-		// byte, which an rsock listener recognises as a plain client.
-		return plainConn(network, raw, nil, len(s.transports) > 0, reason), nil
+		// The magic is out but there is nothing to offer: this connection
+		// cannot become plain any more; the caller redials.
+		raw.Close()
+		return nil, &noOffersError{why.String()}
 	}
-	if err := handshake.Write(raw, hello); err != nil {
+	frame, err := handshake.Append(nil, hello)
+	if err == nil {
+		_, err = raw.Write(frame[len(handshake.Magic):])
+	}
+	if err != nil {
 		closeAll(nil)
 		raw.Close()
 		return nil, err

@@ -2,7 +2,6 @@ package ring
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 )
 
@@ -78,8 +77,14 @@ type Msg struct {
 	Posted uint64
 }
 
-// ErrMsgFormat is returned for a state message that does not parse.
-var ErrMsgFormat = errors.New("ring: malformed state message")
+// ErrMsgFormat is returned for a state message that does not parse. It
+// wraps ErrProtocol: a malformed message is the peer breaking the protocol.
+var ErrMsgFormat error = msgFormatError{}
+
+type msgFormatError struct{}
+
+func (msgFormatError) Error() string { return "ring: malformed state message" }
+func (msgFormatError) Unwrap() error { return ErrProtocol }
 
 // Marshal writes m into b, which must hold MsgLen bytes.
 func (m *Msg) Marshal(b []byte) {

@@ -23,6 +23,13 @@ const (
 	MaxRingSize = 1 << 30
 	MinCredits  = 4
 	MaxCredits  = 1024
+
+	// Reserved is how many message credits only control messages (updates,
+	// BLOCKED, FIN, CLOSE) may use, so credit updates never deadlock behind
+	// data. It is a protocol constant: both sides' update rules assume the
+	// peer reserves the same number. MinCredits leaves at least two data
+	// credits above it.
+	Reserved = 2
 )
 
 // ErrProtocol is wrapped by every error that reports a peer breaking the
@@ -56,10 +63,6 @@ type Params struct {
 	LocalCredits uint64 // receive work requests we post at start
 	PeerSize     uint64 // bytes of the peer's receive ring
 	PeerCredits  uint64 // receive work requests the peer posts at start
-	// Reserved message credits that only control messages (updates,
-	// BLOCKED, FIN, CLOSE) may use, so credit updates never deadlock behind
-	// data. Zero means 2.
-	Reserved uint64
 	// Threshold is how many consumed bytes we let accumulate before we
 	// announce them unasked. Zero means LocalSize/4.
 	Threshold uint64
@@ -116,15 +119,12 @@ func New(p Params) (*State, error) {
 	if err := checkSize("peer ring size", p.PeerSize); err != nil {
 		return nil, err
 	}
-	if p.Reserved == 0 {
-		p.Reserved = 2
-	}
 	for _, c := range []struct {
 		what string
 		n    uint64
 	}{{"local credits", p.LocalCredits}, {"peer credits", p.PeerCredits}} {
-		if c.n < MinCredits || c.n > MaxCredits || c.n <= p.Reserved {
-			return nil, fmt.Errorf("%w: %s %d not in [%d, %d] or not above the %d reserved", ErrUsage, c.what, c.n, MinCredits, MaxCredits, p.Reserved)
+		if c.n < MinCredits || c.n > MaxCredits {
+			return nil, fmt.Errorf("%w: %s %d not in [%d, %d]", ErrUsage, c.what, c.n, MinCredits, MaxCredits)
 		}
 	}
 	if p.Threshold == 0 {
@@ -168,14 +168,21 @@ func (s *State) Credits() uint64 { return s.peerPosted - s.sent }
 
 // CanSendData reports whether a data notification may be posted: it must
 // leave the reserved credits for control messages.
-func (s *State) CanSendData() bool { return s.Credits() > s.p.Reserved }
+func (s *State) CanSendData() bool { return s.Credits() > Reserved }
 
-// CanSendControl reports whether a control message may be posted.
-func (s *State) CanSendControl() bool { return s.Credits() > 0 }
+// CanSendControl reports whether a control message may be posted. The last
+// credit may carry only a message that returns credits to the peer (we
+// have reposted receive requests not yet announced): then the peer can
+// always answer, and whatever it sends returns credits to us, so the two
+// sides can never both be left without one.
+func (s *State) CanSendControl() bool {
+	c := s.Credits()
+	return c > 1 || (c == 1 && s.posted > s.postedAnnounced)
+}
 
 // WriteSegments returns where n bytes starting at the producer cursor go in
 // the peer's ring: one segment, or two when they wrap. n must not exceed
-// Space.
+// Space (segments of a larger n would overlap).
 func (s *State) WriteSegments(n uint64) (a, b Seg) { return segments(s.prod, n, s.p.PeerSize) }
 
 // Wrote advances the producer cursor by n bytes after they were written
@@ -225,13 +232,17 @@ func (s *State) FINPending() bool { return s.finSent && !s.finAnnounced }
 func (s *State) FINSent() bool { return s.finSent }
 
 // Next builds the next state message with our current cursors, plus the
-// extra one-shot flags, and records it as sent. It fails when no credit is
-// left; the caller checks CanSendData or CanSendControl first.
+// extra one-shot flags (only FlagBlocked; FIN and CLOSE come from SetFIN
+// and SetClose), and records it as sent. It fails when CanSendControl is
+// false; the caller checks CanSendData or CanSendControl first.
 func (s *State) Next(extra Flags) (Msg, error) {
-	if s.Credits() == 0 {
+	if !s.CanSendControl() {
 		return Msg{}, fmt.Errorf("%w: no message credit", ErrUsage)
 	}
-	f := extra &^ flagsStick
+	if extra&^FlagBlocked != 0 {
+		return Msg{}, fmt.Errorf("%w: flags %v cannot be sent one-shot", ErrUsage, extra)
+	}
+	f := extra
 	if s.finSent {
 		f |= FlagFIN
 		s.finAnnounced = true
@@ -253,7 +264,8 @@ func (s *State) Next(extra Flags) (Msg, error) {
 // Readable is how many bytes the peer has written that we have not consumed.
 func (s *State) Readable() uint64 { return s.peerProd - s.cons }
 
-// ReadSegments returns where the next n readable bytes are in our ring.
+// ReadSegments returns where the next n readable bytes are in our ring. n
+// must not exceed Readable.
 func (s *State) ReadSegments(n uint64) (a, b Seg) { return segments(s.cons, n, s.p.LocalSize) }
 
 // Consumed advances the consumer cursor by n bytes the application took.
@@ -313,12 +325,15 @@ func (s *State) Receive(m Msg) error {
 	if s.peerFIN && m.Flags&FlagFIN == 0 {
 		return violation("FIN withdrawn", uint64(m.Flags), "FIN set")
 	}
+	if m.Flags&FlagClose != 0 && m.Flags&FlagFIN == 0 {
+		return violation("CLOSE without FIN", uint64(m.Flags), "FIN set with CLOSE")
+	}
 	if s.peerClose && m.Flags&FlagClose == 0 {
 		return violation("CLOSE withdrawn", uint64(m.Flags), "CLOSE set")
 	}
 	// Send half: what the peer says about our data and its credits.
-	if m.Cons < s.peerCons || m.Cons > s.prod {
-		return violation("consumer cursor out of range", m.Cons, "in [%d, %d]", s.peerCons, s.prod)
+	if m.Cons < s.peerCons || m.Cons > s.prodSent {
+		return violation("consumer cursor out of range", m.Cons, "in [%d, %d] (announced bytes)", s.peerCons, s.prodSent)
 	}
 	if m.Posted < s.peerPosted || m.Posted-s.p.PeerCredits > s.sent {
 		return violation("credits never granted", m.Posted, "in [%d, %d]", s.peerPosted, s.p.PeerCredits+s.sent)
@@ -349,9 +364,9 @@ func (s *State) Receive(m Msg) error {
 //   - the peer's view of its credits is down to the reserved ones and we
 //     have reposted any.
 //
-// It is false when we have no credit to send with.
+// It is false when CanSendControl is.
 func (s *State) NeedUpdate() bool {
-	if s.Credits() == 0 {
+	if !s.CanSendControl() {
 		return false
 	}
 	freed := s.cons - s.announced
@@ -365,8 +380,16 @@ func (s *State) NeedUpdate() bool {
 	if pending > 0 && pending >= s.p.LocalCredits/2 {
 		return true
 	}
-	if pending > 0 && s.postedAnnounced-s.recvd <= s.p.Reserved {
+	if pending > 0 && s.postedAnnounced-s.recvd <= Reserved {
 		return true
 	}
 	return false
+}
+
+// String describes the state for debugging.
+func (s *State) String() string {
+	return fmt.Sprintf("tx{prod %d sent-prod %d peer-cons %d space %d msgs %d peer-posted %d credits %d fin %v close %v blocked %v} "+
+		"rx{peer-prod %d cons %d announced %d readable %d recvd %d posted %d announced-posted %d fin %v close %v peer-blocked %v}",
+		s.prod, s.prodSent, s.peerCons, s.Space(), s.sent, s.peerPosted, s.Credits(), s.finSent, s.closeSent, s.blockedSent,
+		s.peerProd, s.cons, s.announced, s.Readable(), s.recvd, s.posted, s.postedAnnounced, s.peerFIN, s.peerClose, s.peerBlocked)
 }

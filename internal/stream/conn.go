@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -233,7 +234,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		// A data chunk needs: ring space, a data credit, and send-queue room
 		// for two WRITEs and the SEND (plus two slots kept for control).
 		if space == 0 || !c.st.CanSendData() || c.sqFreeLocked() < 5 {
-			if c.st.Block() {
+			if c.st.CanSendControl() && c.st.Block() {
 				c.sendLocked(ring.FlagBlocked)
 			}
 			c.mu.Unlock()
@@ -400,4 +401,19 @@ func wake(ch chan struct{}) {
 	case ch <- struct{}{}:
 	default:
 	}
+}
+
+// QP returns the queue pair carrying the Conn, for tests that inject faults
+// or hostile messages underneath the protocol.
+func (c *Conn) QP() verbs.QP { return c.ep.qp }
+
+// Bootstrap returns the bootstrap TCP connection, for tests that simulate a
+// peer process dying.
+func (c *Conn) Bootstrap() net.Conn { return c.boot }
+
+// DebugState describes the protocol state and send queue, for debugging.
+func (c *Conn) DebugState() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprintf("%v sq{posted %d done %d} err=%v closed=%v peerGone=%v", c.st, c.sqPosted, c.sqDone, c.err, c.closed, c.peerGone)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
@@ -34,27 +35,38 @@ func (c *Conn) progressLocked() bool {
 	if c.ep.cq == nil {
 		return false
 	}
-	n, err := c.ep.cq.Poll(c.wcs[:])
-	if err != nil {
-		if !c.closed {
-			c.failLocked(reset("polling completions", err))
-		}
-		return true
-	}
+	// Drain the queue: the event loop arms before it polls, and an armed
+	// notification fires only for completions added after Arm, so any left
+	// behind here would wait for the next one.
 	rd, wr := false, false
-	for i := range c.wcs[:n] {
-		wc := &c.wcs[i]
-		switch wc.Op {
-		case verbs.OpRecv, verbs.OpRecvImm:
-			if c.handleRecvLocked(wc) {
-				rd, wr = true, true
+	total := 0
+	for {
+		n, err := c.ep.cq.Poll(c.wcs[:])
+		if err != nil {
+			if !c.closed {
+				c.failLocked(reset("polling completions", err))
 			}
-		default:
-			if c.handleSendLocked(wc) {
-				wr = true
+			return true
+		}
+		total += n
+		for i := range c.wcs[:n] {
+			wc := &c.wcs[i]
+			switch wc.Op {
+			case verbs.OpRecv, verbs.OpRecvImm:
+				if c.handleRecvLocked(wc) {
+					rd, wr = true, true
+				}
+			default:
+				if c.handleSendLocked(wc) {
+					wr = true
+				}
 			}
 		}
+		if n < len(c.wcs) {
+			break
+		}
 	}
+	n := total
 	if n > 0 {
 		c.flushLocked()
 	}
@@ -107,17 +119,16 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) bool {
 }
 
 func (c *Conn) handleSendLocked(wc *verbs.Completion) bool {
-	if err := wc.Err(); err != nil {
-		if !c.closed && !c.peerGone {
-			c.failLocked(reset("send failed", err))
-		}
-		return true
-	}
+	// Any completion, failed or not, retires its request and those before
+	// it (RC executes in order; after a failure the rest flush).
 	if wc.ID > c.sqDone {
 		c.sqDone = wc.ID
 	}
 	if c.closeSig != 0 && c.sqDone >= c.closeSig {
 		wake(c.closeWake)
+	}
+	if err := wc.Err(); err != nil && !c.closed && !c.peerGone {
+		c.failLocked(reset("send failed", err))
 	}
 	return true
 }
@@ -208,20 +219,9 @@ func (c *Conn) failLocked(err error) {
 		defer c.loops.Done()
 		// Tell the peer, then close the bootstrap so its watcher wakes.
 		_ = c.boot.SetWriteDeadline(time.Now().Add(closeAckTimeout))
-		_ = handshake.Write(c.boot, &handshake.Goodbye{Abort: true, Reason: truncate(reason, handshake.MaxReason)})
+		_ = handshake.Write(c.boot, &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(reason)})
 		_ = c.boot.Close()
 	}(err.Error())
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	// Cut at a rune boundary.
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n]
 }
 
 // eventLoop makes progress while no caller does: it parks on the completion
@@ -261,8 +261,8 @@ func (c *Conn) watchBootstrap() {
 		c.awaitFinalLocked(g.FinalProd)
 	case err == nil:
 		c.failLocked(reset("unexpected bootstrap message", fmt.Errorf("%v", msg.Type())))
-	case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
-		c.failLocked(reset("peer vanished (bootstrap connection closed)", nil))
+	case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET):
+		c.failLocked(reset("peer vanished (bootstrap connection closed without goodbye)", err))
 	default:
 		c.failLocked(reset("bootstrap connection failed", err))
 	}
@@ -425,7 +425,7 @@ func (c *Conn) sayGoodbye() {
 	c.mu.Lock()
 	gb := &handshake.Goodbye{FinalProd: c.st.Prod()}
 	if c.err != nil {
-		gb = &handshake.Goodbye{Abort: true, Reason: truncate(c.err.Error(), handshake.MaxReason)}
+		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(c.err.Error())}
 	}
 	c.mu.Unlock()
 	_ = c.boot.SetWriteDeadline(time.Now().Add(closeAckTimeout))

@@ -25,6 +25,9 @@
 //     complete with StatusFlushed.
 //   - Inline data (SendWR.Inline) is copied when PostSend returns, so the
 //     caller may reuse its buffer at once.
+//   - A new QP is in the INIT state: PostRecv works at once (receive buffers
+//     are posted before the QP's Info goes to the peer), PostSend only after
+//     Connect.
 //
 // Concurrency: PostSend, PostRecv and CQ.Poll may be called from different
 // goroutines at the same time. CQ.Wait is called by at most one goroutine at

@@ -1,0 +1,124 @@
+package handshake_test
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+)
+
+var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpus under testdata/fuzz")
+
+type seedFile struct {
+	target, name string
+	args         []any
+}
+
+// seedFiles lists the committed seed corpus: valid frames of every type and
+// near misses for FuzzDecode, and field sets for FuzzRoundTrip. Crashers
+// found by fuzzing are added next to them under their hash names.
+func seedFiles() []seedFile {
+	var seeds []seedFile
+	add := func(name string, frame []byte) {
+		seeds = append(seeds, seedFile{"FuzzDecode", name, []any{frame}})
+	}
+	for _, s := range samples() {
+		add(s.name, s.frame)
+	}
+	maxReason := strings.Repeat("r", handshake.MaxReason)
+	bad := handshake.RingInfo{Size: 3, Addr: ^uint64(0), RKey: 0, Credits: 0}
+	confirm := rawFrame(1, 4, body{}.u8(0).u16(0))
+	add("empty", nil)
+	add("two-frames", append(bytes.Clone(confirm), samples()[0].frame...))
+	add("bad-magic-http", []byte("GET / HTTP/1.1\r\nHost: example\r\n\r\n"))
+	add("bad-magic-7bit", append([]byte{0x09}, confirm[1:]...))
+	add("bad-magic-lf", append([]byte("\x89RSOCK\n"), confirm[8:]...))
+	add("version-2", rawFrame(2, 1, body{}.u16(0).u8(1)))
+	add("type-0", rawFrame(1, 0, body{}.u8(0).u16(0)))
+	add("type-6", rawFrame(1, 6, body{}.u8(0).u16(0)))
+	add("length-over-max", append(rawFrame(1, 3, nil)[:10], 0x10, 0x01))
+	add("length-beyond-data", append(rawFrame(1, 4, nil)[:10], 0x00, 0x09, 0, 0, 0))
+	add("header-only", rawFrame(1, 1, nil))
+	add("trailing-byte", rawFrame(1, 4, body{}.u8(0).u16(0).u8(0)))
+	add("reason-bad-utf8", rawFrame(1, 3, body{}.u8(1).lstr("\xff\xfe")))
+	add("reason-max", rawFrame(1, 5, body{}.u8(1).u64(1).lstr(maxReason)))
+	add("reason-over-max", rawFrame(1, 4, body{}.u8(1).lstr(maxReason+"!")))
+	add("reason-len-past-end", rawFrame(1, 3, body{}.u8(1).u16(10).str("abc")))
+	add("zero-offers", rawFrame(1, 1, body{}.u16(0).u8(0)))
+	add("five-offers", rawFrame(1, 1, body{}.u16(0).u8(5).
+		u8(1).ring(testRing).u16(0).u8(1).ring(testRing).u16(0).u8(1).ring(testRing).u16(0).
+		u8(1).ring(testRing).u16(0).u8(1).ring(testRing).u16(0)))
+	add("offer-count-past-end", rawFrame(1, 1, body{}.u16(0).u8(3).u8(1).ring(testRing).u16(0)))
+	add("info-over-max", rawFrame(1, 2, body{}.u8(1).ring(testRing).lraw(bytesOf(handshake.MaxInfo+1, 'i'))))
+	add("info-len-huge", rawFrame(1, 2, body{}.u8(1).ring(testRing).u16(0xffff)))
+	add("bad-ring", rawFrame(1, 2, body{}.u8(9).ring(bad).u16(0)))
+	add("goodbye-all-flags", rawFrame(1, 5, body{}.u8(0xff).u64(42).u16(0)))
+
+	rt := func(name string, args ...any) {
+		seeds = append(seeds, seedFile{"FuzzRoundTrip", name, args})
+	}
+	// kind, flags, nOffers, transport, size, addr, rkey, credits, info, code, reason, abort, finalProd
+	rt("hello", uint8(0), uint16(0), uint8(2), uint8(1), uint64(1<<20), uint64(0x7f0000000000), uint32(0xdeadbeef), uint16(64), []byte("mlx5_0:1"), uint8(0), "", false, uint64(5))
+	rt("hello-zero-offers", uint8(0), uint16(1), uint8(0), uint8(1), uint64(4096), uint64(0), uint32(1), uint16(4), []byte{}, uint8(0), "", false, uint64(0))
+	rt("hello-over-body", uint8(0), uint16(0), uint8(4), uint8(2), uint64(4096), uint64(0), uint32(1), uint16(4), bytesOf(handshake.MaxInfo, 'x'), uint8(0), "", false, uint64(0))
+	rt("accept", uint8(1), uint16(0), uint8(0), uint8(2), uint64(1<<30), ^uint64(0)-(1<<30), uint32(7), uint16(1024), []byte("/dev/shm/rsock"), uint8(0), "", false, uint64(100))
+	rt("accept-over-info", uint8(1), uint16(0), uint8(0), uint8(3), uint64(4096), uint64(0), uint32(7), uint16(4), bytesOf(handshake.MaxInfo+1, 'x'), uint8(0), "", false, uint64(0))
+	rt("decline", uint8(2), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(1), "no common transport", false, uint64(3))
+	rt("confirm", uint8(3), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), "", false, uint64(0))
+	rt("confirm-bad-utf8", uint8(3), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(4), "a\xffb", false, uint64(0))
+	rt("goodbye", uint8(4), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), "Zürich ✓", true, ^uint64(0))
+	rt("goodbye-over-reason", uint8(4), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), strings.Repeat("é", 129), false, uint64(9))
+	return seeds
+}
+
+// marshalCorpus writes args in the "go test fuzz v1" format, as the go
+// command does for the types used here.
+func marshalCorpus(args ...any) []byte {
+	var b bytes.Buffer
+	b.WriteString("go test fuzz v1\n")
+	for _, a := range args {
+		switch a := a.(type) {
+		case []byte:
+			fmt.Fprintf(&b, "[]byte(%q)\n", a)
+		case string:
+			fmt.Fprintf(&b, "string(%q)\n", a)
+		case byte:
+			fmt.Fprintf(&b, "byte(%q)\n", a)
+		case uint16, uint32, uint64, bool:
+			fmt.Fprintf(&b, "%T(%v)\n", a, a)
+		default:
+			panic(fmt.Sprintf("unsupported corpus type %T", a))
+		}
+	}
+	return b.Bytes()
+}
+
+// TestSeedCorpus checks that the committed seeds match seedFiles (run with
+// -update-corpus to rewrite them).
+func TestSeedCorpus(t *testing.T) {
+	for _, s := range seedFiles() {
+		path := filepath.Join("testdata", "fuzz", s.target, "seed-"+s.name)
+		want := marshalCorpus(s.args...)
+		if *updateCorpus {
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, want, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		got, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (run go test -run TestSeedCorpus -update-corpus)", err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s is stale (run go test -run TestSeedCorpus -update-corpus)", path)
+		}
+	}
+}

@@ -1,0 +1,275 @@
+package rsock
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
+)
+
+// tcpOnly allows only the TCP fallback.
+func tcpOnly() *Config { return &Config{Transports: []string{"tcp"}} }
+
+// listen starts an rsock listener on loopback and closes it at the end.
+func listen(t testing.TB, cfg *Config) *Listener {
+	t.Helper()
+	lc := ListenConfig{Config: cfg}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	return ln.(*Listener)
+}
+
+// pipe dials ln and accepts the other end.
+func pipe(t testing.TB, ln *Listener, cfg *Config) (client, server *Conn) {
+	t.Helper()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- res{c, err}
+	}()
+	d := Dialer{Config: cfg, Timeout: 10 * time.Second}
+	c, err := d.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	r := <-ch
+	require.NoError(t, r.err)
+	return c.(*Conn), r.c.(*Conn)
+}
+
+func TestNettestTCPFallback(t *testing.T) {
+	// Nothing accelerated is registered in this test binary unless a sim
+	// test registered it; force the decline path by allowing only tcp on
+	// the server while the client offers what it has.
+	ln := listen(t, tcpOnly())
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		c, s := pipe(t, ln, nil)
+		assert.Equal(t, "tcp", TransportOf(c))
+		assert.Equal(t, "tcp", TransportOf(s))
+		return c, s, func() { c.Close(); s.Close() }, nil
+	})
+}
+
+func TestNettestTCPFallbackSwapped(t *testing.T) {
+	ln := listen(t, tcpOnly())
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		c, s := pipe(t, ln, nil)
+		return s, c, func() { c.Close(); s.Close() }, nil
+	})
+}
+
+// echo copies everything back until EOF.
+func echo(c net.Conn) {
+	defer c.Close()
+	_, _ = io.Copy(c, c)
+}
+
+func TestPlainClientAgainstListener(t *testing.T) {
+	ln := listen(t, nil)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			assert.Equal(t, "tcp", TransportOf(c))
+			info, _ := InfoOf(c)
+			assert.Contains(t, info.Reason, "does not speak rsock")
+			go echo(c)
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	msg := "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+	_, err = c.Write([]byte(msg))
+	require.NoError(t, err)
+	got := make([]byte, len(msg))
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	assert.Equal(t, msg, string(got), "the sniffed bytes must be replayed")
+}
+
+func TestPlainClientServerSpeaksFirst(t *testing.T) {
+	ln := listen(t, &Config{SniffTimeout: 50 * time.Millisecond})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = c.Write([]byte("220 hello\r\n"))
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		_, _ = c.Write([]byte("got " + line))
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	r := bufio.NewReader(c)
+	banner, err := r.ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "220 hello\r\n", banner)
+	_, err = c.Write([]byte("QUIT\r\n"))
+	require.NoError(t, err)
+	reply, err := r.ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "got QUIT\r\n", reply)
+}
+
+func TestStockHTTPClientAgainstListener(t *testing.T) {
+	ln := listen(t, nil)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "hello "+r.URL.Path)
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	resp, err := http.Get("http://" + ln.Addr().String() + "/x")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, "hello /x", string(body))
+}
+
+// plainServer runs handler on each connection of a plain TCP listener.
+func plainServer(t *testing.T, handler func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handler(c)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// simOffer makes Dial offer something so that it sends a hello: the tests
+// that probe plain servers need one. It registers sim if not yet there.
+func dialProbing(t *testing.T, addr string, cfg *Config) (*Conn, error) {
+	t.Helper()
+	registerSim(t)
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	cfg.Transports = []string{"sim", "tcp"}
+	d := Dialer{Config: cfg, Timeout: 10 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*Conn), nil
+}
+
+func TestDialPlainServers(t *testing.T) {
+	cases := []struct {
+		name    string
+		handler func(net.Conn)
+		reason  string
+	}{
+		{"echo", echo, "echoed"},
+		{"speaks-first", func(c net.Conn) {
+			defer c.Close()
+			_, _ = c.Write([]byte("220 smtp ready\r\n"))
+			_, _ = io.Copy(io.Discard, c)
+		}, "magic"},
+		{"closes", func(c net.Conn) {
+			buf := make([]byte, 1)
+			_, _ = c.Read(buf)
+			c.Close()
+		}, "ended"},
+		{"silent", func(c net.Conn) {
+			defer c.Close()
+			_, _ = io.Copy(io.Discard, c)
+		}, "no reply"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := plainServer(t, tc.handler)
+			t.Cleanup(func() { plainServers.forget("tcp " + addr) })
+			c, err := dialProbing(t, addr, &Config{ProbeTimeout: 200 * time.Millisecond})
+			require.NoError(t, err)
+			defer c.Close()
+			info := c.Info()
+			assert.Equal(t, "tcp", info.Transport)
+			assert.True(t, info.Fallback)
+			assert.Contains(t, info.Reason, tc.reason)
+			// The verdict is remembered: the next dial does not probe.
+			c2, err := dialProbing(t, addr, &Config{ProbeTimeout: 200 * time.Millisecond})
+			require.NoError(t, err)
+			defer c2.Close()
+			assert.Contains(t, c2.Info().Reason, "remembered")
+		})
+	}
+	// The redialled connection works end to end.
+	addr := plainServer(t, echo)
+	t.Cleanup(func() { plainServers.forget("tcp " + addr) })
+	c, err := dialProbing(t, addr, nil)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Write([]byte("ping"))
+	require.NoError(t, err)
+	got := make([]byte, 4)
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	assert.Equal(t, "ping", string(got))
+}
+
+func TestDialPlainServerWithoutFallback(t *testing.T) {
+	addr := plainServer(t, echo)
+	t.Cleanup(func() { plainServers.forget("tcp " + addr) })
+	registerSim(t)
+	d := Dialer{Config: &Config{Transports: []string{"sim"}}}
+	_, err := d.Dial("tcp", addr)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ErrNoTransport)
+	var oe *net.OpError
+	assert.True(t, errors.As(err, &oe))
+}
+
+func TestDialContextCancelled(t *testing.T) {
+	// A server that accepts and says nothing: the probe would wait, the
+	// cancelled context must end the dial first.
+	addr := plainServer(t, func(c net.Conn) { time.Sleep(5 * time.Second); c.Close() })
+	t.Cleanup(func() { plainServers.forget("tcp " + addr) })
+	registerSim(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	d := Dialer{Config: &Config{Transports: []string{"sim", "tcp"}, ProbeTimeout: 10 * time.Second}}
+	start := time.Now()
+	_, err := d.DialContext(ctx, "tcp", addr)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Less(t, time.Since(start), 5*time.Second)
+}
+
+func TestBadNetworkAndConfig(t *testing.T) {
+	_, err := Dial("udp", "127.0.0.1:1")
+	assert.Error(t, err)
+	_, err = Listen("unix", "/tmp/x")
+	assert.Error(t, err)
+	d := Dialer{Config: &Config{Transports: []string{"carrier-pigeon"}}}
+	_, err = d.Dial("tcp", "127.0.0.1:1")
+	var ce *ConfigError
+	assert.True(t, errors.As(err, &ce), "%v", err)
+	t.Setenv("RSOCK_RING_SIZE", "3000")
+	_, err = Dial("tcp", "127.0.0.1:1")
+	assert.True(t, errors.As(err, &ce), "%v", err)
+	assert.True(t, strings.Contains(err.Error(), "RSOCK_RING_SIZE") || strings.Contains(err.Error(), "RingSize"))
+}

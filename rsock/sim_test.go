@@ -1,0 +1,455 @@
+package rsock
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/ring"
+	"github.com/rdmanet/rdmanet/internal/transport"
+	"github.com/rdmanet/rdmanet/internal/verbs"
+	"github.com/rdmanet/rdmanet/internal/verbs/sim"
+)
+
+var (
+	simOnce sync.Once
+	simProv = sim.New()
+)
+
+// registerSim makes the in-process sim provider available as "sim".
+func registerSim(t testing.TB) {
+	simOnce.Do(func() { transport.Register("sim", simProv) })
+}
+
+// withFaults sets sim faults for the rest of the test.
+func withFaults(t *testing.T, f sim.Faults) {
+	simProv.SetFaults(f)
+	t.Cleanup(func() { simProv.SetFaults(sim.Faults{}) })
+}
+
+func simCfg() *Config { return &Config{Transports: []string{"sim", "tcp"}, RingSize: 64 << 10} }
+
+func simPipe(t testing.TB, cfg *Config) (client, server *Conn) {
+	t.Helper()
+	registerSim(t)
+	if cfg == nil {
+		cfg = simCfg()
+	}
+	ln := listen(t, cfg)
+	c, s := pipe(t, ln, cfg)
+	require.Equal(t, "sim", TransportOf(c), c.Info().Reason)
+	require.Equal(t, "sim", TransportOf(s), s.Info().Reason)
+	return c, s
+}
+
+func TestNettestSim(t *testing.T) {
+	registerSim(t)
+	cfg := simCfg()
+	ln := listen(t, cfg)
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		c, s := pipe(t, ln, cfg)
+		if TransportOf(c) != "sim" || TransportOf(s) != "sim" {
+			return nil, nil, nil, errors.New("not on sim: " + c.Info().Reason)
+		}
+		return c, s, func() { c.Close(); s.Close() }, nil
+	})
+}
+
+func TestNettestSimSwapped(t *testing.T) {
+	registerSim(t)
+	cfg := simCfg()
+	ln := listen(t, cfg)
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		c, s := pipe(t, ln, cfg)
+		return s, c, func() { c.Close(); s.Close() }, nil
+	})
+}
+
+func TestNettestSimSmallRingFaults(t *testing.T) {
+	// The smallest ring and few credits force wrap-around and credit
+	// stalls constantly; faults delay and reorder completions.
+	registerSim(t)
+	withFaults(t, sim.Faults{Delay: 50 * time.Microsecond, Reorder: true, LossRate: 0.01, RetransmitDelay: 100 * time.Microsecond})
+	cfg := &Config{Transports: []string{"sim"}, RingSize: 4096, Credits: 4}
+	ln := listen(t, cfg)
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		c, s := pipe(t, ln, cfg)
+		return c, s, func() { c.Close(); s.Close() }, nil
+	})
+}
+
+func TestDeclineFallsBackOnSameConnection(t *testing.T) {
+	registerSim(t)
+	ln := listen(t, tcpOnly())
+	c, s := pipe(t, ln, simCfg())
+	defer c.Close()
+	defer s.Close()
+	ci := c.Info()
+	assert.Equal(t, "tcp", ci.Transport)
+	assert.True(t, ci.Fallback)
+	assert.Contains(t, ci.Reason, "declined")
+	roundTrip(t, c, s, []byte("over the bootstrap"))
+}
+
+func roundTrip(t *testing.T, a, b net.Conn, msg []byte) {
+	t.Helper()
+	go func() { _, _ = a.Write(msg) }()
+	got := make([]byte, len(msg))
+	_, err := io.ReadFull(b, got)
+	require.NoError(t, err)
+	require.Equal(t, msg, got)
+}
+
+// streamCheck sends size random bytes from w to r in random-sized writes
+// and checks them byte for byte by hash.
+func streamCheck(t *testing.T, w, r net.Conn, size int, seed uint64) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	want := sha256.Sum256(data)
+	errc := make(chan error, 1)
+	go func() {
+		rest := data
+		for len(rest) > 0 {
+			n := 1 + rng.IntN(min(len(rest), 200_000))
+			if _, err := w.Write(rest[:n]); err != nil {
+				errc <- err
+				return
+			}
+			rest = rest[n:]
+		}
+		errc <- nil
+	}()
+	h := sha256.New()
+	buf := make([]byte, 37_000)
+	got := 0
+	for got < size {
+		n, err := r.Read(buf[:1+rand.IntN(len(buf)-1)])
+		h.Write(buf[:n])
+		got += n
+		require.NoError(t, err)
+	}
+	require.NoError(t, <-errc)
+	require.Equal(t, want[:], h.Sum(nil))
+}
+
+func TestSimStreamIntegrityUnderFaults(t *testing.T) {
+	registerSim(t)
+	withFaults(t, sim.Faults{Delay: 20 * time.Microsecond, Reorder: true, LossRate: 0.02, RetransmitDelay: 50 * time.Microsecond})
+	c, s := simPipe(t, &Config{Transports: []string{"sim"}, RingSize: 8192, Credits: 4})
+	defer c.Close()
+	defer s.Close()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); streamCheck(t, s, c, 1<<20, 2) }() // both directions at once
+	streamCheck(t, c, s, 1<<20, 1)
+	wg.Wait()
+	assert.Positive(t, c.Info().CreditStalls, "a small ring must make the writer wait")
+}
+
+func TestSimEOFAndHalfClose(t *testing.T) {
+	c, s := simPipe(t, nil)
+	defer s.Close()
+	_, err := c.Write([]byte("last words"))
+	require.NoError(t, err)
+	require.NoError(t, c.CloseWrite())
+	got, err := io.ReadAll(s)
+	require.NoError(t, err)
+	assert.Equal(t, "last words", string(got))
+	// The other direction still works after the half-close.
+	roundTrip(t, s, c, []byte("reply"))
+	_, err = c.Write([]byte("x"))
+	assert.ErrorIs(t, err, syscall.EPIPE)
+	require.NoError(t, c.Close())
+	_, err = s.Write([]byte("to nobody"))
+	// The peer closed: writes fail (broken pipe), possibly after the
+	// goodbye arrives.
+	require.Eventually(t, func() bool {
+		_, err = s.Write([]byte("to nobody"))
+		return err != nil
+	}, 2*time.Second, time.Millisecond)
+	assert.ErrorIs(t, err, syscall.EPIPE)
+}
+
+func TestSimCloseUnblocksAndErrClosed(t *testing.T) {
+	c, s := simPipe(t, nil)
+	defer s.Close()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 10))
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, c.Close())
+	select {
+	case err := <-errc:
+		assert.ErrorIs(t, err, net.ErrClosed)
+		var oe *net.OpError
+		assert.True(t, errors.As(err, &oe))
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not unblock Read")
+	}
+	_, err := c.Write([]byte("x"))
+	assert.ErrorIs(t, err, net.ErrClosed)
+	assert.ErrorIs(t, c.Close(), net.ErrClosed)
+	// The peer sees EOF.
+	n, err := s.Read(make([]byte, 1))
+	assert.Equal(t, 0, n)
+	assert.Equal(t, io.EOF, err)
+}
+
+// waitErr waits up to a second for a blocked call's error.
+func waitErr(t *testing.T, errc <-chan error, what string) error {
+	t.Helper()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(time.Second):
+		t.Fatalf("%s still blocked after a second", what)
+		return nil
+	}
+}
+
+func TestSimQPErrorUnblocksBothSides(t *testing.T) {
+	c, s := simPipe(t, nil)
+	defer c.Close()
+	defer s.Close()
+	rd := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, s); rd <- err }()
+	wr := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				wr <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	c.s.QP().(*sim.QP).ForceError()
+	err := waitErr(t, wr, "client Write")
+	assert.ErrorIs(t, err, syscall.ECONNRESET)
+	// The server learns through the bootstrap connection.
+	err = waitErr(t, rd, "server Read")
+	assert.ErrorIs(t, err, syscall.ECONNRESET)
+}
+
+func TestSimPeerVanishes(t *testing.T) {
+	c, s := simPipe(t, nil)
+	defer s.Close()
+	rd := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, s); rd <- err }()
+	wr := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := s.Write(make([]byte, 32<<10)); err != nil {
+				wr <- err
+				return
+			}
+		}
+	}()
+	_, _ = c.Write([]byte("some data"))
+	// The peer process dies: its bootstrap socket closes with no goodbye
+	// and its queue pair stops answering.
+	c.s.QP().(*sim.QP).Stall(true)
+	c.s.Bootstrap().(*net.TCPConn).SetLinger(0)
+	c.s.Bootstrap().Close()
+	err := waitErr(t, rd, "server Read")
+	assert.ErrorIs(t, err, syscall.ECONNRESET)
+	assert.Contains(t, err.Error(), "vanished")
+	err = waitErr(t, wr, "server Write")
+	assert.Error(t, err)
+	c.s.QP().(*sim.QP).Stall(false)
+	c.Close()
+}
+
+func TestSimStalledPeerWriteDeadline(t *testing.T) {
+	c, s := simPipe(t, &Config{Transports: []string{"sim"}, RingSize: 4096, Credits: 4})
+	defer c.Close()
+	defer s.Close()
+	s.s.QP().(*sim.QP).Stall(true)
+	require.NoError(t, c.SetWriteDeadline(time.Now().Add(100*time.Millisecond)))
+	n, err := c.Write(make([]byte, 64<<10))
+	assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	var ne net.Error
+	require.True(t, errors.As(err, &ne))
+	assert.True(t, ne.Timeout())
+	assert.Less(t, n, 64<<10)
+	// Un-stall; the conn stays usable: the written prefix arrives intact.
+	s.s.QP().(*sim.QP).Stall(false)
+	require.NoError(t, c.SetWriteDeadline(time.Time{}))
+	got := make([]byte, n)
+	_, err = io.ReadFull(s, got)
+	require.NoError(t, err)
+	assert.Equal(t, make([]byte, n), got)
+	roundTrip(t, c, s, []byte("still usable"))
+}
+
+// inject posts a forged state message on c's queue pair, bypassing the
+// protocol, as a hostile peer would.
+func inject(t *testing.T, c *Conn, m ring.Msg) {
+	t.Helper()
+	var b [ring.MsgLen]byte
+	m.Marshal(b[:])
+	require.NoError(t, c.s.QP().PostSend(&verbs.SendWR{Op: verbs.OpSend, Inline: b[:], Signaled: true}))
+}
+
+func TestSimHostilePeerCursors(t *testing.T) {
+	ring64k := uint64(64 << 10)
+	cases := map[string]ring.Msg{
+		"prod beyond granted space": {Seq: 1, Prod: ring64k + 1},
+		"cons beyond what was sent": {Seq: 1, Cons: 1},
+		"credits never granted":     {Seq: 1, Posted: 1 << 40},
+		"wrong sequence":            {Seq: 7},
+		"unknown version":           {},
+	}
+	for name, m := range cases {
+		t.Run(name, func(t *testing.T) {
+			c, s := simPipe(t, nil)
+			defer c.Close()
+			defer s.Close()
+			rd := make(chan error, 1)
+			go func() { _, err := s.Read(make([]byte, 10)); rd <- err }()
+			if name == "unknown version" {
+				b := make([]byte, ring.MsgLen)
+				b[0] = 99
+				require.NoError(t, c.s.QP().PostSend(&verbs.SendWR{Op: verbs.OpSend, Inline: b}))
+			} else {
+				if m.Posted == 0 {
+					m.Posted = DefaultCredits
+				}
+				inject(t, c, m)
+			}
+			err := waitErr(t, rd, "Read after a hostile message")
+			assert.ErrorIs(t, err, syscall.ECONNRESET)
+			assert.True(t, errors.Is(err, ring.ErrProtocol) || errors.Is(err, ring.ErrMsgFormat), "%v", err)
+		})
+	}
+}
+
+func TestHostileHellosDoNotHurtListener(t *testing.T) {
+	registerSim(t)
+	cfg := &Config{Transports: []string{"sim", "tcp"}, HandshakeTimeout: 300 * time.Millisecond, SniffTimeout: 100 * time.Millisecond}
+	ln := listen(t, cfg)
+	accepted := make(chan net.Conn, 1024)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	valid, err := handshake.Append(nil, &handshake.Hello{Offers: []handshake.Offer{{Transport: handshake.TransportSim, Ring: handshake.RingInfo{Size: 4096, Credits: 8}, Info: []byte("x")}}})
+	require.NoError(t, err)
+	send := func(b []byte, hold time.Duration) {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			return
+		}
+		_, _ = c.Write(b)
+		time.Sleep(hold)
+		c.Close()
+	}
+	var wg sync.WaitGroup
+	rng := rand.New(rand.NewPCG(3, 4))
+	hostile := [][]byte{
+		[]byte(handshake.Magic),             // magic, then silence
+		valid[:len(valid)/2],                // truncated
+		append([]byte(handshake.Magic), 1, 1, 0xff, 0xff), // oversized length
+		append([]byte(handshake.Magic), 9, 1, 0, 0),       // unknown version
+		append([]byte(handshake.Magic), 1, 9, 0, 0),       // unknown type
+	}
+	for range 40 {
+		m := bytes.Clone(valid)
+		for range 1 + rng.IntN(4) {
+			m[len(handshake.Magic)+rng.IntN(len(m)-len(handshake.Magic))] = byte(rng.Uint32())
+		}
+		hostile = append(hostile, m)
+	}
+	// Silent clients hold connections the whole time.
+	for range 30 {
+		wg.Add(1)
+		go func() { defer wg.Done(); send(nil, time.Second) }()
+	}
+	for _, h := range hostile {
+		wg.Add(1)
+		go func() { defer wg.Done(); send(h, 500*time.Millisecond) }()
+	}
+	// Meanwhile a real client is served promptly.
+	start := time.Now()
+	d := Dialer{Config: cfg, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	assert.Equal(t, "sim", TransportOf(c))
+	assert.Less(t, time.Since(start), time.Second, "a good client waited behind hostile ones")
+	wg.Wait()
+	// Accept never failed, and is still serving.
+	c2, err := d.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	c2.Close()
+	for len(accepted) > 0 {
+		(<-accepted).Close()
+	}
+	assert.Positive(t, ln.Stats().HandshakeErrors)
+}
+
+func countFDs(t testing.TB) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents)
+}
+
+func TestSimNoLeaks(t *testing.T) {
+	registerSim(t)
+	cfg := &Config{Transports: []string{"sim", "tcp"}, RingSize: 4096, Credits: 4}
+	ln := listen(t, cfg)
+	// Warm up lazily created runtime goroutines and fds.
+	c, s := pipe(t, ln, cfg)
+	c.Close()
+	s.Close()
+	settle := func() (int, int) {
+		time.Sleep(50 * time.Millisecond)
+		runtime.GC()
+		return runtime.NumGoroutine(), countFDs(t)
+	}
+	g0, f0 := settle()
+	const cycles = 2000
+	for i := range cycles {
+		c, s := pipe(t, ln, cfg)
+		roundTrip(t, c, s, []byte{byte(i)})
+		if i%2 == 0 {
+			c.Close()
+			s.Close()
+		} else {
+			s.Close()
+			c.Close()
+		}
+	}
+	var g, f int
+	require.Eventually(t, func() bool {
+		g, f = settle()
+		return g <= g0+2 && f <= f0+2
+	}, 10*time.Second, 100*time.Millisecond, "goroutines %d -> %d, fds %d -> %d", g0, g, f0, f)
+	t.Logf("after %d cycles: goroutines %d -> %d, fds %d -> %d", cycles, g0, g, f0, f)
+}
