@@ -16,6 +16,10 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
+// errNotBuiltIn is the reason for a configured transport whose provider
+// is not compiled into the binary.
+var errNotBuiltIn = errors.New("not built into this binary")
+
 // aLongTimeAgo is a deadline in the past, used to unblock I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
@@ -36,7 +40,7 @@ func openOptions(raw net.Conn) verbs.OpenOptions {
 func (s *settings) newEndpoint(name string, raw net.Conn) (*stream.Endpoint, error) {
 	p, ok := transport.Lookup(name)
 	if !ok {
-		return nil, fmt.Errorf("%w: %s is not built into this binary", verbs.ErrUnavailable, name)
+		return nil, errNotBuiltIn
 	}
 	return stream.NewEndpoint(p, openOptions(raw), s.streamOptions())
 }
@@ -222,7 +226,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		if _, ok := transport.Lookup(name); ok {
 			names = append(names, name)
 		} else {
-			why.add(name, fmt.Errorf("%w: not built into this binary", verbs.ErrUnavailable))
+			why.add(name, errNotBuiltIn)
 		}
 	}
 	if len(names) == 0 {

@@ -373,8 +373,8 @@ func TestHostileHellosDoNotHurtListener(t *testing.T) {
 	var wg sync.WaitGroup
 	rng := rand.New(rand.NewPCG(3, 4))
 	hostile := [][]byte{
-		[]byte(handshake.Magic),             // magic, then silence
-		valid[:len(valid)/2],                // truncated
+		[]byte(handshake.Magic),                           // magic, then silence
+		valid[:len(valid)/2],                              // truncated
 		append([]byte(handshake.Magic), 1, 1, 0xff, 0xff), // oversized length
 		append([]byte(handshake.Magic), 9, 1, 0, 0),       // unknown version
 		append([]byte(handshake.Magic), 1, 9, 0, 0),       // unknown type

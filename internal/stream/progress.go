@@ -317,27 +317,6 @@ func (c *Conn) CloseWrite() error {
 	return nil
 }
 
-// finOwed arranges for a FIN that could not go out to be sent as soon as a
-// credit arrives (flushLocked sends it because Unannounced or NeedUpdate
-// will not; a pending FIN is its own reason).
-func (c *Conn) finOwed() {
-	go func() {
-		for {
-			select {
-			case <-c.done:
-				return
-			case <-time.After(time.Millisecond):
-			}
-			c.mu.Lock()
-			sent := c.err != nil || c.peerGone || c.sendLocked(0)
-			c.mu.Unlock()
-			if sent {
-				return
-			}
-		}
-	}()
-}
-
 // CloseRead shuts down the reading side: Reads return io.EOF, and data
 // that arrives is discarded.
 func (c *Conn) CloseRead() error {

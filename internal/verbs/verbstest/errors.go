@@ -424,8 +424,11 @@ func (s *suite) testConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for seq := range perSender {
 				k := g*perSender + seq
-				if !take(sq) || !take(sq) || !take(credits) {
-					return
+				// Two send-queue slots (WRITE and SEND), then a credit.
+				for _, ch := range []chan struct{}{sq, sq, credits} {
+					if !take(ch) {
+						return
+					}
 				}
 				write := verbs.SendWR{ID: uint64(2 * k), Op: verbs.OpWrite, RemoteAddr: dst.Addr() + uint64(k*8), RKey: dst.RKey(), Signaled: true}
 				send := verbs.SendWR{ID: uint64(2*k + 1), Op: verbs.OpSend, Signaled: true}

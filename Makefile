@@ -1,0 +1,52 @@
+# rdmanet: rsock, net.Conn over RDMA.
+#
+#   make demo    stock net/http over rsock on this machine, with the transport
+#   make test    every test under the race detector (what CI runs)
+#   make lint    go vet and staticcheck
+#   make bench   benchmarks: rsock against plain TCP loopback, same run
+#   make fuzz    each fuzz target for FUZZTIME (default 30s)
+
+GO        ?= go
+FUZZTIME  ?= 30s
+STATICCHECK_VERSION ?= v0.8.2
+
+# Packages with fuzz targets, and the targets in each.
+FUZZ_TARGETS = \
+	./internal/handshake:FuzzDecode \
+	./internal/handshake:FuzzRoundTrip \
+	./internal/ring:FuzzProtocol \
+	./internal/ring:FuzzReceive \
+	./internal/ring:FuzzUnmarshal
+
+.PHONY: all demo test test-unit lint bench fuzz clean
+
+all: lint test
+
+demo:
+	$(GO) run ./examples/httpserver -demo
+
+# The seed corpora under testdata/fuzz run as ordinary tests here.
+test: test-unit
+
+test-unit:
+	$(GO) version
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+lint:
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./rsock/
+
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "== $$pkg $$name ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
+
+clean:
+	$(GO) clean -testcache
