@@ -205,6 +205,16 @@ func (s *settings) nothingToOffer(network string, raw *net.TCPConn, why reasons)
 	return plainConn(network, raw, nil, true, reason), nil
 }
 
+// helloWriteError classifies a failure to send the hello: the connection
+// was made, so a server that resets it on the first bytes is a plain server
+// that did not like them.
+func helloWriteError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return &notRsockError{fmt.Sprintf("connection ended while sending the hello: %v", err)}
+}
+
 // noOffersError says no endpoint could be prepared after the magic was
 // sent; the caller dials again plainly.
 type noOffersError struct{ why string }
@@ -236,7 +246,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 	// rsock client however long preparing the endpoints takes.
 	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
 		raw.Close()
-		return nil, err
+		return nil, helloWriteError(ctx, err)
 	}
 	eps := map[handshake.Transport]*stream.Endpoint{}
 	closeAll := func(keep *stream.Endpoint) {
@@ -270,7 +280,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 	if err != nil {
 		closeAll(nil)
 		raw.Close()
-		return nil, err
+		return nil, helloWriteError(ctx, err)
 	}
 	// The server's answer must start with the magic within ProbeTimeout.
 	_ = raw.SetReadDeadline(time.Now().Add(s.probe))
