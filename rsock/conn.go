@@ -232,3 +232,33 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	}
 	return c.tcp.SetWriteDeadline(t)
 }
+
+// ReadFrom implements io.ReaderFrom. On the TCP transport it uses the
+// kernel's splice and sendfile paths, as *net.TCPConn does.
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
+	if c.s == nil {
+		n, err := c.tcp.ReadFrom(r)
+		c.bytesWritten.Add(uint64(n))
+		if n > 0 {
+			c.writes.Add(1)
+		}
+		return n, err
+	}
+	return io.Copy(writerOnly{c}, r)
+}
+
+// WriteTo implements io.WriterTo. On the TCP transport it uses the kernel's
+// splice path, as *net.TCPConn does.
+func (c *Conn) WriteTo(w io.Writer) (int64, error) {
+	if c.s == nil && !c.hasPrefix.Load() {
+		n, err := c.tcp.WriteTo(w)
+		c.bytesRead.Add(uint64(n))
+		return n, err
+	}
+	return io.Copy(w, readerOnly{c})
+}
+
+// writerOnly and readerOnly hide ReadFrom and WriteTo from io.Copy, which
+// would otherwise call back into them.
+type writerOnly struct{ io.Writer }
+type readerOnly struct{ io.Reader }

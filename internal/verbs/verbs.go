@@ -21,8 +21,19 @@
 //   - A WRITE outside the bounds of the peer MR named by the remote key, or to
 //     an MR without remote-write access, fails with StatusRemoteAccess and
 //     moves the QP to the error state.
-//   - Once a QP is in the error state, all outstanding and later work requests
-//     complete with StatusFlushed.
+//   - Once a QP is in the error state, all outstanding work requests complete
+//     with StatusFlushed. A later post either returns ErrQPState or completes
+//     as flushed (devices differ); callers handle both.
+//   - Completion.Op is valid on failed completions too (at least OpRecv for
+//     a receive-queue request against a send-queue opcode): providers whose
+//     device leaves the opcode undefined on error track it per request.
+//   - A send-queue slot stays in use until a completion that retires it has
+//     been polled: its own, or a later signaled one on the same QP. Callers
+//     signal at least once every SendDepth requests. The CQ must be deep
+//     enough for every queue using it; an overrun is fatal to those QPs.
+//   - RECEIVER-NOT-READY is an error, never retried forever: the protocol
+//     above never sends without a posted receive (message credits).
+//   - AccessRemoteWrite implies AccessLocalWrite.
 //   - Inline data (SendWR.Inline) is copied when PostSend returns, so the
 //     caller may reuse its buffer at once.
 //   - A new QP is in the INIT state: PostRecv works at once (receive buffers

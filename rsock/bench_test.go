@@ -1,0 +1,111 @@
+package rsock
+
+import (
+	"io"
+	"net"
+	"testing"
+)
+
+// The benchmarks run each workload over plain kernel TCP loopback (the
+// baseline), over rsock's TCP fallback, and over the full ring protocol on
+// the in-process sim provider, in the same run, so results can be read as
+// ratios. sim moves bytes with memcpy in one process: it measures the
+// protocol engine's cost, not a transport's speed.
+
+type benchPair struct {
+	name string
+	make func(b *testing.B) (client, server net.Conn)
+}
+
+func benchPairs() []benchPair {
+	return []benchPair{
+		{"plain-tcp", func(b *testing.B) (net.Conn, net.Conn) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			ch := make(chan net.Conn, 1)
+			go func() {
+				c, _ := ln.Accept()
+				ch <- c
+			}()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			return c, <-ch
+		}},
+		{"rsock-tcp", func(b *testing.B) (net.Conn, net.Conn) {
+			ln := listen(b, tcpOnly())
+			c, s := pipe(b, ln, tcpOnly())
+			return c, s
+		}},
+		{"rsock-sim", func(b *testing.B) (net.Conn, net.Conn) {
+			c, s := simPipe(b, simCfgRing(1<<20))
+			return c, s
+		}},
+	}
+}
+
+func simCfgRing(size int) *Config { return &Config{Transports: []string{"sim"}, RingSize: size} }
+
+// BenchmarkPingPong measures one 64-byte round trip per op.
+func BenchmarkPingPong(b *testing.B) {
+	for _, p := range benchPairs() {
+		b.Run(p.name, func(b *testing.B) {
+			c, s := p.make(b)
+			defer c.Close()
+			defer s.Close()
+			go func() {
+				buf := make([]byte, 64)
+				for {
+					if _, err := io.ReadFull(s, buf); err != nil {
+						return
+					}
+					if _, err := s.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+			buf := make([]byte, 64)
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := c.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkThroughput measures one-way bulk transfer in 1 MiB writes.
+func BenchmarkThroughput(b *testing.B) {
+	const size = 1 << 20
+	for _, p := range benchPairs() {
+		b.Run(p.name, func(b *testing.B) {
+			c, s := p.make(b)
+			defer c.Close()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _ = io.Copy(io.Discard, s)
+			}()
+			buf := make([]byte, size)
+			b.SetBytes(size)
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := c.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			c.Close()
+			<-done
+			s.Close()
+		})
+	}
+}
