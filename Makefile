@@ -38,8 +38,13 @@ lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 
+# Six repeats, each running every variant once (interleaved in time, as the
+# machine is shared and noisy); benchstat prints medians and spread.
+BENCHSTAT_VERSION ?= latest
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./rsock/
+	$(GO) test -c -o bench.test ./rsock/
+	@for i in 1 2 3 4 5 6; do ./bench.test -test.run '^$$' -test.bench . -test.benchtime 3000x -test.benchmem; done | tee bench.out
+	$(GO) run golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION) bench.out
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -49,6 +49,7 @@ type Conn struct {
 	lastSig   uint64
 	closeSig  uint64 // ID of the signaled final message, 0 if none
 	msgBuf    [ring.MsgLen]byte
+	wr        verbs.SendWR // reused for every post (under mu): no allocation per post
 	wcs       [32]verbs.Completion
 	calls     sync.WaitGroup // in-flight Read, Write and friends
 	loops     sync.WaitGroup // the event loop, the bootstrap watcher, abort notices
@@ -312,14 +313,16 @@ func (c *Conn) postWritesLocked(chunk []byte, s1, s2 ring.Seg) error {
 		if s.Len == 0 {
 			continue
 		}
-		wr := verbs.SendWR{Op: verbs.OpWrite, RemoteAddr: c.peer.Addr + s.Off, RKey: c.peer.RKey}
+		c.wr = verbs.SendWR{Op: verbs.OpWrite, RemoteAddr: c.peer.Addr + s.Off, RKey: c.peer.RKey}
 		if inline {
-			wr.Inline = chunk[:s.Len]
+			c.wr.Inline = chunk[:s.Len]
 		} else {
-			wr.Local = verbs.SGE{MR: c.stage, Offset: int(s.Off), Length: int(s.Len)}
+			c.wr.Local = verbs.SGE{MR: c.stage, Offset: int(s.Off), Length: int(s.Len)}
 		}
 		chunk = chunk[s.Len:]
-		if err := c.postLocked(&wr, false); err != nil {
+		err := c.postLocked(&c.wr, false)
+		c.wr = verbs.SendWR{} // drop the reference to the caller's buffer
+		if err != nil {
 			return err
 		}
 	}

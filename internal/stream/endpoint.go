@@ -45,9 +45,10 @@ type Endpoint struct {
 	dev   verbs.Device
 	cq    verbs.CQ
 	qp    verbs.QP
-	ring  verbs.MR // our receive ring: the peer writes into it
-	slots verbs.MR // receive buffers for state messages
-	owned bool     // resources not yet handed to a Conn
+	ring  verbs.MR     // our receive ring: the peer writes into it
+	slots verbs.MR     // receive buffers for state messages
+	owned bool         // resources not yet handed to a Conn
+	rwr   verbs.RecvWR // reused by postSlot (callers serialise): no allocation per post
 }
 
 // NewEndpoint opens a device from p and prepares a queue pair, the receive
@@ -93,8 +94,11 @@ func NewEndpoint(p verbs.Provider, oo verbs.OpenOptions, opts Options) (_ *Endpo
 	return e, nil
 }
 
+// postSlot posts receive buffer i. Callers serialise (setup, then under the
+// Conn's mutex).
 func (e *Endpoint) postSlot(i int) error {
-	return e.qp.PostRecv(&verbs.RecvWR{ID: uint64(i), Local: verbs.SGE{MR: e.slots, Offset: i * slotSize, Length: slotSize}})
+	e.rwr = verbs.RecvWR{ID: uint64(i), Local: verbs.SGE{MR: e.slots, Offset: i * slotSize, Length: slotSize}}
+	return e.qp.PostRecv(&e.rwr)
 }
 
 // Provider is the name of the endpoint's provider.

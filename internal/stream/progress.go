@@ -172,14 +172,14 @@ func (c *Conn) sendSignaledLocked(extra ring.Flags, signal bool) bool {
 		return false
 	}
 	m.Marshal(c.msgBuf[:])
-	wr := verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:]}
-	if err := c.postLocked(&wr, signal); err != nil {
+	c.wr = verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:]}
+	if err := c.postLocked(&c.wr, signal); err != nil {
 		c.failLocked(reset("posting a state message", err))
 		return false
 	}
 	c.stats.MsgsSent.Add(1)
 	if signal {
-		c.closeSig = wr.ID
+		c.closeSig = c.wr.ID
 	}
 	return true
 }
