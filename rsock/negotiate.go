@@ -60,7 +60,9 @@ func (r *reasons) add(name string, err error) { *r = append(*r, name+": "+err.Er
 func (r reasons) String() string              { return strings.Join(r, "; ") }
 
 // plainConn wraps a TCP connection that stays on TCP.
+// It clears the handshake's deadlines: from here on they are the user's.
 func plainConn(network string, raw *net.TCPConn, prefix []byte, fallback bool, reason string) *Conn {
+	_ = raw.SetDeadline(time.Time{})
 	c := &Conn{network: network, transport: "tcp", tcp: raw, fallback: fallback, reason: reason}
 	if len(prefix) > 0 {
 		c.prefix = prefix

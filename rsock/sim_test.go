@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -90,6 +91,31 @@ func TestNettestSimSmallRingFaults(t *testing.T) {
 		c, s := pipe(t, ln, cfg)
 		return c, s, func() { c.Close(); s.Close() }, nil
 	})
+}
+
+func TestNettestDeclined(t *testing.T) {
+	// The client offers sim, the server allows only tcp: both carry on
+	// over the bootstrap connection after the decline.
+	registerSim(t)
+	ln := listen(t, tcpOnly())
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		c, s := pipe(t, ln, simCfg())
+		if !strings.Contains(c.Info().Reason, "declined") {
+			return nil, nil, nil, errors.New("not declined: " + c.Info().Reason)
+		}
+		return c, s, func() { c.Close(); s.Close() }, nil
+	})
+}
+
+func TestDeclinedConnHasNoHandshakeDeadline(t *testing.T) {
+	registerSim(t)
+	ln := listen(t, &Config{Transports: []string{"tcp"}, HandshakeTimeout: 50 * time.Millisecond})
+	c, s := pipe(t, ln, &Config{Transports: []string{"sim", "tcp"}, HandshakeTimeout: 50 * time.Millisecond})
+	defer c.Close()
+	defer s.Close()
+	time.Sleep(100 * time.Millisecond)
+	roundTrip(t, c, s, []byte("after the handshake's deadline"))
+	roundTrip(t, s, c, []byte("both ways"))
 }
 
 func TestDeclineFallsBackOnSameConnection(t *testing.T) {

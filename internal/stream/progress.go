@@ -299,8 +299,9 @@ func (c *Conn) CloseWrite() error {
 		return err
 	}
 	defer c.calls.Done()
-	c.wrMu.Lock() // after any Write in progress
-	defer c.wrMu.Unlock()
+	// No wrMu: a Write blocked for space must not hold CloseWrite up. A
+	// Write in flight either announced its bytes before the FIN or finds
+	// wrClosed and fails with ErrBrokenPipe.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
