@@ -3,7 +3,9 @@ package rsock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -78,17 +80,26 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		return nil, err
 	}
 	tc := raw.(*net.TCPConn)
-	stop := context.AfterFunc(ctx, func() { _ = tc.SetDeadline(aLongTimeAgo) })
-	c, err := s.dialHandshake(ctx, network, tc)
+	// HandshakeTimeout bounds everything from here to the switch.
+	hctx, cancel := context.WithTimeout(ctx, s.handshake)
+	defer cancel()
+	_ = tc.SetDeadline(time.Now().Add(s.handshake))
+	stop := context.AfterFunc(hctx, func() { _ = tc.SetDeadline(aLongTimeAgo) })
+	c, err := s.dialHandshake(hctx, network, tc)
 	if !stop() {
-		// ctx ended while the handshake ran: whatever it produced is void.
+		// The context ended while the handshake ran: whatever it
+		// produced is void.
 		if c != nil {
 			c.Close()
 		}
-		return nil, &net.OpError{Op: "dial", Net: network, Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: ctx.Err()}
+		cause := ctx.Err()
+		if cause == nil {
+			cause = fmt.Errorf("rsock: handshake not done within %v: %w", s.handshake, os.ErrDeadlineExceeded)
+		}
+		return nil, &net.OpError{Op: "dial", Net: network, Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: cause}
 	}
-	var noOffers *noOffersError
-	if errors.As(err, &noOffers) {
+	var redial *redialError
+	if errors.As(err, &redial) {
 		if !s.fallback {
 			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: errors.Join(ErrNoTransport, err)}
 		}

@@ -53,6 +53,22 @@ func streamRing(r handshake.RingInfo) stream.Ring {
 	return stream.Ring{Size: r.Size, Addr: r.Addr, RKey: r.RKey, Credits: uint64(r.Credits)}
 }
 
+// maxPeerRing is the largest peer ring accepted when it is larger than our
+// own: a staging buffer the size of the peer's ring is allocated (and, on
+// RDMA, pinned), so a peer must not be able to make us allocate a gigabyte.
+const maxPeerRing = 64 << 20
+
+// checkPeerRing validates the peer's ring description and our limit on it.
+func (s *settings) checkPeerRing(r handshake.RingInfo) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	if limit := max(uint64(s.ringSize), maxPeerRing); r.Size > limit {
+		return fmt.Errorf("peer ring of %d bytes is over the limit of %d", r.Size, limit)
+	}
+	return nil
+}
+
 // reasons collects why transports were passed over, for ConnInfo.Reason.
 type reasons []string
 
@@ -88,7 +104,7 @@ func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, 
 			continue
 		}
 		offer = hello.Offers[i]
-		if err := offer.Ring.Validate(); err != nil {
+		if err := s.checkPeerRing(offer.Ring); err != nil {
 			why.add(name, fmt.Errorf("client's ring: %w", err))
 			continue
 		}
@@ -217,11 +233,14 @@ func helloWriteError(ctx context.Context, err error) error {
 	return &notRsockError{fmt.Sprintf("connection ended while sending the hello: %v", err)}
 }
 
-// noOffersError says no endpoint could be prepared after the magic was
-// sent; the caller dials again plainly.
-type noOffersError struct{ why string }
+// redialError says the handshake failed in a way that leaves the
+// connection unusable although the server may well speak rsock (nothing to
+// offer after the magic went out, a malformed or unexpected answer, a
+// version the server declined): the caller closes it and dials again
+// plainly, without remembering a verdict.
+type redialError struct{ why string }
 
-func (e *noOffersError) Error() string { return "no transport available here: " + e.why }
+func (e *redialError) Error() string { return e.why }
 
 // notRsockError says the server did not answer like an rsock server.
 type notRsockError struct{ why string }
@@ -273,7 +292,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		// The magic is out but there is nothing to offer: this connection
 		// cannot become plain any more; the caller redials.
 		raw.Close()
-		return nil, &noOffersError{why.String()}
+		return nil, &redialError{"no transport available here: " + why.String()}
 	}
 	frame, err := handshake.Append(nil, hello)
 	if err == nil {
@@ -310,7 +329,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("rsock: reading the server's answer: %w", err)
+		return nil, &redialError{fmt.Sprintf("the server's answer did not parse: %v", err)}
 	}
 	switch m := msg.(type) {
 	case *handshake.Hello:
@@ -320,6 +339,11 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 	case *handshake.Decline:
 		closeAll(nil)
 		reason := fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason)
+		if m.Code == handshake.DeclineVersion {
+			// The server closes after a version decline.
+			raw.Close()
+			return nil, &redialError{reason}
+		}
 		if !s.fallback {
 			raw.Close()
 			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
@@ -331,11 +355,11 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		if ep == nil {
 			closeAll(nil)
 			raw.Close()
-			return nil, fmt.Errorf("rsock: server accepted %v, which was not offered", m.Transport)
+			return nil, &redialError{fmt.Sprintf("the server accepted %v, which was not offered", m.Transport)}
 		}
 		closeAll(ep)
 		name := m.Transport.String()
-		err := m.Ring.Validate()
+		err := s.checkPeerRing(m.Ring)
 		if err == nil {
 			err = ep.Connect(ctx, m.Info, true)
 		}

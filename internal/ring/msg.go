@@ -60,7 +60,9 @@ func (f Flags) String() string {
 // sender's whole state as absolute values, so it is idempotent: a receiver
 // never adds deltas, it validates and adopts.
 //
-// Wire layout (32 bytes, little-endian):
+// Wire layout (32 bytes, little-endian: unlike the bootstrap frames, which
+// are in network order, state messages are read on the hot path and every
+// platform rsock runs on is little-endian):
 //
 //	0   u8   version (1)
 //	1   u8   flags

@@ -364,7 +364,7 @@ func (s *State) Receive(m Msg) error {
 //   - the peer's view of its credits is down to the reserved ones and we
 //     have reposted any.
 //
-// It is false when CanSendControl is.
+// It is false whenever CanSendControl is false.
 func (s *State) NeedUpdate() bool {
 	if !s.CanSendControl() {
 		return false

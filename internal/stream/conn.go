@@ -80,6 +80,9 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 	if err := validatePeer(peer); err != nil {
 		return nil, err
 	}
+	if e.qp.MaxInline() < ring.MsgLen {
+		return nil, fmt.Errorf("stream: queue pair carries %d bytes inline, state messages need %d", e.qp.MaxInline(), ring.MsgLen)
+	}
 	st, err := ring.New(ring.Params{
 		LocalSize: uint64(e.opts.RingSize), LocalCredits: uint64(e.opts.Credits),
 		PeerSize: peer.Size, PeerCredits: peer.Credits,
@@ -235,7 +238,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		// A data chunk needs: ring space, a data credit, and send-queue room
 		// for two WRITEs and the SEND (plus two slots kept for control).
 		if space == 0 || !c.st.CanSendData() || c.sqFreeLocked() < 5 {
-			if c.st.CanSendControl() && c.st.Block() {
+			if c.st.CanSendControl() && c.sqFreeLocked() > 0 && c.st.Block() {
 				c.sendLocked(ring.FlagBlocked)
 			}
 			c.mu.Unlock()

@@ -86,6 +86,12 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) bool {
 		}
 		return true
 	}
+	if wc.Op != verbs.OpRecv {
+		// Notifications are SENDs; the protocol never uses WRITE with
+		// immediate, and a peer that does breaks it.
+		c.failLocked(reset("peer broke the protocol", fmt.Errorf("%w: %v instead of a SEND", ring.ErrProtocol, wc.Op)))
+		return true
+	}
 	slot := int(wc.ID)
 	if slot < 0 || slot >= c.opts.Credits || wc.Len != ring.MsgLen {
 		c.failLocked(reset("bad state message", fmt.Errorf("%w: slot %d, %d bytes", ring.ErrMsgFormat, wc.ID, wc.Len)))
@@ -284,7 +290,7 @@ func (c *Conn) awaitFinalLocked(final uint64) {
 		return
 	}
 	if c.st.PeerProd() != final {
-		c.failLocked(reset("peer's final cursor never arrived", fmt.Errorf("have %d, promised %d", c.st.PeerProd(), final)))
+		c.failLocked(reset("peer's goodbye does not match the data it sent", fmt.Errorf("have %d bytes, goodbye says %d", c.st.PeerProd(), final)))
 		return
 	}
 	c.peerGone = true
