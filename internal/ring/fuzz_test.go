@@ -24,10 +24,7 @@ func (f *fuzzBytes) next() byte {
 
 func (f *fuzzBytes) more() bool { return f.i < len(f.b) }
 
-// fuzzHeaderLen is how many input bytes newFuzzModel takes.
-const fuzzHeaderLen = 5
-
-// newFuzzModel builds a model from the first fuzzHeaderLen bytes of in:
+// newFuzzModel builds a model from the first five bytes of in:
 //
 //	0: bit 0/1 A/B ring 4 or 8 KiB; bits 2-3 threshold (default, 1, half,
 //	   whole ring); bit 4: a stalled writer may give up and close early
