@@ -1,7 +1,7 @@
 # rdmanet: rsock, net.Conn over RDMA.
 #
 #   make demo    stock net/http over rsock on this machine, with the transport
-#   make test    every test under the race detector (what CI runs)
+#   make test    every test under the race detector, then real RDMA on Soft-RoCE in a VM (what CI runs)
 #   make lint    go vet and staticcheck
 #   make bench   benchmarks: rsock against plain TCP loopback, same run
 #   make fuzz    each fuzz target for FUZZTIME (default 30s)
@@ -25,8 +25,10 @@ all: lint test
 demo:
 	$(GO) run ./examples/httpserver -demo
 
-# The seed corpora under testdata/fuzz run as ordinary tests here.
-test: test-unit
+# The seed corpora under testdata/fuzz run as ordinary tests here. The
+# Soft-RoCE VM run comes last: its final line is the "N passed, M failed"
+# summary of the real-RDMA checks.
+test: test-unit test-softroce
 
 test-unit:
 	$(GO) version
@@ -55,3 +57,20 @@ fuzz:
 
 clean:
 	$(GO) clean -testcache
+
+# ---- test-softroce: begin (Soft-RoCE harness, test/softroce/; part of `make test`) ----
+# Real verbs without an RDMA NIC: a Debian kernel under QEMU (TCG) with rdma_rxe.
+# Installs its Debian packages (root or sudo), caches under .cache/softroce.
+#   make test-softroce                      ibv_devinfo, ibv_rc_pingpong, the cgo probe, in one guest
+#   make test-softroce-two-hosts            the same in two guests joined by a UDP socket netdev
+#   make test-softroce SOFTROCE_ARGS='--bin x.test --test x="x.test -test.v"'
+SOFTROCE_ARGS ?=
+
+.PHONY: test-softroce test-softroce-two-hosts
+
+test-softroce:
+	GO="$(GO)" bash test/softroce/run.sh $(SOFTROCE_ARGS)
+
+test-softroce-two-hosts:
+	GO="$(GO)" bash test/softroce/run.sh --two-hosts $(SOFTROCE_ARGS)
+# ---- test-softroce: end ----
