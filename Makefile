@@ -18,7 +18,7 @@ FUZZ_TARGETS = \
 	./internal/ring:FuzzReceive \
 	./internal/ring:FuzzUnmarshal
 
-.PHONY: all demo test test-unit lint bench fuzz clean
+.PHONY: all deps demo test test-unit lint bench fuzz clean
 
 all: lint test
 
@@ -30,7 +30,11 @@ demo:
 # summary of the real-RDMA checks.
 test: test-unit test-softroce
 
-test-unit:
+# Debian packages the tests use (curl drives the example server in e2e).
+deps:
+	@command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends curl ca-certificates; }
+
+test-unit: deps
 	$(GO) version
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m ./...

@@ -28,10 +28,8 @@ import (
 // wrapping net.ErrClosed. Errors are *net.OpError. All methods are safe for
 // concurrent use, and concurrent Writes do not interleave.
 type Conn struct {
-	network   string
-	transport string // "verbs", "shm", "sim" or "tcp"
-	reason    string // why this transport (for tcp: why not another)
-	fallback  bool   // an accelerated transport was possible but TCP is used
+	network string
+	label   atomic.Pointer[label] // transport and why; replaced once by a late-hello rescue
 
 	s   *stream.Conn // accelerated transport, or nil
 	tcp *net.TCPConn // fallback, or nil
@@ -39,9 +37,26 @@ type Conn struct {
 	prefixMu  sync.Mutex
 	prefix    []byte      // bytes sniffed by the listener, replayed before tcp's
 	hasPrefix atomic.Bool // len(prefix) > 0
+	// late marks a connection the listener handed over when its sniff
+	// timed out with at most part of the magic read: its first Read checks
+	// whether the rest of an rsock hello follows (see rescueLateHello).
+	late atomic.Bool
 
 	// Counters for the tcp transport (the stream keeps its own).
 	bytesRead, bytesWritten, writes atomic.Uint64
+}
+
+// label says which transport carries a Conn and why.
+type label struct {
+	transport string // "verbs", "shm", "sim" or "tcp"
+	reason    string // why this transport (for tcp: why not another)
+	fallback  bool   // an accelerated transport was possible but TCP is used
+}
+
+func newConn(network string, l label) *Conn {
+	c := &Conn{network: network}
+	c.label.Store(&l)
+	return c
 }
 
 // ConnInfo describes a Conn: which transport carries it, why, and what it
@@ -68,7 +83,8 @@ type ConnInfo struct {
 
 // Info returns the Conn's transport, the reason for it, and its counters.
 func (c *Conn) Info() ConnInfo {
-	ci := ConnInfo{Transport: c.transport, Fallback: c.fallback, Reason: c.reason}
+	l := c.label.Load()
+	ci := ConnInfo{Transport: l.transport, Fallback: l.fallback, Reason: l.reason}
 	if c.s != nil {
 		st := c.s.Stats()
 		ci.BytesRead = st.BytesRead.Load()
@@ -92,7 +108,7 @@ func (c *Conn) Info() ConnInfo {
 // "" for a connection rsock did not make.
 func TransportOf(c net.Conn) string {
 	if rc := unwrap(c); rc != nil {
-		return rc.transport
+		return rc.label.Load().transport
 	}
 	return ""
 }
@@ -136,6 +152,11 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if c.s != nil {
 		n, err := c.s.Read(b)
 		return n, c.opError("read", err)
+	}
+	if c.late.Load() {
+		if err := c.rescueLateHello(); err != nil {
+			return 0, c.opError("read", err)
+		}
 	}
 	if c.hasPrefix.Load() {
 		c.prefixMu.Lock()
@@ -250,7 +271,7 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 // WriteTo implements io.WriterTo. On the TCP transport it uses the kernel's
 // splice path, as *net.TCPConn does.
 func (c *Conn) WriteTo(w io.Writer) (int64, error) {
-	if c.s == nil && !c.hasPrefix.Load() {
+	if c.s == nil && !c.hasPrefix.Load() && !c.late.Load() {
 		n, err := c.tcp.WriteTo(w)
 		c.bytesRead.Add(uint64(n))
 		return n, err

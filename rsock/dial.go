@@ -118,51 +118,74 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: network, Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err}
 	}
+	if s.probeCacheTTL > 0 {
+		plainServers.forget(key) // an rsock server answered: no strike stands
+	}
 	return c, nil
 }
 
-// probeCache remembers addresses whose servers do not speak rsock.
+// probeCache remembers addresses whose servers do not speak rsock. A
+// verdict counts only once two probes in a row agree: one answer that was
+// not rsock's can come from an rsock server that misread a slow client, and
+// must not send a minute of dials to TCP.
 type probeCache struct {
 	mu      sync.Mutex
-	expires map[string]time.Time
+	entries map[string]probeEntry
 }
+
+type probeEntry struct {
+	strikes int
+	expires time.Time
+}
+
+// probeStrikes is how many probes in a row must find a plain server.
+const probeStrikes = 2
 
 // maxProbeCache bounds the cache; past it, expired entries are dropped and
 // then the whole cache is cleared (a miss only costs one probe).
 const maxProbeCache = 4096
 
-var plainServers = &probeCache{expires: map[string]time.Time{}}
+var plainServers = &probeCache{entries: map[string]probeEntry{}}
 
+// known reports whether key is a remembered plain server.
 func (p *probeCache) known(key string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	exp, ok := p.expires[key]
-	if ok && time.Now().After(exp) {
-		delete(p.expires, key)
+	e, ok := p.entries[key]
+	if ok && time.Now().After(e.expires) {
+		delete(p.entries, key)
 		return false
 	}
-	return ok
+	return ok && e.strikes >= probeStrikes
 }
 
+// add records one probe that found a plain server at key.
 func (p *probeCache) add(key string, ttl time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.expires) >= maxProbeCache {
-		now := time.Now()
-		for k, exp := range p.expires {
-			if now.After(exp) {
-				delete(p.expires, k)
+	now := time.Now()
+	if len(p.entries) >= maxProbeCache {
+		for k, e := range p.entries {
+			if now.After(e.expires) {
+				delete(p.entries, k)
 			}
 		}
-		if len(p.expires) >= maxProbeCache {
-			clear(p.expires)
+		if len(p.entries) >= maxProbeCache {
+			clear(p.entries)
 		}
 	}
-	p.expires[key] = time.Now().Add(ttl)
+	e := p.entries[key]
+	if now.After(e.expires) {
+		e.strikes = 0
+	}
+	e.strikes++
+	e.expires = now.Add(ttl)
+	p.entries[key] = e
 }
 
+// forget drops what is known about key (a handshake there succeeded).
 func (p *probeCache) forget(key string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.expires, key)
+	delete(p.entries, key)
 }

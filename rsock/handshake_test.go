@@ -1,6 +1,7 @@
 package rsock
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -100,4 +101,73 @@ func TestOversizedPeerRingDeclined(t *testing.T) {
 	d, ok := msg.(*handshake.Decline)
 	require.True(t, ok, "%T", msg)
 	assert.Contains(t, d.Reason, "over the limit")
+}
+
+func TestLateHelloIsDeclinedNotDelivered(t *testing.T) {
+	for _, early := range []int{0, 3} { // bytes of the magic sent in time
+		t.Run(fmt.Sprintf("early=%d", early), func(t *testing.T) {
+			ln := listen(t, &Config{SniffTimeout: 50 * time.Millisecond})
+			got := make(chan string, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				b := make([]byte, 5)
+				_, err = io.ReadFull(c, b)
+				got <- string(b)
+				if err == nil {
+					_, _ = c.Write([]byte("pong!"))
+				}
+				info, _ := InfoOf(c)
+				assert.Contains(t, info.Reason, "sniff timeout")
+			}()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			require.NoError(t, err)
+			defer c.Close()
+			hello, err := handshake.Append(nil, &handshake.Hello{Offers: []handshake.Offer{{Transport: handshake.TransportSim, Ring: handshake.RingInfo{Size: 4096, Credits: 8}}}})
+			require.NoError(t, err)
+			_, err = c.Write(hello[:early])
+			require.NoError(t, err)
+			time.Sleep(150 * time.Millisecond) // past the sniff timeout
+			_, err = c.Write(hello[early:])
+			require.NoError(t, err)
+			msg, err := handshake.Read(c)
+			require.NoError(t, err)
+			d, ok := msg.(*handshake.Decline)
+			require.True(t, ok, "%T", msg)
+			assert.Equal(t, handshake.DeclinePolicy, d.Code)
+			// Both carry on over this TCP connection; the application
+			// never saw the hello.
+			_, err = c.Write([]byte("ping!"))
+			require.NoError(t, err)
+			assert.Equal(t, "ping!", <-got)
+			b := make([]byte, 5)
+			_, err = io.ReadFull(c, b)
+			require.NoError(t, err)
+			assert.Equal(t, "pong!", string(b))
+		})
+	}
+}
+
+func TestLatePlainClientStillReplayed(t *testing.T) {
+	// A plain client that is slow to speak is not mistaken for anything.
+	ln := listen(t, &Config{SniffTimeout: 50 * time.Millisecond})
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			echo(c)
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	time.Sleep(150 * time.Millisecond)
+	_, err = c.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+	require.NoError(t, err)
+	b := make([]byte, 18)
+	_, err = io.ReadFull(c, b)
+	require.NoError(t, err)
+	assert.Equal(t, "GET / HTTP/1.0\r\n\r\n", string(b))
 }

@@ -241,8 +241,11 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 			raw.Close()
 			return nil, fmt.Errorf("%w: plain TCP client", ErrNoTransport)
 		}
-		_ = raw.SetDeadline(time.Time{})
-		return plainConn(l.network, raw, bytes.Clone(head[:n]), false, "client does not speak rsock"), nil
+		c := plainConn(l.network, raw, bytes.Clone(head[:n]), false, "client does not speak rsock")
+		// A timeout with nothing or only part of the magic read may be an
+		// rsock client that was slow to start: watch its first bytes.
+		c.late.Store(isTimeout(err) && handshake.MatchesMagicPrefix(head[:n]))
+		return c, nil
 	}
 	if err != nil {
 		raw.Close()

@@ -79,7 +79,8 @@ func (r reasons) String() string              { return strings.Join(r, "; ") }
 // It clears the handshake's deadlines: from here on they are the user's.
 func plainConn(network string, raw *net.TCPConn, prefix []byte, fallback bool, reason string) *Conn {
 	_ = raw.SetDeadline(time.Time{})
-	c := &Conn{network: network, transport: "tcp", tcp: raw, fallback: fallback, reason: reason}
+	c := newConn(network, label{transport: "tcp", reason: reason, fallback: fallback})
+	c.tcp = raw
 	if len(prefix) > 0 {
 		c.prefix = prefix
 		c.hasPrefix.Store(true)
@@ -170,7 +171,9 @@ func (s *settings) start(network string, raw *net.TCPConn, ep *stream.Endpoint, 
 	if err != nil {
 		return nil, abort(raw, ep, fmt.Errorf("rsock: starting %s: %w", name, err))
 	}
-	return &Conn{network: network, transport: name, s: sc, reason: name + " agreed"}, nil
+	c := newConn(network, label{transport: name, reason: name + " agreed"})
+	c.s = sc
+	return c, nil
 }
 
 // abort tells the peer the switched connection failed and closes it.

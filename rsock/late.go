@@ -1,0 +1,65 @@
+package rsock
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+)
+
+// rescueLateHello runs on the first Read of a connection the listener
+// handed to Accept as plain TCP because its first bytes did not arrive
+// within SniffTimeout. If they turn out to be an rsock hello after all (a
+// client that was starved or slow to start), it consumes the hello and
+// answers Decline, so the client carries on over this same TCP connection
+// and the application never sees rsock's bytes; without this, the
+// application would read the hello as data and the client would take the
+// application's answer for a plain server's. Anything else becomes the
+// replayed prefix, as for any plain client.
+func (c *Conn) rescueLateHello() error {
+	c.prefixMu.Lock()
+	defer c.prefixMu.Unlock()
+	if !c.late.Load() {
+		return nil
+	}
+	defer c.late.Store(false)
+	buf := bytes.Clone(c.prefix)
+	var tmp [len(handshake.Magic)]byte
+	for len(buf) < len(tmp) && handshake.MatchesMagicPrefix(buf) {
+		k, err := c.tcp.Read(tmp[:len(tmp)-len(buf)])
+		buf = append(buf, tmp[:k]...)
+		if err != nil {
+			c.setPrefixLocked(buf)
+			if len(buf) > 0 {
+				return nil // the bytes first; the error comes again on the next Read
+			}
+			return err
+		}
+	}
+	if !handshake.MatchesMagicPrefix(buf) {
+		c.setPrefixLocked(buf)
+		return nil
+	}
+	msg, err := handshake.Read(io.MultiReader(bytes.NewReader(buf), c.tcp))
+	if err != nil {
+		c.setPrefixLocked(nil)
+		return fmt.Errorf("rsock: a late rsock hello did not parse: %w", err)
+	}
+	if _, ok := msg.(*handshake.Hello); !ok {
+		c.setPrefixLocked(nil)
+		return fmt.Errorf("rsock: a late rsock client opened with %v", msg.Type())
+	}
+	const why = "the hello arrived after the listener's sniff timeout"
+	if err := handshake.Write(c.tcp, &handshake.Decline{Code: handshake.DeclinePolicy, Reason: why}); err != nil {
+		return err
+	}
+	c.setPrefixLocked(nil)
+	c.label.Store(&label{transport: "tcp", fallback: true, reason: "declined: " + why})
+	return nil
+}
+
+func (c *Conn) setPrefixLocked(b []byte) {
+	c.prefix = b
+	c.hasPrefix.Store(len(b) > 0)
+}
