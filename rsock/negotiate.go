@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -19,6 +20,9 @@ import (
 // errNotBuiltIn is the reason for a configured transport whose provider
 // is not compiled into the binary.
 var errNotBuiltIn = errors.New("not built into this binary")
+
+// errNotSameHost is the reason a same-host transport was not offered.
+var errNotSameHost = errors.New("the peer is not on this host")
 
 // aLongTimeAgo is a deadline in the past, used to unblock I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
@@ -257,10 +261,13 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 	var why reasons
 	var names []string
 	for _, name := range s.transports {
-		if _, ok := transport.Lookup(name); ok {
-			names = append(names, name)
-		} else {
+		switch _, ok := transport.Lookup(name); {
+		case !ok:
 			why.add(name, errNotBuiltIn)
+		case hostLocal[name] && !maybeSameHost(raw):
+			why.add(name, errNotSameHost)
+		default:
+			names = append(names, name)
 		}
 	}
 	if len(names) == 0 {
@@ -306,8 +313,14 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		raw.Close()
 		return nil, helloWriteError(ctx, err)
 	}
-	// The server's answer must start with the magic within ProbeTimeout.
-	_ = raw.SetReadDeadline(time.Now().Add(s.probe))
+	// The server's answer must start with the magic within ProbeTimeout;
+	// the whole handshake ends at ctx's deadline (HandshakeTimeout).
+	end, bounded := ctx.Deadline()
+	probeEnd := time.Now().Add(s.probe)
+	if bounded && end.Before(probeEnd) {
+		probeEnd = end
+	}
+	_ = raw.SetReadDeadline(probeEnd)
 	var head [len(handshake.Magic)]byte
 	n, err := readFull(raw, head[:])
 	if err != nil || !handshake.MatchesMagicPrefix(head[:n]) {
@@ -324,13 +337,16 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 			return nil, &notRsockError{fmt.Sprintf("connection ended: %v", err)}
 		}
 	}
-	_ = raw.SetReadDeadline(time.Now().Add(s.handshake))
+	_ = raw.SetReadDeadline(end) // zero (none) if ctx has no deadline
 	msg, err := handshake.Read(io.MultiReader(bytes.NewReader(head[:]), raw))
 	if err != nil {
 		closeAll(nil)
 		raw.Close()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if isTimeout(err) {
+			return nil, fmt.Errorf("rsock: the server's answer did not arrive within the handshake timeout: %w", os.ErrDeadlineExceeded)
 		}
 		return nil, &redialError{fmt.Sprintf("the server's answer did not parse: %v", err)}
 	}

@@ -183,7 +183,7 @@ func relayPipe(t testing.TB, h *helperProc, cfg *Config) (c1, c2 *Conn, err erro
 
 // twoProcessTransports lists the transports the two-process tests run on:
 // every one that can cross a process boundary and is built in.
-func twoProcessTransports() []string { return []string{"tcp"} }
+func twoProcessTransports() []string { return []string{"tcp", "shm"} }
 
 func TestNettestTwoProcesses(t *testing.T) {
 	for _, tr := range twoProcessTransports() {

@@ -134,7 +134,7 @@ func runDemo(ctx context.Context, out io.Writer, logger *log.Logger) error {
 	}
 	for _, c := range conns {
 		if strings.Contains(c, "over tcp") {
-			fmt.Fprintln(out, "note: this run used the TCP fallback: no accelerated transport (shm, verbs) is available in this build or on this host; the reason is above.")
+			fmt.Fprintln(out, "note: this run used TCP, not an accelerated transport; the reason is above.")
 			break
 		}
 	}

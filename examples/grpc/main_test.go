@@ -16,8 +16,8 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs/sim"
 )
 
-func TestDemoOverTCPFallback(t *testing.T) {
-	t.Setenv("RSOCK_TRANSPORTS", "verbs,shm,tcp")
+func TestDemoOverTCP(t *testing.T) {
+	t.Setenv("RSOCK_TRANSPORTS", "tcp")
 	var out bytes.Buffer
 	require.NoError(t, runDemo(context.Background(), &out, log.New(io.Discard, "", 0)))
 	s := out.String()
@@ -32,10 +32,20 @@ func TestDemoOverTCPFallback(t *testing.T) {
 		"grpc client: connected to 127.0.0.1:",
 		"grpc server: UnaryCall ended: context ",
 		"grpc server: StreamingOutputCall ended: context canceled",
-		"this run used the TCP fallback",
+		"this run used TCP",
 	} {
 		assert.Contains(t, s, want)
 	}
+}
+
+func TestDemoOverShmByDefault(t *testing.T) {
+	t.Setenv("RSOCK_TRANSPORTS", "")
+	var out bytes.Buffer
+	require.NoError(t, runDemo(context.Background(), &out, log.New(io.Discard, "", 0)))
+	s := out.String()
+	assert.Contains(t, s, "unary:            64 KiB up, 64 KiB down, byte-exact (server side over shm)")
+	assert.Contains(t, s, "over shm (shm agreed)")
+	assert.NotContains(t, s, "this run used TCP")
 }
 
 func TestDemoOverSim(t *testing.T) {

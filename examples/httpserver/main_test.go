@@ -16,14 +16,26 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs/sim"
 )
 
-func TestDemoOverTCPFallback(t *testing.T) {
-	t.Setenv("RSOCK_TRANSPORTS", "verbs,shm,tcp")
+func TestDemoOverShmByDefault(t *testing.T) {
+	t.Setenv("RSOCK_TRANSPORTS", "")
+	var out bytes.Buffer
+	require.NoError(t, runDemo(&out, log.New(io.Discard, "", 0)))
+	s := out.String()
+	assert.Contains(t, s, "hello from rsock over shm")
+	assert.Contains(t, s, "over shm (shm agreed)")
+	assert.Contains(t, s, "rsock over shm")
+	assert.Contains(t, s, "plain TCP")
+	assert.NotContains(t, s, "this run used TCP")
+}
+
+func TestDemoOverTCP(t *testing.T) {
+	t.Setenv("RSOCK_TRANSPORTS", "tcp")
 	var out bytes.Buffer
 	require.NoError(t, runDemo(&out, log.New(io.Discard, "", 0)))
 	s := out.String()
 	assert.Contains(t, s, "hello from rsock over tcp")
 	assert.Contains(t, s, "over tcp (")
-	assert.Contains(t, s, "this run used the TCP fallback")
+	assert.Contains(t, s, "this run used TCP")
 	up := strings.Repeat("rsock", 1<<18)
 	sum := sha256.Sum256([]byte(up))
 	assert.Contains(t, s, hex.EncodeToString(sum[:]))

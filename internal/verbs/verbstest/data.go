@@ -181,13 +181,13 @@ func (s *suite) testWriteImm(t *testing.T) {
 // testSendRecv: many SENDs of varied sizes land in the posted buffers in
 // order, with the receiver re-posting and granting credits.
 func (s *suite) testSendRecv(t *testing.T) {
-	const bufSize = 512
 	n := 10000
 	if testing.Short() {
 		n = 2000
 	}
 	cfg := defaultConfig
 	pr := s.newPair(t, cfg)
+	bufSize := sendLimit(pr.a.qp, 512)
 	rbuf := pr.alloc(pr.b, cfg.recvDepth*bufSize, localWrite)
 	src := pr.alloc(pr.a, cfg.sendDepth*bufSize, localWrite)
 	for i := range cfg.recvDepth {
@@ -201,7 +201,7 @@ func (s *suite) testSendRecv(t *testing.T) {
 		case i%5 == 0:
 			return bufSize
 		}
-		return 1 + int(uint32(i)*2654435761%bufSize)
+		return 1 + int(uint32(i)*2654435761%uint32(bufSize))
 	}
 	credits := make(chan struct{}, cfg.recvDepth)
 	for range cfg.recvDepth {

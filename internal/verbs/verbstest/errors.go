@@ -1,6 +1,7 @@
 package verbstest
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -280,6 +281,29 @@ func (s *suite) testLimits(t *testing.T) {
 			t.Error("SEND after refused posts: wrong payload")
 		}
 		expectOK(t, pr.one(pr.a.cq), verbs.OpSend, 3)
+	})
+
+	t.Run("SendTooLong", func(t *testing.T) {
+		pr := s.newPair(t, defaultConfig)
+		l, ok := pr.a.qp.(SendLimiter)
+		if !ok {
+			t.Skip("the provider does not limit SEND sizes")
+		}
+		limit := l.MaxSend()
+		src := pr.alloc(pr.a, limit+1, localWrite)
+		rbuf := pr.alloc(pr.b, limit+1, localWrite)
+		pr.postRecv(pr.b, rbuf, 0, limit+1)
+		err := pr.a.qp.PostSend(&verbs.SendWR{ID: 1, Op: verbs.OpSend, Local: verbs.SGE{MR: src, Length: limit + 1}, Signaled: true})
+		if err == nil {
+			t.Fatalf("PostSend of %d bytes with MaxSend %d succeeded", limit+1, limit)
+		}
+		// A refused post has no effect.
+		fill(src.Bytes(), 5)
+		pr.postSend(pr.a, verbs.SendWR{ID: 2, Op: verbs.OpSend, Local: verbs.SGE{MR: src, Length: limit}, Signaled: true})
+		if c := pr.one(pr.b.cq); expectOK(t, c, verbs.OpRecv, 0) && (c.Len != limit || !bytes.Equal(rbuf.Bytes()[:limit], src.Bytes()[:limit])) {
+			t.Errorf("SEND of MaxSend (%d) bytes after a refused one: Len %d or payload wrong", limit, c.Len)
+		}
+		expectOK(t, pr.one(pr.a.cq), verbs.OpSend, 2)
 	})
 
 	t.Run("GarbageInfo", func(t *testing.T) {

@@ -289,6 +289,22 @@ func pattern(n int, seed uint64) []byte {
 	return b
 }
 
+// SendLimiter is implemented by QPs whose SENDs carry fewer bytes than the
+// suite would otherwise send (shm: a SEND travels inline in a shared-memory
+// queue entry). The suite keeps its SENDs within MaxSend and checks that a
+// longer one is refused when posted.
+type SendLimiter interface {
+	MaxSend() int
+}
+
+// sendLimit returns min(def, the QP's MaxSend) for a SendLimiter, else def.
+func sendLimit(qp verbs.QP, def int) int {
+	if l, ok := qp.(SendLimiter); ok {
+		return min(def, l.MaxSend())
+	}
+	return def
+}
+
 // postRecv posts a RECV for slot i of a buffer MR cut into slots of size n.
 func (pr *pair) postRecv(sd *side, mr verbs.MR, i, n int) {
 	pr.t.Helper()

@@ -1,0 +1,176 @@
+package shm
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// end is one side of a test connection.
+type end struct {
+	dev *Device
+	cq  *CQ
+	qp  *QP
+	mrs []*MR
+}
+
+// openEnd opens a device with a CQ and a QP of the given depth; everything
+// is released at the end of the test.
+func openEnd(t testing.TB, depth int) *end {
+	t.Helper()
+	dev, err := New().OpenDevice()
+	if err != nil {
+		t.Fatalf("OpenDevice: %v", err)
+	}
+	e := &end{dev: dev}
+	t.Cleanup(e.close)
+	cq, err := dev.NewCQ(4 * depth)
+	if err != nil {
+		t.Fatalf("NewCQ: %v", err)
+	}
+	e.cq = cq.(*CQ)
+	qp, err := dev.NewQP(verbs.QPAttr{CQ: cq, SendDepth: depth, RecvDepth: depth, MaxInline: 32})
+	if err != nil {
+		t.Fatalf("NewQP: %v", err)
+	}
+	e.qp = qp.(*QP)
+	return e
+}
+
+// close releases the end: QP, CQ, regions, device.
+func (e *end) close() {
+	if e.qp != nil {
+		_ = e.qp.Close()
+	}
+	if e.cq != nil {
+		_ = e.cq.Close()
+	}
+	for _, mr := range e.mrs {
+		_ = mr.Close()
+	}
+	_ = e.dev.Close()
+}
+
+func (e *end) alloc(t testing.TB, size int, access verbs.Access) *MR {
+	t.Helper()
+	mr, err := e.dev.AllocMR(size, access)
+	if err != nil {
+		t.Fatalf("AllocMR(%d): %v", size, err)
+	}
+	e.mrs = append(e.mrs, mr.(*MR))
+	return mr.(*MR)
+}
+
+// postRecvs posts n RECVs of size bytes each in a new region and returns it.
+func (e *end) postRecvs(t testing.TB, n, size int) *MR {
+	t.Helper()
+	mr := e.alloc(t, n*size, verbs.AccessLocalWrite)
+	for i := range n {
+		if err := e.qp.PostRecv(&verbs.RecvWR{ID: uint64(i), Local: verbs.SGE{MR: mr, Offset: i * size, Length: size}}); err != nil {
+			t.Fatalf("PostRecv %d: %v", i, err)
+		}
+	}
+	return mr
+}
+
+// connect connects a (active) and b (passive) the way rsock does.
+func connect(t testing.TB, a, b *end) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.qp.Connect(ctx, a.qp.Info(), false); err != nil {
+		t.Fatalf("passive Connect: %v", err)
+	}
+	if err := a.qp.Connect(ctx, b.qp.Info(), true); err != nil {
+		t.Fatalf("active Connect: %v", err)
+	}
+	if err := b.qp.Established(ctx); err != nil {
+		t.Fatalf("Established: %v", err)
+	}
+}
+
+// pair returns two connected ends with RECVs of 64 bytes posted on both.
+func pair(t testing.TB, depth int) (a, b *end) {
+	t.Helper()
+	a, b = openEnd(t, depth), openEnd(t, depth)
+	connect(t, a, b)
+	return a, b
+}
+
+// pollN busy-polls cq for n completions (failing the test after 10s).
+func pollN(t testing.TB, cq *CQ, n int) []verbs.Completion {
+	t.Helper()
+	out := make([]verbs.Completion, 0, n)
+	wc := make([]verbs.Completion, n)
+	end := time.Now().Add(10 * time.Second)
+	for len(out) < n {
+		k, err := cq.Poll(wc[:n-len(out)])
+		if err != nil {
+			t.Fatalf("Poll after %d of %d completions: %v", len(out), n, err)
+		}
+		out = append(out, wc[:k]...)
+		if k == 0 {
+			if time.Now().After(end) {
+				t.Fatalf("%d of %d completions after 10s: %+v", len(out), n, out)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	return out
+}
+
+// drain polls cq until it is empty.
+func drain(t testing.TB, cq *CQ) []verbs.Completion {
+	t.Helper()
+	var out []verbs.Completion
+	wc := make([]verbs.Completion, 16)
+	for {
+		k, err := cq.Poll(wc)
+		if err != nil {
+			t.Fatalf("Poll: %v", err)
+		}
+		if k == 0 {
+			return out
+		}
+		out = append(out, wc[:k]...)
+	}
+}
+
+// sendInline posts a signaled inline SEND.
+func sendInline(t testing.TB, e *end, id uint64, msg []byte) {
+	t.Helper()
+	if err := e.qp.PostSend(&verbs.SendWR{ID: id, Op: verbs.OpSend, Inline: msg, Signaled: true}); err != nil {
+		t.Fatalf("PostSend: %v", err)
+	}
+}
+
+// fdCount returns the number of open fds of this process.
+func fdCount(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatalf("reading /proc/self/fd: %v", err)
+	}
+	return len(ents)
+}
+
+// mapsCount returns the lines of /proc/self/maps and those of this
+// package's memfds.
+func mapsCount(t testing.TB) (all, ours int) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatalf("reading /proc/self/maps: %v", err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		all++
+		if strings.Contains(l, "memfd:rsock-shm") {
+			ours++
+		}
+	}
+	return all, ours
+}

@@ -1,0 +1,180 @@
+package shm
+
+import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Inbox layout. An inbox is one memfd: a header page, then capacity
+// entries of EntrySize bytes. The QP that owns it (the consumer) creates
+// it; the connected peer (the single producer) maps it and writes entries.
+//
+// Every field that the two sides share is on its own 128-byte block (two
+// cache lines, so the adjacent-line prefetcher does not couple them), and
+// is grouped by writer:
+//
+//	offset   writer    field
+//	0        owner     magic, version, capacity (at creation); state (ready,
+//	                   error, closed), read by the producer on every post
+//	128      producer  tail (entries published), fault (access violation)
+//	256      owner     head (entries consumed)
+//	384      owner     posted (RECVs ever posted)
+//	512      both      sleeping (set by the owner's Arm, cleared by the
+//	                   producer that then writes the owner's eventfd)
+//	4096     producer  entries
+//
+// Neither side ever reads back a field it writes: the owner keeps head and
+// posted privately and only publishes them, the producer keeps tail
+// privately. Everything read from the other side is validated (see
+// QP.consumeLocked and QP.enqueueLocked).
+const (
+	// EntrySize is the size of one inbox entry.
+	EntrySize = 64
+	// MaxSend is the largest SEND payload: it travels inline in an entry.
+	MaxSend = EntrySize - entryHeaderSize
+
+	entryHeaderSize = 16
+	inboxHeaderSize = 4096
+	minInboxCap     = 64         // so that the entries fill whole 4 KiB pages
+	inboxMagic      = 0x6d687372 // "rshm", little-endian
+	inboxVersion    = 1
+)
+
+// Owner states published in the inbox header.
+const (
+	ownerReady  = 0
+	ownerError  = 1
+	ownerClosed = 2
+)
+
+// Entry opcodes.
+const (
+	entrySend     = 1
+	entryWriteImm = 2
+)
+
+// entryHasImm is the flag bit of an entry that carries an immediate.
+const entryHasImm = 1
+
+// inboxHeader overlays the first page of an inbox.
+type inboxHeader struct {
+	magic    uint32
+	version  uint32
+	capacity uint32
+	state    atomic.Uint32
+	_        [128 - 16]byte
+	tail     atomic.Uint64
+	fault    atomic.Uint32
+	_        [128 - 12]byte
+	head     atomic.Uint64
+	_        [128 - 8]byte
+	posted   atomic.Uint64
+	_        [128 - 8]byte
+	sleeping atomic.Uint32
+	_        [128 - 4]byte
+}
+
+// entry overlays one inbox entry.
+type entry struct {
+	op     uint8
+	flags  uint8
+	_      uint16
+	imm    uint32
+	length uint32
+	_      uint32
+	data   [MaxSend]byte
+}
+
+// Compile-time layout checks.
+var (
+	_ [EntrySize - unsafe.Sizeof(entry{})]byte
+	_ [unsafe.Sizeof(entry{}) - EntrySize]byte
+	_ [inboxHeaderSize - unsafe.Sizeof(inboxHeader{})]byte
+)
+
+// inbox is a mapping of an inbox, from either side.
+type inbox struct {
+	mem  []byte // the whole mapping; nil when not mapped
+	hdr  *inboxHeader
+	cap  uint64 // entries; a power of two, from this side's own knowledge
+	mask uint64
+}
+
+// inboxCap returns the capacity of an inbox for depth receive requests.
+func inboxCap(depth int) uint64 {
+	c := uint64(minInboxCap)
+	for c < uint64(depth) {
+		c <<= 1
+	}
+	return c
+}
+
+// inboxBytes is the size of the memfd of an inbox of capacity c.
+func inboxBytes(c uint64) int {
+	return roundPage(inboxHeaderSize + int(c)*EntrySize)
+}
+
+// validInboxCap reports whether c is a capacity this package creates.
+func validInboxCap(c uint64) bool {
+	return c >= minInboxCap && c <= inboxCap(MaxQueueDepth) && c&(c-1) == 0
+}
+
+// newInbox creates the memfd of an inbox for depth receive requests and
+// maps it. The caller owns the fd and the mapping.
+func newInbox(depth int) (fd int, in inbox, err error) {
+	c := inboxCap(depth)
+	fd, mem, err := newMemfd("rsock-shm-inbox", inboxBytes(c))
+	if err != nil {
+		return -1, inbox{}, err
+	}
+	in = makeInbox(mem, c)
+	in.hdr.magic = inboxMagic
+	in.hdr.version = inboxVersion
+	in.hdr.capacity = uint32(c)
+	return fd, in, nil
+}
+
+// mapPeerInbox maps the peer's inbox of capacity c from fd, after checking
+// the file (see checkMemfd) and the header. It does not close fd.
+func mapPeerInbox(fd int, c uint64) (inbox, error) {
+	if !validInboxCap(c) {
+		return inbox{}, fmt.Errorf("shm: peer inbox capacity %d", c)
+	}
+	mem, err := mapMemfd(fd, inboxBytes(c))
+	if err != nil {
+		return inbox{}, fmt.Errorf("shm: peer inbox: %w", err)
+	}
+	in := makeInbox(mem, c)
+	magic, version, capacity := in.hdr.magic, in.hdr.version, in.hdr.capacity
+	if magic != inboxMagic || version != inboxVersion || uint64(capacity) != c {
+		_ = unmap(mem)
+		return inbox{}, fmt.Errorf("shm: peer inbox header does not match (magic %#x version %d capacity %d)", magic, version, capacity)
+	}
+	return in, nil
+}
+
+func makeInbox(mem []byte, c uint64) inbox {
+	return inbox{
+		mem:  mem,
+		hdr:  (*inboxHeader)(unsafe.Pointer(&mem[0])),
+		cap:  c,
+		mask: c - 1,
+	}
+}
+
+// entryAt returns entry number i (modulo the capacity). The slice index is
+// bounds-checked against the mapping, whose size this side chose or
+// validated.
+func (in *inbox) entryAt(i uint64) *entry {
+	off := inboxHeaderSize + (i&in.mask)*EntrySize
+	return (*entry)(unsafe.Pointer(&in.mem[off : off+EntrySize][0]))
+}
+
+// release unmaps the inbox.
+func (in *inbox) release() {
+	if in.mem != nil {
+		_ = unmap(in.mem)
+	}
+	*in = inbox{}
+}

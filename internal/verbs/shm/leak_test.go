@@ -1,0 +1,297 @@
+package shm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// cycle opens two ends, connects them, moves data both ways through every
+// path (a region exported at connect time, one fetched later, MapRemote,
+// SEND, WRITE with immediate, an Arm/Wait wake-up), and closes everything,
+// in rsock's order or by closing the devices only.
+func cycle(t *testing.T, i int) {
+	t.Helper()
+	newEnd := func() *end {
+		dev, err := New().OpenDevice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cq, err := dev.NewCQ(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qp, err := dev.NewQP(verbs.QPAttr{CQ: cq, SendDepth: 16, RecvDepth: 8, MaxInline: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &end{dev: dev, cq: cq.(*CQ), qp: qp.(*QP)}
+	}
+	a, b := newEnd(), newEnd()
+	alloc := func(e *end, size int, access verbs.Access) *MR {
+		mr, err := e.dev.AllocMR(size, access)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.mrs = append(e.mrs, mr.(*MR))
+		return mr.(*MR)
+	}
+	ringA, ringB := alloc(a, 64<<10, verbs.AccessRemoteWrite), alloc(b, 64<<10, verbs.AccessRemoteWrite)
+	slotsA, slotsB := alloc(a, 8*64, verbs.AccessLocalWrite), alloc(b, 8*64, verbs.AccessLocalWrite)
+	for k := range 8 {
+		_ = a.qp.PostRecv(&verbs.RecvWR{ID: uint64(k), Local: verbs.SGE{MR: slotsA, Offset: k * 64, Length: 64}})
+		_ = b.qp.PostRecv(&verbs.RecvWR{ID: uint64(k), Local: verbs.SGE{MR: slotsB, Offset: k * 64, Length: 64}})
+	}
+	connect(t, a, b)
+	late := alloc(b, 4096, verbs.AccessRemoteWrite) // fetched on first use
+
+	direct, err := a.qp.MapRemote(ringB.Addr(), ringB.RKey(), 64<<10)
+	if err != nil {
+		t.Fatalf("cycle %d: MapRemote: %v", i, err)
+	}
+	copy(direct[100:], "direct")
+	post := func(e *end, wr verbs.SendWR) {
+		if err := e.qp.PostSend(&wr); err != nil {
+			t.Fatalf("cycle %d: PostSend: %v", i, err)
+		}
+	}
+	post(a, verbs.SendWR{ID: 1, Op: verbs.OpWrite, Inline: []byte("late"), RemoteAddr: late.Addr() + 8, RKey: late.RKey()})
+	post(a, verbs.SendWR{ID: 2, Op: verbs.OpSend, Inline: []byte("msg"), Signaled: true})
+	if c := pollN(t, b.cq, 1)[0]; c.Err() != nil || !bytes.Equal(ringB.Bytes()[100:106], []byte("direct")) || !bytes.Equal(late.Bytes()[8:12], []byte("late")) {
+		t.Fatalf("cycle %d: b got %+v", i, c)
+	}
+	// b -> a, with a parked in Wait.
+	woke := make(chan error, 1)
+	if err := a.cq.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	drain(t, a.cq)
+	go func() { woke <- a.cq.Wait() }()
+	post(b, verbs.SendWR{ID: 3, Op: verbs.OpWriteImm, Inline: []byte("imm"), RemoteAddr: ringA.Addr(), RKey: ringA.RKey(), Imm: 7, Signaled: true})
+	if err := <-woke; err != nil {
+		t.Fatalf("cycle %d: Wait: %v", i, err)
+	}
+	if c := pollN(t, a.cq, 1)[0]; c.Err() != nil || c.Imm != 7 || !bytes.Equal(ringA.Bytes()[:3], []byte("imm")) {
+		t.Fatalf("cycle %d: a got %+v", i, c)
+	}
+	if i%2 == 0 {
+		for _, e := range []*end{a, b} {
+			_ = e.qp.Close()
+			_ = e.cq.Close()
+			for _, mr := range e.mrs {
+				_ = mr.Close()
+			}
+			_ = e.dev.Close()
+		}
+	} else {
+		_ = b.dev.Close()
+		_ = a.dev.Close()
+	}
+}
+
+// TestNoLeaks: after many connect/close cycles the process has the same
+// fds, no mapping of this package's memfds and no extra goroutines.
+func TestNoLeaks(t *testing.T) {
+	cycles := 500
+	if testing.Short() {
+		cycles = 100
+	}
+	for i := range 3 { // warm up: the netpoller's own fds, the heap
+		cycle(t, i)
+	}
+	runtime.GC()
+	fds0 := fdCount(t)
+	maps0, ours0 := mapsCount(t)
+	g0 := runtime.NumGoroutine()
+	start := time.Now()
+	for i := range cycles {
+		cycle(t, i)
+	}
+	elapsed := time.Since(start)
+	runtime.GC()
+	fds := fdCount(t)
+	maps, ours := mapsCount(t)
+	t.Logf("%d cycles in %v (%v each); fds %d -> %d; mappings %d -> %d (memfd %d -> %d)",
+		cycles, elapsed.Round(time.Millisecond), (elapsed / time.Duration(cycles)).Round(time.Microsecond), fds0, fds, maps0, maps, ours0, ours)
+	if fds != fds0 {
+		t.Errorf("%d fds after %d cycles, %d before", fds, cycles, fds0)
+	}
+	if ours != 0 || ours0 != 0 {
+		t.Errorf("memfd mappings left: %d (before the cycles: %d)", ours, ours0)
+	}
+	// The Go runtime may map more heap or thread stacks; our memory is
+	// accounted above. A steady growth per cycle would show here.
+	if maps > maps0+16 {
+		t.Errorf("%d mappings after %d cycles, %d before", maps, cycles, maps0)
+	}
+	end := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > g0 && time.Now().Before(end) {
+		time.Sleep(time.Millisecond)
+	}
+	if g := runtime.NumGoroutine(); g > g0 {
+		t.Errorf("%d goroutines after the cycles, %d before", g, g0)
+	}
+	if rv.ln != nil || rv.refs != 0 || len(rv.regs) != 0 {
+		t.Errorf("rendezvous listener still up: refs %d, registrations %d", rv.refs, len(rv.regs))
+	}
+}
+
+// TestLateRegionAndRevoke: a region registered after the connection is
+// fetched on first use; once deregistered, WRITEs to it fail.
+func TestLateRegionAndRevoke(t *testing.T) {
+	a, b := pair(t, 16)
+	late := b.alloc(t, 8192, verbs.AccessRemoteWrite)
+	wr := verbs.SendWR{ID: 1, Op: verbs.OpWrite, Inline: []byte("hello"), RemoteAddr: late.Addr() + 4096, RKey: late.RKey(), Signaled: true}
+	if err := a.qp.PostSend(&wr); err != nil {
+		t.Fatal(err)
+	}
+	if c := pollN(t, a.cq, 1)[0]; c.Err() != nil || !bytes.Equal(late.Bytes()[4096:4101], []byte("hello")) {
+		t.Fatalf("WRITE to a late region: %+v", c)
+	}
+	if err := late.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The revocation travels over the control connection.
+	end := time.Now().Add(5 * time.Second)
+	for !a.qp.hasRevokes.Load() && time.Now().Before(end) {
+		time.Sleep(time.Millisecond)
+	}
+	wr.ID = 2
+	if err := a.qp.PostSend(&wr); err != nil {
+		t.Fatal(err)
+	}
+	if c := pollN(t, a.cq, 1)[0]; c.ID != 2 || c.Status != verbs.StatusRemoteAccess {
+		t.Fatalf("WRITE to a deregistered region: %+v (%v), want StatusRemoteAccess", c, c.Status)
+	}
+	// An RC responder fails on an access violation too.
+	b.postRecvs(t, 1, 64)
+	if wc := drain(t, b.cq); len(wc) != 1 || wc[0].Status != verbs.StatusFlushed {
+		t.Errorf("responder after the access violation: %+v, want its RECV flushed", wc)
+	}
+}
+
+// TestPeerProcessGone: when the control connection ends (as when the peer
+// process dies), sends fail with StatusRetryExceeded.
+func TestPeerProcessGone(t *testing.T) {
+	a, b := pair(t, 16)
+	b.postRecvs(t, 4, 64)
+	b.qp.cmu.Lock()
+	ctl := b.qp.ctl
+	b.qp.cmu.Unlock()
+	_ = ctl.Close() // the kernel does this when the process exits
+	end := time.Now().Add(5 * time.Second)
+	for !a.qp.peerGone.Load() && time.Now().Before(end) {
+		time.Sleep(time.Millisecond)
+	}
+	sendInline(t, a, 1, []byte("anyone?"))
+	if c := pollN(t, a.cq, 1)[0]; c.Status != verbs.StatusRetryExceeded {
+		t.Errorf("SEND after the peer vanished: %+v (%v), want StatusRetryExceeded", c, c.Status)
+	}
+}
+
+// TestSharedCQ: several QPs on one CQ, one eventfd; a waiter wakes for any.
+func TestSharedCQ(t *testing.T) {
+	const n = 4
+	dev, err := New().OpenDevice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &end{dev: dev}
+	t.Cleanup(srv.close)
+	cq, err := dev.NewCQ(256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.cq = cq.(*CQ)
+	slots := srv.alloc(t, n*64, verbs.AccessLocalWrite)
+	var clients []*end
+	for i := range n {
+		qp, err := dev.NewQP(verbs.QPAttr{CQ: cq, SendDepth: 8, RecvDepth: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := qp.(*QP)
+		t.Cleanup(func() { _ = q.Close() })
+		if err := q.PostRecv(&verbs.RecvWR{ID: uint64(i), Local: verbs.SGE{MR: slots, Offset: i * 64, Length: 64}}); err != nil {
+			t.Fatal(err)
+		}
+		c := openEnd(t, 8)
+		connect(t, c, &end{dev: dev, cq: srv.cq, qp: q})
+		clients = append(clients, c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := n - 1; i >= 0; i-- {
+		if err := srv.cq.Arm(); err != nil {
+			t.Fatal(err)
+		}
+		if wc := drain(t, srv.cq); len(wc) != 0 {
+			t.Fatalf("completions before anything was sent: %+v", wc)
+		}
+		woke := make(chan error, 1)
+		go func() { woke <- srv.cq.Wait() }()
+		sendInline(t, clients[i], 1, []byte{byte(i)})
+		select {
+		case err := <-woke:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("no wake-up for QP %d", i)
+		}
+		if c := pollN(t, srv.cq, 1)[0]; c.Err() != nil || c.ID != uint64(i) || slots.Bytes()[i*64] != byte(i) {
+			t.Fatalf("QP %d: %+v", i, c)
+		}
+	}
+}
+
+// TestNoAlloc: the post and poll paths do not allocate.
+func TestNoAlloc(t *testing.T) {
+	a, b := pair(t, 64)
+	slots := b.postRecvs(t, 64, 64)
+	wr := verbs.SendWR{Op: verbs.OpSend, Inline: make([]byte, 32)}
+	recv := verbs.RecvWR{Local: verbs.SGE{MR: slots, Length: 64}}
+	wc := make([]verbs.Completion, 4)
+	i := 0
+	allocs := testing.AllocsPerRun(1000, func() {
+		wr.ID, wr.Signaled = uint64(i), i%16 == 15
+		if err := a.qp.PostSend(&wr); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := b.cq.Poll(wc); n != 1 || err != nil {
+			t.Fatalf("Poll: %d, %v", n, err)
+		}
+		recv.ID, recv.Local.Offset = wc[0].ID, int(wc[0].ID)*64
+		if err := b.qp.PostRecv(&recv); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.cq.Poll(wc); err != nil {
+			t.Fatal(err)
+		}
+		i++
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations per post+poll", allocs)
+	}
+	// Nobody armed: no eventfd was written (the only system call the data
+	// path could make).
+	for _, e := range []*end{a, b} {
+		fd, err := e.cq.dupEventFD()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf [8]byte
+		_, err = unix.Read(fd, buf[:])
+		_ = unix.Close(fd)
+		if !errors.Is(err, unix.EAGAIN) {
+			t.Errorf("the eventfd of a CQ nobody armed was signalled (read: %v, %x)", err, buf)
+		}
+	}
+}

@@ -1,0 +1,253 @@
+package shm
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// MR is a memory region backed by a sealed memfd. It implements verbs.MR.
+// A remote-writable region keeps its memfd open, so that connected peers
+// can map it (at connect time or when they first use its remote key); the
+// memfd of a local-only region is closed once mapped.
+type MR struct {
+	dev    *Device
+	mem    []byte // the whole mapping (page-rounded)
+	buf    []byte // mem[:size]
+	fd     int    // the memfd of a remote-writable region, else -1
+	addr   uint64
+	rkey   uint32
+	access verbs.Access
+
+	// pins counts copies in progress from or into buf (local sources and
+	// receive buffers, fd exports); mrClosed is set by Close, which then
+	// waits for the count to drop to zero.
+	pins atomic.Int64
+}
+
+const mrClosed = 1 << 62
+
+var _ verbs.MR = (*MR)(nil)
+
+// Bytes returns the region's local mapping, or nil after Close.
+func (m *MR) Bytes() []byte {
+	if m.pins.Load()&mrClosed != 0 {
+		return nil
+	}
+	return m.buf
+}
+
+// Addr returns the region's base address for SendWR.RemoteAddr: a distinct
+// non-zero multiple of 1<<36 (it is not a virtual address of either side).
+func (m *MR) Addr() uint64 { return m.addr }
+
+// RKey returns the remote key: non-zero and unique within the device if
+// the region was registered with verbs.AccessRemoteWrite, else zero.
+func (m *MR) RKey() uint32 { return m.rkey }
+
+// Close deregisters the region and frees its memory. It waits (briefly)
+// for copies in progress from or into the region to finish. Connected
+// peers that mapped the region are told to drop it over the control
+// connection; until they have processed that, their WRITEs still land in
+// the (now private to them) memory instead of failing. A second Close
+// returns verbs.ErrClosed.
+func (m *MR) Close() error {
+	if m.pins.Or(mrClosed)&mrClosed != 0 {
+		return verbs.ErrClosed
+	}
+	for i := 0; m.pins.Load() != mrClosed; i++ {
+		if i < 100 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
+	m.dev.forgetMR(m)
+	if m.rkey != 0 {
+		m.dev.revoke(m.rkey)
+	}
+	if m.fd >= 0 {
+		_ = unix.Close(m.fd)
+		m.fd = -1
+	}
+	return unmap(m.mem)
+}
+
+// pin keeps the region mapped until unpin; it fails once Close started.
+func (m *MR) pin() bool {
+	if m.pins.Add(1)&mrClosed != 0 {
+		m.pins.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (m *MR) unpin() { m.pins.Add(-1) }
+
+// dupFD returns a close-on-exec duplicate of a remote-writable region's
+// memfd, or -1 if the region is closing.
+func (m *MR) dupFD() int {
+	if m.fd < 0 || !m.pin() {
+		return -1
+	}
+	defer m.unpin()
+	fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	return fd
+}
+
+// sgeIn reports whether off..off+n is a valid range of a region of size
+// bytes.
+func sgeIn(off, n, size int) bool {
+	return off >= 0 && n >= 0 && off <= size && n <= size-off
+}
+
+// peerMR is a remote-writable region of the peer, mapped here.
+type peerMR struct {
+	rkey   uint32
+	addr   uint64
+	size   uint64 // the region's size; mem may be longer (page-rounded)
+	mem    []byte
+	pinned bool // handed out by MapRemote: stays mapped until QP Close
+}
+
+// rangeOf returns the region's memory at raddr..raddr+n, or nil if that is
+// outside the region.
+func (p *peerMR) rangeOf(raddr uint64, n int) []byte {
+	if raddr < p.addr || n < 0 {
+		return nil
+	}
+	off := raddr - p.addr
+	if off > p.size || uint64(n) > p.size-off {
+		return nil
+	}
+	return p.mem[off : off+uint64(n) : off+uint64(n)]
+}
+
+// mapPeerMR validates and maps a peer's region from fd (which it does not
+// close).
+func mapPeerMR(fd int, r mrRecord) (*peerMR, error) {
+	switch {
+	case r.rkey == 0:
+		return nil, fmt.Errorf("shm: peer region with remote key 0")
+	case r.size == 0 || r.size > MaxMRSize:
+		return nil, fmt.Errorf("shm: peer region of %d bytes", r.size)
+	case r.addr == 0 || r.addr+r.size < r.addr:
+		return nil, fmt.Errorf("shm: peer region at %#x of %d bytes", r.addr, r.size)
+	}
+	mem, err := mapMemfd(fd, roundPage(int(r.size)))
+	if err != nil {
+		return nil, fmt.Errorf("shm: peer region %#x: %w", r.rkey, err)
+	}
+	return &peerMR{rkey: r.rkey, addr: r.addr, size: r.size, mem: mem}, nil
+}
+
+// pageSize is the system page size.
+var pageSize = unix.Getpagesize()
+
+func roundPage(n int) int { return (n + pageSize - 1) &^ (pageSize - 1) }
+
+// newMemfd creates a memfd of size bytes (a multiple of the page size),
+// seals its size, and maps it shared and MADV_DONTFORK. The caller owns
+// the fd and the mapping.
+func newMemfd(name string, size int) (int, []byte, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, nil, fmt.Errorf("shm: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		_ = unix.Close(fd)
+		return -1, nil, fmt.Errorf("shm: ftruncate memfd to %d bytes: %w", size, err)
+	}
+	// A peer that could shrink the file would make our accesses SIGBUS.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		_ = unix.Close(fd)
+		return -1, nil, fmt.Errorf("shm: sealing memfd: %w", err)
+	}
+	mem, err := mmapShared(fd, size)
+	if err != nil {
+		_ = unix.Close(fd)
+		return -1, nil, err
+	}
+	return fd, mem, nil
+}
+
+// mapMemfd checks that fd is a regular file of exactly size bytes whose
+// size is sealed against shrinking (a peer that could shrink it would make
+// our accesses fault), then maps it. It does not close fd.
+func mapMemfd(fd int, size int) ([]byte, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fstat: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("not a regular file (mode %#o)", st.Mode)
+	}
+	if st.Size != int64(size) {
+		return nil, fmt.Errorf("file of %d bytes, want %d", st.Size, size)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, fmt.Errorf("F_GET_SEALS: %w", err)
+	}
+	if seals&unix.F_SEAL_SHRINK == 0 {
+		return nil, fmt.Errorf("file size not sealed against shrinking")
+	}
+	return mmapShared(fd, size)
+}
+
+func mmapShared(fd int, size int) ([]byte, error) {
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("shm: mmap %d bytes: %w", size, err)
+	}
+	if err := unix.Madvise(mem, unix.MADV_DONTFORK); err != nil {
+		_ = unix.Munmap(mem)
+		return nil, fmt.Errorf("shm: madvise DONTFORK: %w", err)
+	}
+	return mem, nil
+}
+
+func unmap(mem []byte) error {
+	if cap(mem) == 0 {
+		return nil
+	}
+	return unix.Munmap(mem[:cap(mem)])
+}
+
+// checkEventfd reports whether fd is an eventfd: the peer writes to it, so
+// it must not be something that could block or have side effects.
+func checkEventfd(fd int) error {
+	link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return fmt.Errorf("shm: peer eventfd: %w", err)
+	}
+	if link != "anon_inode:[eventfd]" {
+		return fmt.Errorf("shm: peer sent %q where an eventfd belongs", link)
+	}
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return fmt.Errorf("shm: peer eventfd: %w", err)
+	}
+	if fl&unix.O_NONBLOCK == 0 {
+		return fmt.Errorf("shm: peer eventfd is in blocking mode")
+	}
+	return nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+	}
+}

@@ -1,0 +1,427 @@
+package shm
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+const (
+	// rendezvousTimeout bounds one exchange on the passive side, and on the
+	// active side when ctx has no earlier deadline.
+	rendezvousTimeout = 10 * time.Second
+	// maxHandshakes bounds the exchanges the listener serves at once;
+	// beyond it the accept loop waits, and the kernel's listen backlog
+	// holds new connections (refusing them would fail legitimate
+	// exchanges under a burst of connects).
+	maxHandshakes = 64
+	// firstMessageTimeout bounds how long a connection may hold one of
+	// those slots before its connect message arrives: a real peer sends it
+	// at once, so a local process cannot hog the slots for long.
+	firstMessageTimeout = 2 * time.Second
+)
+
+// The rendezvous listener: one abstract SOCK_SEQPACKET Unix socket per
+// process, started by the first QP that needs it and closed when the last
+// such QP closes. Passive QPs register their secret with it.
+var rv struct {
+	mu          sync.Mutex
+	ln          *net.UnixListener
+	name        string
+	refs        int
+	regs        []*QP // passive QPs waiting for their active peer
+	lastRefusal string
+
+	handshakes atomic.Int32
+	accepted   atomic.Uint64
+	refused    atomic.Uint64
+}
+
+// rvSlots bounds the exchanges in progress (maxHandshakes).
+var rvSlots = make(chan struct{}, maxHandshakes)
+
+// RendezvousStats counts what this process's rendezvous listener did.
+type RendezvousStats struct {
+	Accepted uint64 // exchanges completed for a registered QP
+	Refused  uint64 // connections closed without an exchange
+	// LastRefusal is the reason for the latest refusal, with the peer's
+	// pid and uid (SO_PEERCRED) when known.
+	LastRefusal string
+}
+
+// Stats returns the counters of this process's rendezvous listener.
+func Stats() RendezvousStats {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	return RendezvousStats{Accepted: rv.accepted.Load(), Refused: rv.refused.Load(), LastRefusal: rv.lastRefusal}
+}
+
+// acquireListener returns the name of the listener, starting it if needed,
+// and takes a reference to it. Errors wrap verbs.ErrUnavailable.
+func acquireListener() (string, error) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	if rv.ln == nil {
+		var err error
+		for range 4 { // a random name collides only by accident
+			var r [8]byte
+			_, _ = rand.Read(r[:])
+			name := fmt.Sprintf("%s%d-%s", namePrefix, os.Getpid(), hex.EncodeToString(r[:]))
+			var ln *net.UnixListener
+			ln, err = net.ListenUnix("unixpacket", &net.UnixAddr{Name: name, Net: "unixpacket"})
+			if err == nil {
+				rv.ln, rv.name = ln, name
+				go acceptLoop(ln)
+				break
+			}
+		}
+		if err != nil {
+			return "", fmt.Errorf("%w: shm: rendezvous listener: %v", verbs.ErrUnavailable, err)
+		}
+	}
+	rv.refs++
+	return rv.name, nil
+}
+
+// releaseListener drops a reference; the last one closes the listener.
+func releaseListener() {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	rv.refs--
+	if rv.refs == 0 && rv.ln != nil {
+		_ = rv.ln.Close()
+		rv.ln, rv.name = nil, ""
+	}
+}
+
+func register(q *QP) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	rv.regs = append(rv.regs, q)
+}
+
+func unregister(q *QP) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	if i := slices.Index(rv.regs, q); i >= 0 {
+		rv.regs = slices.Delete(rv.regs, i, i+1)
+	}
+}
+
+// takeRegistration returns the registered QP whose secret is secret and
+// removes its registration (one use). Every registration is compared, in
+// constant time, whatever matches.
+func takeRegistration(secret []byte) *QP {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	found := -1
+	for i, q := range rv.regs {
+		if subtle.ConstantTimeCompare(q.secret[:], secret) == 1 {
+			found = i
+		}
+	}
+	if found < 0 {
+		return nil
+	}
+	q := rv.regs[found]
+	rv.regs = slices.Delete(rv.regs, found, found+1)
+	return q
+}
+
+func refuse(c *net.UnixConn, cred *unix.Ucred, why string) {
+	_ = c.Close()
+	rv.refused.Add(1)
+	if cred != nil {
+		why = fmt.Sprintf("%s (peer pid %d, uid %d)", why, cred.Pid, cred.Uid)
+	}
+	rv.mu.Lock()
+	rv.lastRefusal = why
+	rv.mu.Unlock()
+}
+
+func acceptLoop(ln *net.UnixListener) {
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // e.g. out of fds
+			continue
+		}
+		rvSlots <- struct{}{} // wait for a free slot; the backlog queues the rest
+		rv.handshakes.Add(1)
+		go func() {
+			defer func() { rv.handshakes.Add(-1); <-rvSlots }()
+			serveRendezvous(c)
+		}()
+	}
+}
+
+// serveRendezvous runs the passive side of one exchange. Anything wrong
+// closes c and leaves other registrations alone; once the secret matched, a
+// failure is also reported to that QP's Established.
+func serveRendezvous(c *net.UnixConn) {
+	_ = c.SetDeadline(time.Now().Add(rendezvousTimeout))
+	cred, err := peerCred(c)
+	if err != nil {
+		refuse(c, nil, err.Error())
+		return
+	}
+	// Same user only: see the package documentation's trust model.
+	if int(cred.Uid) != os.Geteuid() {
+		refuse(c, cred, "peer runs as another user")
+		return
+	}
+	buf := make([]byte, maxMsgLen)
+	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
+	_ = c.SetReadDeadline(time.Now().Add(firstMessageTimeout))
+	b, fds, err := readMsg(c, buf, oob)
+	if err != nil {
+		refuse(c, cred, "reading the connect message: "+err.Error())
+		return
+	}
+	_ = c.SetDeadline(time.Now().Add(rendezvousTimeout))
+	kind, body, err := decodeHeader(b)
+	var x *exchange
+	if err == nil && kind != msgConnect {
+		err = fmt.Errorf("%w: kind %d", errMsgFormat, kind)
+	}
+	if err == nil {
+		x, err = decodeExchange(kind, body)
+	}
+	if err != nil {
+		closeFDs(fds)
+		refuse(c, cred, err.Error())
+		return
+	}
+	q := takeRegistration(x.secret[:])
+	if q == nil {
+		closeFDs(fds)
+		refuse(c, cred, "unknown secret")
+		return
+	}
+	if err := q.acceptActive(c, x, fds, cred); err != nil {
+		refuse(c, cred, err.Error())
+		q.setEstablished(fmt.Errorf("%w: shm: exchange with the active side failed: %v", verbs.ErrPeerInfo, err))
+		return
+	}
+	rv.accepted.Add(1)
+	q.setEstablished(nil)
+}
+
+// acceptActive maps the active side's resources, answers with this side's
+// and connects q. It owns fds; on success it owns c too.
+func (q *QP) acceptActive(c *net.UnixConn, x *exchange, fds []int, cred *unix.Ucred) error {
+	p, err := mapPeerSide(x, fds)
+	if err != nil {
+		return err
+	}
+	p.pid, p.uid = cred.Pid, cred.Uid
+	reply, rfds, err := q.exportLocal(msgAccept, nil)
+	if err == nil {
+		err = writeMsg(c, reply, rfds)
+		closeFDs(rfds)
+	}
+	if err != nil {
+		p.release()
+		return err
+	}
+	_ = c.SetDeadline(time.Time{})
+	return q.install(p, c)
+}
+
+// connectActive runs the active side of the exchange with the peer's
+// rendezvous listener.
+func (q *QP) connectActive(ctx context.Context, info *peerInfo) (err error) {
+	if info.name == "" {
+		return fmt.Errorf("%w: shm: peer has no rendezvous listener", verbs.ErrPeerInfo)
+	}
+	q.cmu.Lock()
+	if q.isClosing {
+		q.cmu.Unlock()
+		return verbs.ErrClosed
+	}
+	if !q.state.CompareAndSwap(stateInit, stateConnecting) {
+		q.cmu.Unlock()
+		return fmt.Errorf("%w: shm: Connect on a queue pair already connected or in the error state", verbs.ErrQPState)
+	}
+	q.cmu.Unlock()
+	var c *net.UnixConn
+	defer func() {
+		if err == nil {
+			return
+		}
+		q.cmu.Lock()
+		q.setup = nil
+		closing := q.isClosing
+		q.state.CompareAndSwap(stateConnecting, stateInit)
+		q.cmu.Unlock()
+		if c != nil {
+			_ = c.Close()
+		}
+		switch {
+		case closing:
+			err = verbs.ErrClosed
+		case ctx.Err() != nil:
+			err = fmt.Errorf("shm: exchange with the peer: %w", context.Cause(ctx))
+		}
+	}()
+
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unixpacket", info.name)
+	if err != nil {
+		return fmt.Errorf("%w: shm: dialing the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
+	}
+	c = conn.(*net.UnixConn)
+	q.cmu.Lock()
+	q.setup = c
+	closing := q.isClosing
+	q.cmu.Unlock()
+	if closing {
+		return verbs.ErrClosed
+	}
+	deadline := time.Now().Add(rendezvousTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	_ = c.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	cred, err := peerCred(c)
+	if err != nil {
+		return err
+	}
+	if int(cred.Uid) != os.Geteuid() {
+		return fmt.Errorf("%w: shm: the peer's rendezvous runs as uid %d (pid %d)", verbs.ErrPeerInfo, cred.Uid, cred.Pid)
+	}
+	msg, fds, err := q.exportLocal(msgConnect, &info.secret)
+	if err != nil {
+		return err
+	}
+	err = writeMsg(c, msg, fds)
+	closeFDs(fds)
+	if err != nil {
+		return fmt.Errorf("%w: shm: sending to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
+	}
+	buf := make([]byte, maxMsgLen)
+	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
+	b, rfds, err := readMsg(c, buf, oob)
+	if err != nil {
+		return fmt.Errorf("%w: shm: the peer refused the exchange: %v", verbs.ErrPeerInfo, err)
+	}
+	kind, body, err := decodeHeader(b)
+	var x *exchange
+	if err == nil && kind != msgAccept {
+		err = fmt.Errorf("%w: kind %d", errMsgFormat, kind)
+	}
+	if err == nil {
+		x, err = decodeExchange(kind, body)
+	}
+	if err != nil {
+		closeFDs(rfds)
+		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
+	}
+	p, err := mapPeerSide(x, rfds)
+	if err != nil {
+		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
+	}
+	p.pid, p.uid = cred.Pid, cred.Uid
+	if !stop() { // ctx ended: the deadline may already be in the past
+		p.release()
+		return context.Cause(ctx)
+	}
+	_ = c.SetDeadline(time.Time{})
+	q.cmu.Lock()
+	q.setup = nil
+	q.cmu.Unlock()
+	if err := q.install(p, c); err != nil {
+		c = nil // install closed it
+		return err
+	}
+	return nil
+}
+
+// exportLocal builds this side's connect (with secret) or accept message
+// and the fds to attach: duplicates of the inbox memfd, of the CQ's eventfd
+// and of up to maxExportMRs remote-writable regions' memfds. The caller
+// closes the fds after sending.
+func (q *QP) exportLocal(kind byte, secret *[secretLen]byte) ([]byte, []int, error) {
+	x := &exchange{inboxCap: q.in.cap}
+	if secret != nil {
+		x.secret = *secret
+	}
+	q.cmu.Lock()
+	inFD := -1
+	var err error
+	if q.isClosing || q.inFD < 0 {
+		err = verbs.ErrClosed
+	} else if inFD, err = unix.FcntlInt(uintptr(q.inFD), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+		err = fmt.Errorf("shm: dup inbox: %w", err)
+	}
+	q.cmu.Unlock()
+	if err != nil {
+		return nil, nil, err
+	}
+	efd, err := q.cq.dupEventFD()
+	if err != nil {
+		_ = unix.Close(inFD)
+		return nil, nil, err
+	}
+	fds := []int{inFD, efd}
+	for _, mr := range q.dev.exportable(maxExportMRs) {
+		if fd := mr.dupFD(); fd >= 0 {
+			fds = append(fds, fd)
+			x.mrs = append(x.mrs, mrRecord{rkey: mr.rkey, addr: mr.addr, size: uint64(len(mr.buf))})
+		}
+	}
+	return encodeExchange(kind, x), fds, nil
+}
+
+// mapPeerSide validates and maps what the peer sent: fds are its inbox, its
+// CQ's eventfd and one memfd per region record, in that order. It closes
+// every fd except the eventfd it keeps, on every path.
+func mapPeerSide(x *exchange, fds []int) (_ *peerSide, err error) {
+	p := &peerSide{event: -1, mrs: make(map[uint32]*peerMR, len(x.mrs))}
+	defer func() {
+		closeFDs(fds)
+		if err != nil {
+			p.release()
+		}
+	}()
+	if len(fds) != 2+len(x.mrs) {
+		return nil, fmt.Errorf("shm: %d file descriptors for %d regions", len(fds), len(x.mrs))
+	}
+	if p.in, err = mapPeerInbox(fds[0], x.inboxCap); err != nil {
+		return nil, err
+	}
+	if err := checkEventfd(fds[1]); err != nil {
+		return nil, err
+	}
+	p.event, fds[1] = fds[1], -1
+	for i, r := range x.mrs {
+		if _, dup := p.mrs[r.rkey]; dup {
+			return nil, fmt.Errorf("shm: peer region %#x sent twice", r.rkey)
+		}
+		m, err := mapPeerMR(fds[2+i], r)
+		if err != nil {
+			return nil, err
+		}
+		p.mrs[r.rkey] = m
+	}
+	return p, nil
+}

@@ -1,0 +1,348 @@
+package shm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// dialRendezvous connects to the rendezvous listener named in info.
+func dialRendezvous(t *testing.T, info []byte) (*net.UnixConn, *peerInfo) {
+	t.Helper()
+	p, err := decodeInfo(info)
+	if err != nil {
+		t.Fatalf("decodeInfo: %v", err)
+	}
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: p.name, Net: "unixpacket"})
+	if err != nil {
+		t.Fatalf("dialing %s: %v", p.name, err)
+	}
+	return c, &p
+}
+
+// expectHangUp fails unless the listener closes c without answering.
+func expectHangUp(t *testing.T, c *net.UnixConn, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, maxMsgLen)
+	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
+	b, fds, err := readMsg(c, buf, oob)
+	closeFDs(fds)
+	if !errors.Is(err, io.EOF) {
+		t.Errorf("%s: the listener answered (%d bytes, %d fds, %v), want it to hang up", what, len(b), len(fds), err)
+	}
+}
+
+// waitRefused waits until the listener has refused n more connections
+// than before.
+func waitRefused(t *testing.T, before RendezvousStats, n uint64) RendezvousStats {
+	t.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for {
+		s := Stats()
+		if s.Refused >= before.Refused+n {
+			return s
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d refusals, want %d", s.Refused-before.Refused, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// craftFDs returns an inbox memfd of capacity c and an eventfd, as a
+// well-behaved active side would send.
+func craftFDs(t *testing.T, c uint64) []int {
+	t.Helper()
+	fd, in, err := newInbox(int(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.release()
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []int{fd, efd}
+}
+
+// TestRendezvousRefusesStrangers: connections without the registered secret
+// are closed, their fds released, and the registration still works.
+func TestRendezvousRefusesStrangers(t *testing.T) {
+	a, b := openEnd(t, 16), openEnd(t, 16)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.qp.Connect(ctx, a.qp.Info(), false); err != nil {
+		t.Fatalf("passive Connect: %v", err)
+	}
+	binfo := b.qp.Info()
+	fds0 := fdCount(t)
+	before := Stats()
+
+	wrong := &exchange{inboxCap: minInboxCap}
+	copy(wrong.secret[:], "not the secret, but 32 bytes....")
+	cases := []struct {
+		name string
+		msg  func(p *peerInfo) []byte
+		fds  bool
+	}{
+		{"Silent", nil, false},
+		{"Garbage", func(*peerInfo) []byte { return []byte("GET / HTTP/1.1\r\n\r\n") }, false},
+		{"HeaderOnly", func(*peerInfo) []byte { return appendHeader(nil, msgConnect) }, false},
+		{"TruncatedSecret", func(p *peerInfo) []byte { return append(appendHeader(nil, msgConnect), p.secret[:16]...) }, false},
+		{"WrongSecret", func(*peerInfo) []byte { return encodeExchange(msgConnect, wrong) }, false},
+		{"WrongSecretWithFDs", func(*peerInfo) []byte { return encodeExchange(msgConnect, wrong) }, true},
+		{"WrongKind", func(p *peerInfo) []byte {
+			x := &exchange{secret: p.secret, inboxCap: minInboxCap}
+			return encodeExchange(msgAccept, x) // an accept carries no secret
+		}, false},
+		{"TooLong", func(p *peerInfo) []byte { return append(encodeExchange(msgConnect, wrong), make([]byte, maxMsgLen)...) }, false},
+	}
+	for _, tc := range cases {
+		c, p := dialRendezvous(t, binfo)
+		if tc.msg != nil {
+			var fds []int
+			if tc.fds {
+				fds = craftFDs(t, minInboxCap)
+			}
+			err := writeMsg(c, tc.msg(p), fds)
+			closeFDs(fds)
+			if err != nil {
+				t.Fatalf("%s: write: %v", tc.name, err)
+			}
+			expectHangUp(t, c, tc.name)
+		}
+		_ = c.Close()
+	}
+	s := waitRefused(t, before, uint64(len(cases)))
+	t.Logf("last refusal: %s", s.LastRefusal)
+	if !strings.Contains(s.LastRefusal, "pid") {
+		t.Errorf("last refusal %q does not name the peer", s.LastRefusal)
+	}
+	if n := fdCount(t); n != fds0 {
+		t.Errorf("%d fds after the refusals, %d before", n, fds0)
+	}
+
+	// The registration survived: the real peer connects.
+	if err := a.qp.Connect(ctx, binfo, true); err != nil {
+		t.Fatalf("active Connect after the strangers: %v", err)
+	}
+	if err := b.qp.Established(ctx); err != nil {
+		t.Fatalf("Established: %v", err)
+	}
+	rb := b.postRecvs(t, 1, 64)
+	ra := a.postRecvs(t, 1, 64)
+	sendInline(t, a, 1, []byte("hello b"))
+	if c := pollN(t, b.cq, 1)[0]; c.Err() != nil || c.Op != verbs.OpRecv || !bytes.Equal(rb.Bytes()[:c.Len], []byte("hello b")) {
+		t.Errorf("b received %+v %q", c, rb.Bytes()[:c.Len])
+	}
+	sendInline(t, b, 2, []byte("hello a"))
+	if c := pollN(t, a.cq, 2); c[0].Err() != nil || c[1].Err() != nil || !bytes.Equal(ra.Bytes()[:7], []byte("hello a")) {
+		t.Errorf("a: completions %+v, received %q", c, ra.Bytes()[:7])
+	}
+	pid, uid := b.qp.PeerCred()
+	if pid != unix.Getpid() || uid != unix.Geteuid() {
+		t.Errorf("PeerCred() = %d, %d; want %d, %d", pid, uid, unix.Getpid(), unix.Geteuid())
+	}
+}
+
+// TestRendezvousBadExchange: the right secret with a bad message uses up
+// the registration, reports the failure to Established, and leaks nothing.
+func TestRendezvousBadExchange(t *testing.T) {
+	type fdsFunc func(t *testing.T) ([]int, []mrRecord)
+	memfd := func(t *testing.T, size int, seal bool) int {
+		t.Helper()
+		flags := unix.MFD_CLOEXEC
+		fd, err := unix.MemfdCreate("rsock-shm-test", flags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = unix.Ftruncate(fd, int64(size))
+		if seal {
+			_ = unix.Close(fd)
+			var mem []byte
+			if fd, mem, err = newMemfd("rsock-shm-test", size); err != nil {
+				t.Fatal(err)
+			}
+			_ = unmap(mem)
+		}
+		return fd
+	}
+	mr := mrRecord{rkey: 7, addr: 1 << 36, size: 8192}
+	cases := []struct {
+		name string
+		fds  fdsFunc
+	}{
+		{"NoFDs", func(t *testing.T) ([]int, []mrRecord) { return nil, nil }},
+		{"OneFD", func(t *testing.T) ([]int, []mrRecord) {
+			fds := craftFDs(t, minInboxCap)
+			_ = unix.Close(fds[1])
+			return fds[:1], nil
+		}},
+		{"MissingRegionFD", func(t *testing.T) ([]int, []mrRecord) { return craftFDs(t, minInboxCap), []mrRecord{mr} }},
+		{"InboxWrongSize", func(t *testing.T) ([]int, []mrRecord) {
+			fds := craftFDs(t, minInboxCap)
+			_ = unix.Close(fds[0])
+			fds[0] = memfd(t, 2*inboxBytes(minInboxCap), true)
+			return fds, nil
+		}},
+		{"InboxUnsealed", func(t *testing.T) ([]int, []mrRecord) {
+			fds := craftFDs(t, minInboxCap)
+			_ = unix.Close(fds[0])
+			fds[0] = memfd(t, inboxBytes(minInboxCap), false)
+			return fds, nil
+		}},
+		{"InboxZeroHeader", func(t *testing.T) ([]int, []mrRecord) {
+			fds := craftFDs(t, minInboxCap)
+			_ = unix.Close(fds[0])
+			fds[0] = memfd(t, inboxBytes(minInboxCap), true) // no magic
+			return fds, nil
+		}},
+		{"PipeForEventfd", func(t *testing.T) ([]int, []mrRecord) {
+			fds := craftFDs(t, minInboxCap)
+			var p [2]int
+			if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+				t.Fatal(err)
+			}
+			_ = unix.Close(fds[1])
+			_ = unix.Close(p[1])
+			fds[1] = p[0]
+			return fds, nil
+		}},
+		{"RegionWrongSize", func(t *testing.T) ([]int, []mrRecord) {
+			return append(craftFDs(t, minInboxCap), memfd(t, 4096, true)), []mrRecord{mr}
+		}},
+		{"RegionKeyZero", func(t *testing.T) ([]int, []mrRecord) {
+			return append(craftFDs(t, minInboxCap), memfd(t, 8192, true)), []mrRecord{{addr: 1 << 36, size: 8192}}
+		}},
+		{"RegionTwice", func(t *testing.T) ([]int, []mrRecord) {
+			return append(craftFDs(t, minInboxCap), memfd(t, 8192, true), memfd(t, 8192, true)), []mrRecord{mr, mr}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := openEnd(t, 16), openEnd(t, 16)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := b.qp.Connect(ctx, a.qp.Info(), false); err != nil {
+				t.Fatalf("passive Connect: %v", err)
+			}
+			binfo := b.qp.Info()
+			_, ours0 := mapsCount(t)
+			fds0 := fdCount(t)
+			c, p := dialRendezvous(t, binfo)
+			fds, mrs := tc.fds(t)
+			x := &exchange{secret: p.secret, inboxCap: minInboxCap, mrs: mrs}
+			err := writeMsg(c, encodeExchange(msgConnect, x), fds)
+			closeFDs(fds)
+			if err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			expectHangUp(t, c, tc.name)
+			_ = c.Close()
+			err = b.qp.Established(ctx)
+			if !errors.Is(err, verbs.ErrPeerInfo) {
+				t.Errorf("Established after a bad exchange: %v, want ErrPeerInfo", err)
+			}
+			t.Logf("Established: %v", err)
+			if n := fdCount(t); n != fds0 {
+				t.Errorf("%d fds after the refusal, %d before", n, fds0)
+			}
+			if _, ours := mapsCount(t); ours != ours0 {
+				t.Errorf("%d memfd mappings after the refusal, %d before", ours, ours0)
+			}
+			// The secret was used up: the genuine peer cannot attach now.
+			if err := a.qp.Connect(ctx, binfo, true); !errors.Is(err, verbs.ErrPeerInfo) {
+				t.Errorf("active Connect with a used secret: %v, want ErrPeerInfo", err)
+			}
+		})
+	}
+}
+
+// TestConnectErrors: host checks, closed QPs and Connect twice.
+func TestConnectErrors(t *testing.T) {
+	a, b := openEnd(t, 16), openEnd(t, 16)
+	ctx := context.Background()
+	other := func(mut func(b []byte)) []byte {
+		info := a.qp.Info()
+		mut(info)
+		return info
+	}
+	for _, tc := range []struct {
+		name string
+		info []byte
+		want string
+	}{
+		{"OtherBoot", other(func(b []byte) { b[8] ^= 1 }), "peer is on another host"},
+		{"OtherNetns", other(func(b []byte) { b[32] ^= 1 }), "peer is in another network namespace"},
+	} {
+		for _, active := range []bool{false, true} {
+			err := b.qp.Connect(ctx, tc.info, active)
+			if !errors.Is(err, verbs.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s (active %v): %v, want ErrUnavailable: %s", tc.name, active, err, tc.want)
+			}
+		}
+	}
+	noName := other(func(b []byte) {})[:infoFixed]
+	noName[5] = 0
+	if err := b.qp.Connect(ctx, noName, true); !errors.Is(err, verbs.ErrPeerInfo) {
+		t.Errorf("active Connect to an Info without rendezvous: %v, want ErrPeerInfo", err)
+	}
+	path := append(other(func(b []byte) {})[:infoFixed], "/tmp/x"...)
+	path[5] = byte(len("/tmp/x"))
+	if err := b.qp.Connect(ctx, path, true); !errors.Is(err, verbs.ErrPeerInfo) {
+		t.Errorf("active Connect to a socket path: %v, want ErrPeerInfo", err)
+	}
+	if err := b.qp.Established(ctx); !errors.Is(err, verbs.ErrQPState) {
+		t.Errorf("Established before Connect: %v, want ErrQPState", err)
+	}
+	connect(t, a, b)
+	if err := a.qp.Connect(ctx, b.qp.Info(), true); !errors.Is(err, verbs.ErrQPState) {
+		t.Errorf("second Connect: %v, want ErrQPState", err)
+	}
+	if err := a.qp.Established(ctx); err != nil {
+		t.Errorf("Established on the active side: %v", err)
+	}
+	_ = a.qp.Close()
+	if err := a.qp.Connect(ctx, b.qp.Info(), true); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("Connect after Close: %v, want ErrClosed", err)
+	}
+	if err := a.qp.Close(); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("second Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestEstablishedCancel: Established honours ctx and Close.
+func TestEstablishedCancel(t *testing.T) {
+	a, b := openEnd(t, 16), openEnd(t, 16)
+	if err := b.qp.Connect(context.Background(), a.qp.Info(), false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := b.qp.Established(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Established without a peer: %v, want DeadlineExceeded", err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- b.qp.Established(context.Background()) }()
+	time.Sleep(10 * time.Millisecond)
+	_ = b.qp.Close()
+	if err := <-errc; !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("Established across Close: %v, want ErrClosed", err)
+	}
+	// The closed QP's registration is gone: an active Connect is refused.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	if err := a.qp.Connect(ctx2, b.qp.Info(), true); err == nil {
+		t.Error("active Connect to a closed QP succeeded")
+	}
+}

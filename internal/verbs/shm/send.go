@@ -1,0 +1,242 @@
+package shm
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// PostSend executes a send work request in the caller's goroutine, before
+// it returns, and generates its completion (failures always; successes when
+// Signaled) in the local CQ:
+//   - WRITE copies the data into the peer's region named by RKey (mapped at
+//     connect time, or fetched from the peer over the control connection the
+//     first time the key is used: the only case where PostSend waits, at
+//     most pullTimeout). An unknown key or a range outside the region
+//     completes with verbs.StatusRemoteAccess.
+//   - SEND and WRITE with immediate publish an inbox entry (after the WRITE's
+//     copy). With no RECV posted at the peer they complete with
+//     verbs.StatusRNR.
+//   - A peer that closed its QP, is in the error state or whose process went
+//     away makes them complete with verbs.StatusRetryExceeded.
+//
+// Any failure moves the QP to the error state. The common path makes no
+// system call and does not allocate. System calls happen only when someone
+// sleeps: one eventfd write when the peer's CQ is armed (once per Arm), one
+// when this side's CQ is armed and the request completes.
+//
+// Errors (the request then has no effect): verbs.ErrClosed after Close;
+// verbs.ErrQPState before the connection is established or in the error
+// state; verbs.ErrInlineTooLong; ErrSendTooLong for a SEND from a region
+// longer than MaxSend; verbs.ErrBounds for a local SGE outside its region,
+// of another device or of a closed region; verbs.ErrQueueFull when
+// SendDepth requests are outstanding.
+func (q *QP) PostSend(wr *verbs.SendWR) error {
+	if wr == nil {
+		return errNilWR
+	}
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	switch q.state.Load() {
+	case stateConnected:
+	case stateClosed:
+		return verbs.ErrClosed
+	case stateError:
+		return fmt.Errorf("%w: shm: queue pair in the error state", verbs.ErrQPState)
+	default:
+		return fmt.Errorf("%w: shm: not connected", verbs.ErrQPState)
+	}
+	switch wr.Op {
+	case verbs.OpWrite, verbs.OpWriteImm, verbs.OpSend:
+	default:
+		return fmt.Errorf("shm: send work request with opcode %v", wr.Op)
+	}
+	var src []byte
+	var mr *MR
+	if wr.Inline != nil {
+		if len(wr.Inline) > q.maxInline {
+			return fmt.Errorf("%w: %d bytes, at most %d", verbs.ErrInlineTooLong, len(wr.Inline), q.maxInline)
+		}
+		src = wr.Inline
+	} else {
+		var err error
+		if mr, err = q.localSGE(&wr.Local); err != nil {
+			return err
+		}
+		if wr.Op == verbs.OpSend && wr.Local.Length > MaxSend {
+			return fmt.Errorf("%w: %d bytes", ErrSendTooLong, wr.Local.Length)
+		}
+	}
+	if q.sqUsed.Load() >= q.sqDepth {
+		return verbs.ErrQueueFull
+	}
+	q.sqUsed.Add(1)
+	var status verbs.Status
+	switch {
+	case mr == nil:
+		status = q.executeLocked(wr, src)
+	case mr.pin():
+		status = q.executeLocked(wr, mr.buf[wr.Local.Offset:wr.Local.Offset+wr.Local.Length])
+		mr.unpin()
+	default:
+		status = verbs.StatusFatal // the region was closed under the request
+	}
+	q.completeLocked(wr, status)
+	return nil
+}
+
+// executeLocked performs wr with source data src.
+func (q *QP) executeLocked(wr *verbs.SendWR, src []byte) verbs.Status {
+	if q.peerGone.Load() || q.out.hdr.state.Load() != ownerReady {
+		return verbs.StatusRetryExceeded
+	}
+	switch wr.Op {
+	case verbs.OpWrite, verbs.OpWriteImm:
+		var dst []byte
+		if len(src) > 0 { // zero-length WRITEs check neither key nor bounds
+			var st verbs.Status
+			if dst, st = q.remoteLocked(wr.RemoteAddr, wr.RKey, len(src)); st != verbs.StatusSuccess {
+				if st == verbs.StatusRemoteAccess {
+					// The responder of an RC connection fails too.
+					q.out.hdr.fault.Store(1)
+				}
+				return st
+			}
+		}
+		if wr.Op == verbs.OpWrite {
+			copy(dst, src)
+			return verbs.StatusSuccess
+		}
+		if st := q.creditLocked(); st != verbs.StatusSuccess {
+			return st
+		}
+		copy(dst, src)
+		return q.enqueueLocked(entryWriteImm, entryHasImm, wr.Imm, uint32(len(src)), nil)
+	default: // OpSend
+		if st := q.creditLocked(); st != verbs.StatusSuccess {
+			return st
+		}
+		var flags uint8
+		if wr.HasImm {
+			flags = entryHasImm
+		}
+		return q.enqueueLocked(entrySend, flags, wr.Imm, uint32(len(src)), src)
+	}
+}
+
+// creditLocked checks that the peer has a RECV posted for one more entry
+// (StatusRNR otherwise) and that its inbox has room, which an honest peer
+// always has when it has a RECV posted (StatusFatal otherwise). The peer's
+// counters are reloaded from shared memory only when the cached values do
+// not suffice; whatever they say, the entry written is within the inbox.
+func (q *QP) creditLocked() verbs.Status {
+	if q.tail >= q.credit {
+		q.credit = q.out.hdr.posted.Load()
+		if q.tail >= q.credit {
+			return verbs.StatusRNR
+		}
+	}
+	if q.tail-q.peerHead >= q.out.cap {
+		q.peerHead = q.out.hdr.head.Load()
+		if q.tail-q.peerHead >= q.out.cap {
+			return verbs.StatusFatal
+		}
+	}
+	return verbs.StatusSuccess
+}
+
+// enqueueLocked writes an entry into the peer's inbox, publishes it (the
+// atomic store of tail orders the entry, and any WRITE's data copied before
+// it, before the peer's load of tail) and signals the peer if it sleeps.
+// The store of tail and the load of the sleeping flag are sequentially
+// consistent, which pairs with Arm's store of the flag and the Poll after
+// it: either that Poll sees the entry or this load sees the flag.
+func (q *QP) enqueueLocked(op, flags uint8, imm, length uint32, payload []byte) verbs.Status {
+	e := q.out.entryAt(q.tail)
+	e.op, e.flags, e.imm, e.length = op, flags, imm, length
+	copy(e.data[:], payload)
+	q.tail++
+	q.out.hdr.tail.Store(q.tail)
+	if q.out.hdr.sleeping.Load() != 0 && q.out.hdr.sleeping.Swap(0) != 0 {
+		_, _ = unix.Write(q.peerEvent, eventOne[:])
+	}
+	return verbs.StatusSuccess
+}
+
+// completeLocked generates the completion of wr, if it needs one: failures
+// always complete (and move the QP to the error state), successes only
+// when signaled. A completion retires the unsignaled requests before it.
+func (q *QP) completeLocked(wr *verbs.SendWR, status verbs.Status) {
+	if status == verbs.StatusSuccess && !wr.Signaled {
+		q.unretired++
+		return
+	}
+	slots := 1 + q.unretired
+	q.unretired = 0
+	q.cq.push(verbs.Completion{ID: wr.ID, Op: wr.Op, Status: status}, &q.sqUsed, slots)
+	if status != verbs.StatusSuccess {
+		q.fail(verbs.StatusFlushed, true)
+	}
+}
+
+// remoteLocked resolves raddr..raddr+n of the peer region named by rkey.
+// It returns StatusRemoteAccess for an unknown key or a range outside the
+// region, and StatusRetryExceeded if the peer did not answer a fetch.
+func (q *QP) remoteLocked(raddr uint64, rkey uint32, n int) ([]byte, verbs.Status) {
+	if q.hasRevokes.Load() {
+		q.applyRevokesLocked()
+	}
+	p := q.lastMR
+	if p == nil || p.rkey != rkey {
+		p = q.peerMRs[rkey]
+		if p == nil {
+			if rkey == 0 {
+				return nil, verbs.StatusRemoteAccess
+			}
+			var st verbs.Status
+			if p, st = q.pullLocked(rkey); p == nil {
+				return nil, st
+			}
+		}
+		q.lastMR = p
+	}
+	dst := p.rangeOf(raddr, n)
+	if dst == nil {
+		return nil, verbs.StatusRemoteAccess
+	}
+	return dst, verbs.StatusSuccess
+}
+
+// MapRemote returns the peer's memory at addr..addr+length of the region
+// named by rkey, mapped in this process, so that a writer can copy into it
+// directly instead of posting a WRITE. Bytes copied before a SEND or WRITE
+// with immediate is posted are visible to the peer when that message's
+// receive completion is (the entry's publication orders them). The slice
+// stays valid until Close, even if the peer deregisters the region. It may
+// wait like PostSend the first time rkey is used. Errors: verbs.ErrClosed,
+// verbs.ErrQPState when not connected, and an error wrapping
+// verbs.ErrBounds when the range is not inside a remote-writable region of
+// the peer.
+func (q *QP) MapRemote(addr uint64, rkey uint32, length int) ([]byte, error) {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	switch q.state.Load() {
+	case stateConnected:
+	case stateClosed:
+		return nil, verbs.ErrClosed
+	default:
+		return nil, fmt.Errorf("%w: shm: not connected", verbs.ErrQPState)
+	}
+	if length < 0 {
+		return nil, fmt.Errorf("%w: shm: negative length %d", verbs.ErrBounds, length)
+	}
+	dst, st := q.remoteLocked(addr, rkey, length)
+	if dst == nil {
+		return nil, fmt.Errorf("%w: shm: %d bytes at %#x of remote key %#x are not remote-writable at the peer (%v)",
+			verbs.ErrBounds, length, addr, rkey, st)
+	}
+	q.lastMR.pinned = true
+	return dst, nil
+}

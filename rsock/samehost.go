@@ -1,0 +1,53 @@
+package rsock
+
+import (
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// hostLocal is for transports that work only between processes of one host
+// (shm): offering one costs its setup, so the client offers it only when the
+// peer's address can be on this host. The provider then checks for real
+// (boot id and network namespace); this is just the cheap filter.
+var hostLocal = map[string]bool{"shm": true}
+
+// localAddrs caches the host's interface addresses for a few seconds.
+var localAddrs struct {
+	sync.Mutex
+	at   time.Time
+	addr map[netip.Addr]bool
+}
+
+// maybeSameHost reports whether the bootstrap connection's peer could be a
+// process on this host: a loopback address, our own address on this
+// connection, or an address of one of our interfaces.
+func maybeSameHost(raw net.Conn) bool {
+	ra, ok1 := raw.RemoteAddr().(*net.TCPAddr)
+	la, ok2 := raw.LocalAddr().(*net.TCPAddr)
+	if !ok1 || !ok2 {
+		return false
+	}
+	if ra.IP.IsLoopback() || ra.IP.Equal(la.IP) {
+		return true
+	}
+	ip, ok := netip.AddrFromSlice(ra.IP)
+	if !ok {
+		return false
+	}
+	localAddrs.Lock()
+	defer localAddrs.Unlock()
+	if time.Since(localAddrs.at) > 5*time.Second {
+		localAddrs.addr = map[netip.Addr]bool{}
+		if addrs, err := net.InterfaceAddrs(); err == nil {
+			for _, a := range addrs {
+				if pfx, err := netip.ParsePrefix(a.String()); err == nil {
+					localAddrs.addr[pfx.Addr().Unmap()] = true
+				}
+			}
+		}
+		localAddrs.at = time.Now()
+	}
+	return localAddrs.addr[ip.Unmap()]
+}
