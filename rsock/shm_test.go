@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
 	"golang.org/x/net/nettest"
 )
@@ -35,4 +36,22 @@ func TestShmStreamIntegritySmallRing(t *testing.T) {
 	defer c.Close()
 	defer s.Close()
 	streamCheck(t, c, s, 4<<20, 11)
+}
+
+func TestNettestBusyPoll(t *testing.T) {
+	// The spin path: callers poll, disarm the queue, re-arm when they stop.
+	registerSim(t)
+	for _, tr := range []string{"shm", "sim"} {
+		t.Run(tr, func(t *testing.T) {
+			cfg := &Config{Transports: []string{tr}, BusyPoll: 20 * time.Microsecond}
+			ln := listen(t, cfg)
+			nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+				c, s := pipe(t, ln, cfg)
+				if TransportOf(c) != tr {
+					return nil, nil, nil, fmt.Errorf("not on %s: %s", tr, c.Info().Reason)
+				}
+				return c, s, func() { c.Close(); s.Close() }, nil
+			})
+		})
+	}
 }

@@ -36,6 +36,7 @@ type Conn struct {
 	inline int      // QP's MaxInline
 
 	rdMu, wrMu sync.Mutex // serialise Reads and Writes
+	spinners   atomic.Int32 // callers busy-polling (the CQ is disarmed meanwhile)
 
 	mu        sync.Mutex // protects everything below
 	st        *ring.State
@@ -336,22 +337,8 @@ func (c *Conn) postWritesLocked(chunk []byte, s1, s2 ring.Seg) error {
 // closed. With BusyPoll set it first polls the completion queue itself.
 func (c *Conn) wait(wake chan struct{}, dl *deadline) error {
 	if c.opts.BusyPoll > 0 {
-		end := time.Now().Add(c.opts.BusyPoll)
-		for {
-			select {
-			case <-wake:
-				return nil
-			default:
-			}
-			if c.progress() {
-				return nil
-			}
-			if dl.expired() {
-				return os.ErrDeadlineExceeded
-			}
-			if time.Now().After(end) {
-				break
-			}
+		if done, err := c.spin(wake, dl); done {
+			return err
 		}
 	}
 	select {
@@ -362,6 +349,49 @@ func (c *Conn) wait(wake chan struct{}, dl *deadline) error {
 		return os.ErrDeadlineExceeded
 	case <-c.done:
 		return net.ErrClosed
+	}
+}
+
+// spin polls the completion queue for up to BusyPoll. It reports done when
+// something happened (or the deadline passed, or the Conn closed). While
+// any caller spins, the queue is disarmed where the provider allows it
+// (verbs.Disarmer), so the peer pays no notification (shm: no eventfd
+// write) and the event loop stays parked; the last spinner to stop arms it
+// again and polls once more, so a completion that raced the arm is seen.
+func (c *Conn) spin(wake chan struct{}, dl *deadline) (done bool, err error) {
+	d, _ := c.ep.cq.(verbs.Disarmer)
+	if c.spinners.Add(1) == 1 && d != nil {
+		d.Disarm()
+	}
+	defer func() {
+		if c.spinners.Add(-1) == 0 && d != nil {
+			_ = c.ep.cq.Arm()
+			if c.progress() {
+				done, err = true, nil
+			}
+		}
+	}()
+	end := time.Now().Add(c.opts.BusyPoll)
+	for i := 1; ; i++ {
+		select {
+		case <-wake:
+			return true, nil
+		default:
+		}
+		if c.progress() {
+			return true, nil
+		}
+		if i%64 == 0 { // the clock and the deadline cost more than a poll
+			if dl.expired() {
+				return true, os.ErrDeadlineExceeded
+			}
+			if isClosed(c.done) {
+				return true, net.ErrClosed
+			}
+			if time.Now().After(end) {
+				return false, nil
+			}
+		}
 	}
 }
 

@@ -237,9 +237,15 @@ func (c *Conn) failLocked(err error) {
 func (c *Conn) eventLoop() {
 	defer c.loops.Done()
 	cq := c.ep.cq
+	_, disarmable := cq.(verbs.Disarmer)
 	for {
-		if err := cq.Arm(); err != nil {
-			return
+		// A spinning caller disarms a Disarmer, polls, and re-arms when it
+		// stops; arming under it would make the peer signal for nothing. A
+		// queue that cannot be disarmed is always armed here.
+		if !disarmable || c.spinners.Load() == 0 {
+			if err := cq.Arm(); err != nil {
+				return
+			}
 		}
 		c.progress()
 		if err := cq.Wait(); err != nil {

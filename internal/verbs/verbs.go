@@ -316,3 +316,11 @@ type RemoteMapper interface {
 	// named by rkey, or an error if that range is not remote-writable.
 	MapRemote(addr uint64, rkey uint32, length int) ([]byte, error)
 }
+
+// Disarmer is implemented by CQs that can withdraw an Arm, so that peers
+// stop paying for notifications (shm: no eventfd write) while a caller
+// busy-polls. A caller that disarms must, when it stops polling, Arm and
+// Poll again if any goroutine may be relying on Wait.
+type Disarmer interface {
+	Disarm()
+}

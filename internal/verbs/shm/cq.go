@@ -141,6 +141,17 @@ func (cq *CQ) Arm() error {
 	return nil
 }
 
+// Disarm withdraws an Arm: peers stop writing the eventfd (verbs.Disarmer).
+// rsock calls it while a blocked call busy-polls, and arms again after.
+func (cq *CQ) Disarm() {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	cq.armed.Store(0)
+	for _, q := range cq.qps {
+		q.in.hdr.sleeping.Store(0)
+	}
+}
+
 // Wait blocks until the eventfd is signalled (an armed notification fired,
 // possibly an earlier one: spurious wake-ups happen) and returns nil. It
 // parks the goroutine in the Go netpoller. It returns verbs.ErrClosed once
