@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmanet/rdmanet/internal/ring"
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -382,6 +384,10 @@ func (c *Conn) spin(wake chan struct{}, dl *deadline) (done bool, err error) {
 			return true, nil
 		}
 		if i%64 == 0 { // the clock and the deadline cost more than a poll
+			// Let another runnable thread (often the peer process we wait
+			// for) have this core: spinning on an oversubscribed machine
+			// otherwise holds up the very peer it waits for.
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 			if dl.expired() {
 				return true, os.ErrDeadlineExceeded
 			}
