@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -305,7 +307,7 @@ func (d *Device) Close() error {
 		return verbs.ErrClosed
 	}
 	d.closed = true
-	qps, cqs, mrs := mapKeys(d.qps), mapKeys(d.cqs), mapKeys(d.mrs)
+	qps, cqs, mrs := slices.Collect(maps.Keys(d.qps)), slices.Collect(maps.Keys(d.cqs)), slices.Collect(maps.Keys(d.mrs))
 	d.mu.Unlock()
 	for _, q := range qps {
 		_ = q.Close()
@@ -350,7 +352,7 @@ func (d *Device) exportable(max int) []*MR {
 // revoke tells the peers of every connected QP that rkey is gone.
 func (d *Device) revoke(rkey uint32) {
 	d.mu.Lock()
-	qps := mapKeys(d.qps)
+	qps := slices.Collect(maps.Keys(d.qps))
 	d.mu.Unlock()
 	for _, q := range qps {
 		q.sendRevoke(rkey)
@@ -376,12 +378,4 @@ func (d *Device) forgetQP(q *QP) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.qps, q)
-}
-
-func mapKeys[K comparable, V any](m map[K]V) []K {
-	keys := make([]K, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	return keys
 }

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -283,7 +285,7 @@ func (cq *CQ) overrunLocked() {
 	case cq.notify <- struct{}{}:
 	default:
 	}
-	qps := mapKeys(cq.qps)
+	qps := slices.Collect(maps.Keys(cq.qps))
 	go func() {
 		for _, q := range qps {
 			q.ForceError()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -111,7 +113,7 @@ func (q *QP) Connect(ctx context.Context, peer []byte, active bool) error {
 	}
 	lockPair(q, p)
 	err = q.connectLocked(p)
-	incoming := mapKeys(q.incoming)
+	incoming := slices.Collect(maps.Keys(q.incoming))
 	unlockPair(q, p)
 	if err != nil {
 		return err
@@ -341,7 +343,7 @@ func (q *QP) Close() error {
 	q.state = stateClosed
 	q.stalled = false
 	close(q.gone)
-	incoming := mapKeys(q.incoming)
+	incoming := slices.Collect(maps.Keys(q.incoming))
 	if p != nil {
 		delete(p.incoming, q)
 	}
@@ -369,7 +371,7 @@ func (q *QP) ForceError() {
 	}
 	f := q.dev.prov.currentFaults()
 	q.flushLocked(&f)
-	incoming := mapKeys(q.incoming)
+	incoming := slices.Collect(maps.Keys(q.incoming))
 	unlockPair(q, p)
 	for _, x := range incoming {
 		x.pump()
@@ -388,7 +390,7 @@ func (q *QP) Stall(on bool) {
 		return
 	}
 	q.stalled = on
-	incoming := mapKeys(q.incoming)
+	incoming := slices.Collect(maps.Keys(q.incoming))
 	q.mu.Unlock()
 	if !on {
 		for _, x := range incoming {

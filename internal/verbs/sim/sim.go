@@ -76,7 +76,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -451,9 +453,9 @@ func (d *Device) Close() error {
 		return verbs.ErrClosed
 	}
 	d.closed = true
-	qps := mapKeys(d.qps)
-	cqs := mapKeys(d.cqs)
-	mrs := mapKeys(d.mrs)
+	qps := slices.Collect(maps.Keys(d.qps))
+	cqs := slices.Collect(maps.Keys(d.cqs))
+	mrs := slices.Collect(maps.Keys(d.mrs))
 	d.mu.Unlock()
 	for _, q := range qps {
 		_ = q.Close()
@@ -499,12 +501,4 @@ func (d *Device) forgetQP(q *QP) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.qps, q)
-}
-
-func mapKeys[K comparable, V any](m map[K]V) []K {
-	keys := make([]K, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	return keys
 }
