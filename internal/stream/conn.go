@@ -37,7 +37,7 @@ type Conn struct {
 	stage  verbs.MR // staging for WRITEs when direct is nil
 	inline int      // QP's MaxInline
 
-	rdMu, wrMu sync.Mutex // serialise Reads and Writes
+	rdMu, wrMu sync.Mutex   // serialise Reads and Writes
 	spinners   atomic.Int32 // callers busy-polling (the CQ is disarmed meanwhile)
 
 	mu        sync.Mutex // protects everything below
