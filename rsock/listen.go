@@ -227,7 +227,14 @@ func (l *Listener) serveConn(raw *net.TCPConn) {
 
 func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	s := l.s
-	_ = raw.SetReadDeadline(time.Now().Add(s.sniff))
+	// A listener that may hand plain clients over classifies a silent one
+	// after SniffTimeout; one that allows no TCP gains nothing from that
+	// and waits the whole handshake for the magic.
+	sniff := s.sniff
+	if !s.fallback {
+		sniff = s.handshake
+	}
+	_ = raw.SetReadDeadline(time.Now().Add(sniff))
 	var head [len(handshake.Magic)]byte
 	n, err := readFull(raw, head[:])
 	if n < len(head) || !handshake.MatchesMagicPrefix(head[:n]) {

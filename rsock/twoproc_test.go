@@ -42,6 +42,10 @@ func TestMain(m *testing.M) {
 			}
 		})
 	default:
+		if run := extraHelperRoles[os.Getenv(helperEnv)]; run != nil {
+			run() // more roles, in shmproc_test.go
+			os.Exit(0)
+		}
 		fmt.Fprintln(os.Stderr, "unknown helper role")
 		os.Exit(2)
 	}

@@ -225,17 +225,20 @@ func (c *Conn) Write(b []byte) (int, error) {
 	written := 0
 	stalled := false
 	for {
+		// A write that placed every byte succeeded, whatever happened since
+		// (the peer closing, a concurrent Close or CloseWrite, the deadline).
+		if written == len(b) && written > 0 {
+			c.stats.Writes.Add(1)
+			return written, nil
+		}
 		c.mu.Lock()
 		if err := c.writeErrLocked(); err != nil {
 			c.mu.Unlock()
 			return written, err
 		}
-		if written == len(b) {
+		if len(b) == 0 {
 			c.mu.Unlock()
-			if written > 0 {
-				c.stats.Writes.Add(1)
-			}
-			return written, nil
+			return 0, nil
 		}
 		space := c.st.Space()
 		// A data chunk needs: ring space, a data credit, and send-queue room
