@@ -134,23 +134,22 @@ func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, 
 		}
 		return s.decline(network, raw, code, reason)
 	}
-	accept := &handshake.Accept{Transport: mustTransport(chosen), Ring: ringOf(ep.Ring()), Info: ep.Info()}
-	if err := handshake.Write(raw, accept); err != nil {
+	drop := func(err error) (*Conn, error) {
 		ep.Close()
 		raw.Close()
-		return nil, fmt.Errorf("rsock: writing accept: %w", err)
+		return nil, err
+	}
+	accept := &handshake.Accept{Transport: mustTransport(chosen), Ring: ringOf(ep.Ring()), Info: ep.Info()}
+	if err := handshake.Write(raw, accept); err != nil {
+		return drop(fmt.Errorf("rsock: writing accept: %w", err))
 	}
 	msg, err := handshake.Read(raw)
 	if err != nil {
-		ep.Close()
-		raw.Close()
-		return nil, fmt.Errorf("rsock: reading confirm: %w", err)
+		return drop(fmt.Errorf("rsock: reading confirm: %w", err))
 	}
 	confirm, ok := msg.(*handshake.Confirm)
 	if !ok {
-		ep.Close()
-		raw.Close()
-		return nil, fmt.Errorf("rsock: client sent %v, want confirm", msg.Type())
+		return drop(fmt.Errorf("rsock: client sent %v, want confirm", msg.Type()))
 	}
 	if confirm.Code != handshake.DeclineNone {
 		ep.Close()

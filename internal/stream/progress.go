@@ -133,7 +133,9 @@ func (c *Conn) handleSendLocked(wc *verbs.Completion) bool {
 	if c.closeSig != 0 && c.sqDone >= c.closeSig {
 		wake(c.closeWake)
 	}
-	if err := wc.Err(); err != nil && !c.closed && !c.peerGone {
+	// After the peer's CLOSE it tears its queue pair down: our requests
+	// may fail, and that is its goodbye, not a fault.
+	if err := wc.Err(); err != nil && !c.closed && !c.peerGone && !c.st.PeerClosed() {
 		c.failLocked(reset("send failed", err))
 	}
 	return true
@@ -170,7 +172,9 @@ func (c *Conn) sendLocked(extra ring.Flags) bool {
 }
 
 func (c *Conn) sendSignaledLocked(extra ring.Flags, signal bool) bool {
-	if c.err != nil || c.peerGone || !c.st.CanSendControl() || c.sqFreeLocked() <= 0 {
+	// Nothing goes to a peer that closed: it reads no more and is tearing
+	// its queue pair down.
+	if c.err != nil || c.peerGone || c.st.PeerClosed() || !c.st.CanSendControl() || c.sqFreeLocked() <= 0 {
 		return false
 	}
 	m, err := c.st.Next(extra)
@@ -397,7 +401,7 @@ func (c *Conn) sayGoodbye() {
 		if c.closeSig == 0 && c.err == nil && !c.peerGone {
 			c.sendSignaledLocked(0, true)
 		}
-		done := c.err != nil || c.peerGone || (c.closeSig != 0 && c.sqDone >= c.closeSig)
+		done := c.err != nil || c.peerGone || c.st.PeerClosed() || (c.closeSig != 0 && c.sqDone >= c.closeSig)
 		c.mu.Unlock()
 		if done {
 			break
