@@ -43,6 +43,7 @@ type Conn struct {
 	mu        sync.Mutex // protects everything below
 	st        *ring.State
 	err       error // terminal transport error; set once
+	suspect   error // a transport failure awaiting its verdict (suspectLocked)
 	closed    bool  // Close was called
 	rdClosed  bool  // CloseRead was called
 	wrClosed  bool  // CloseWrite was called
@@ -278,9 +279,14 @@ func (c *Conn) Write(b []byte) (int, error) {
 			return written, err
 		}
 		if err := c.postWritesLocked(chunk, s1, s2); err != nil {
-			c.failLocked(reset("posting a write", err))
+			// The bytes did not go; whether that is the peer's orderly
+			// close or a failure is decided shortly (suspectLocked).
+			c.suspectLocked(reset("posting a write", err))
 			c.mu.Unlock()
-			return written, c.err
+			if err := c.wait(c.wrWake, c.wrDeadline); err != nil {
+				return written, err
+			}
+			continue
 		}
 		if err := c.st.Wrote(n); err != nil {
 			c.failLocked(err)

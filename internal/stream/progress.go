@@ -81,8 +81,8 @@ func (c *Conn) progressLocked() bool {
 
 func (c *Conn) handleRecvLocked(wc *verbs.Completion) bool {
 	if err := wc.Err(); err != nil {
-		if wc.Status != verbs.StatusFlushed || !c.closed {
-			c.failLocked(reset("receive failed", err))
+		if !c.closed {
+			c.suspectLocked(reset("receive failed", err))
 		}
 		return true
 	}
@@ -111,7 +111,7 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) bool {
 		return true
 	}
 	if err := c.ep.postSlot(slot); err != nil {
-		c.failLocked(reset("reposting a receive", err))
+		c.suspectLocked(reset("reposting a receive", err))
 		return true
 	}
 	if err := c.st.Reposted(); err != nil {
@@ -135,8 +135,8 @@ func (c *Conn) handleSendLocked(wc *verbs.Completion) bool {
 	}
 	// After the peer's CLOSE it tears its queue pair down: our requests
 	// may fail, and that is its goodbye, not a fault.
-	if err := wc.Err(); err != nil && !c.closed && !c.peerGone && !c.st.PeerClosed() {
-		c.failLocked(reset("send failed", err))
+	if err := wc.Err(); err != nil && !c.closed {
+		c.suspectLocked(reset("send failed", err))
 	}
 	return true
 }
@@ -184,7 +184,7 @@ func (c *Conn) sendSignaledLocked(extra ring.Flags, signal bool) bool {
 	m.Marshal(c.msgBuf[:])
 	c.wr = verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:]}
 	if err := c.postLocked(&c.wr, signal); err != nil {
-		c.failLocked(reset("posting a state message", err))
+		c.suspectLocked(reset("posting a state message", err))
 		return false
 	}
 	c.stats.MsgsSent.Add(1)
@@ -205,6 +205,43 @@ func (c *Conn) flushLocked() {
 	case c.st.NeedUpdate():
 		c.sendLocked(0)
 	}
+}
+
+// suspectGrace is how long a transport failure waits for the peer's CLOSE
+// or goodbye before it fails the connection.
+const suspectGrace = 250 * time.Millisecond
+
+// suspectLocked handles a transport failure that may be the peer's orderly
+// teardown: after its final FIN|CLOSE is acknowledged the peer destroys its
+// queue pair, and a post of ours can fail before we have polled that CLOSE
+// or read its goodbye. Deciding here would mean polling from inside
+// completion handling, out of order; instead the verdict waits
+// suspectGrace, and a CLOSE or goodbye in the meantime makes the failure
+// benign. A peer that died is still caught at once by the bootstrap
+// connection, and protocol violations fail at once.
+func (c *Conn) suspectLocked(err error) {
+	if c.err != nil || c.closed || c.peerGone || c.st.PeerClosed() || c.suspect != nil {
+		return
+	}
+	c.suspect = err
+	c.loops.Add(1)
+	time.AfterFunc(suspectGrace, c.judge)
+}
+
+// judge fails the connection with the suspected error unless the peer has
+// closed in an orderly way since.
+func (c *Conn) judge() {
+	defer c.loops.Done()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.err != nil {
+		return
+	}
+	c.progressLocked()
+	if c.peerGone || c.st.PeerClosed() {
+		return
+	}
+	c.failLocked(c.suspect)
 }
 
 // failLocked tears the connection down with err: every blocked and later
