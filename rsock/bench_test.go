@@ -9,7 +9,8 @@ import (
 // The benchmarks run each workload over plain kernel TCP loopback (the
 // baseline), over rsock's TCP fallback, and over the full ring protocol on
 // the in-process sim provider, in the same run, so results can be read as
-// ratios. sim moves bytes with memcpy in one process: it measures the
+// ratios. shm here has both ends in one process (the two-process figures
+// are in bench2p_test.go). sim moves bytes with memcpy in one process: it measures the
 // protocol engine's cost, not a transport's speed.
 
 type benchPair struct {
@@ -39,6 +40,14 @@ func benchPairs() []benchPair {
 		{"rsock-tcp", func(b *testing.B) (net.Conn, net.Conn) {
 			ln := listen(b, tcpOnly())
 			c, s := pipe(b, ln, tcpOnly())
+			return c, s
+		}},
+		{"rsock-shm", func(b *testing.B) (net.Conn, net.Conn) {
+			cfg := &Config{Transports: []string{"shm"}}
+			c, s := pipe(b, listen(b, cfg), cfg)
+			if TransportOf(c) != "shm" {
+				b.Fatalf("not on shm: %s", c.Info().Reason)
+			}
 			return c, s
 		}},
 		{"rsock-sim", func(b *testing.B) (net.Conn, net.Conn) {
