@@ -61,6 +61,18 @@ type Config struct {
 	// speak rsock, and dials it with plain TCP without probing. Negative
 	// disables the cache. Env RSOCK_PROBE_CACHE_TTL. Default 1m.
 	ProbeCacheTTL time.Duration
+
+	// Device, Port and GIDIndex override which RDMA device, port and GID
+	// table entry the verbs transport uses. By default (zero values) it
+	// finds them from the bootstrap connection's local IP, as rdma_cm does:
+	// on RoCE, the port whose GID table holds that IP (RoCE v2 preferred);
+	// on InfiniBand, the device under the IPoIB interface holding it, GID
+	// 0. A GIDIndex of 0 in Config means automatic; RSOCK_GID_INDEX=0
+	// selects entry 0. Env RSOCK_DEVICE (e.g. mlx5_0, rxe0), RSOCK_PORT,
+	// RSOCK_GID_INDEX.
+	Device   string
+	Port     int
+	GIDIndex int
 }
 
 // Defaults.
@@ -87,6 +99,9 @@ type settings struct {
 	sniff         time.Duration
 	probe         time.Duration
 	probeCacheTTL time.Duration
+	device        string
+	port          int
+	gidIndex      int // -1: automatic
 }
 
 // ConfigError reports a bad Config field or RSOCK_* variable.
@@ -184,7 +199,38 @@ func (c *Config) resolve() (*settings, error) {
 			return nil, &ConfigError{Field: d.field, Value: d.v.String(), Err: fmt.Errorf("must be positive")}
 		}
 	}
+	if err := s.resolveDevice(&cfg); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// resolveDevice fills the verbs device overrides.
+func (s *settings) resolveDevice(cfg *Config) error {
+	s.device = cfg.Device
+	if s.device == "" {
+		s.device = strings.TrimSpace(os.Getenv("RSOCK_DEVICE"))
+	}
+	var err error
+	if s.port, err = intField("Port", cfg.Port, "RSOCK_PORT", 0, strconv.Atoi); err != nil {
+		return err
+	}
+	if s.port < 0 || s.port > 255 {
+		return &ConfigError{Field: "Port", Value: strconv.Itoa(s.port), Err: fmt.Errorf("not in [1, 255]")}
+	}
+	s.gidIndex = -1
+	switch e := strings.TrimSpace(os.Getenv("RSOCK_GID_INDEX")); {
+	case cfg.GIDIndex != 0:
+		s.gidIndex = cfg.GIDIndex
+	case e != "":
+		if s.gidIndex, err = strconv.Atoi(e); err != nil {
+			return &ConfigError{Field: "GIDIndex", Env: "RSOCK_GID_INDEX", Value: e, Err: err}
+		}
+	}
+	if s.gidIndex < -1 || s.gidIndex > 255 {
+		return &ConfigError{Field: "GIDIndex", Value: strconv.Itoa(s.gidIndex), Err: fmt.Errorf("not in [0, 255]")}
+	}
+	return nil
 }
 
 func intField(field string, v int, env string, def int, parse func(string) (int, error)) (int, error) {

@@ -36,8 +36,8 @@ func (s *settings) streamOptions() stream.Options {
 	return stream.Options{RingSize: s.ringSize, Credits: s.credits, BusyPoll: s.busyPoll}
 }
 
-func openOptions(raw net.Conn) verbs.OpenOptions {
-	return verbs.OpenOptions{LocalAddr: raw.LocalAddr(), RemoteAddr: raw.RemoteAddr(), GIDIndex: -1}
+func (s *settings) openOptions(raw net.Conn) verbs.OpenOptions {
+	return verbs.OpenOptions{LocalAddr: raw.LocalAddr(), RemoteAddr: raw.RemoteAddr(), Device: s.device, Port: s.port, GIDIndex: s.gidIndex}
 }
 
 // newEndpoint prepares an endpoint of the named transport for raw.
@@ -46,7 +46,7 @@ func (s *settings) newEndpoint(name string, raw net.Conn) (*stream.Endpoint, err
 	if !ok {
 		return nil, errNotBuiltIn
 	}
-	return stream.NewEndpoint(p, openOptions(raw), s.streamOptions())
+	return stream.NewEndpoint(p, s.openOptions(raw), s.streamOptions())
 }
 
 func ringOf(r stream.Ring) handshake.RingInfo {
@@ -92,6 +92,22 @@ func plainConn(network string, raw *net.TCPConn, prefix []byte, fallback bool, r
 	return c
 }
 
+// serveOrder is the order in which the server tries the transports a
+// client offers: host-local ones (shm) first, because a client offers them
+// only when it may be on this host, and shared memory beats looping through
+// a NIC; then the configured order.
+func (s *settings) serveOrder() []string {
+	order := make([]string, 0, len(s.transports))
+	for _, local := range []bool{true, false} {
+		for _, name := range s.transports {
+			if hostLocal[name] == local {
+				order = append(order, name)
+			}
+		}
+	}
+	return order
+}
+
 // serve runs the server side of the handshake on raw, whose client sent
 // hello. It returns the Conn to hand to Accept, or an error after which raw
 // has been closed.
@@ -102,7 +118,7 @@ func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, 
 		chosen string
 		offer  handshake.Offer
 	)
-	for _, name := range s.transports {
+	for _, name := range s.serveOrder() {
 		t, _ := handshake.TransportByName(name)
 		i := indexOffer(hello.Offers, t)
 		if i < 0 {

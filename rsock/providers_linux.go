@@ -2,11 +2,15 @@ package rsock
 
 import (
 	"github.com/rdmanet/rdmanet/internal/transport"
+	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
 	"github.com/rdmanet/rdmanet/internal/verbs/shm"
 )
 
-// The transports built into every Linux binary. (verbs registers from its
-// own file, where cgo is allowed.)
+// The transports built into every Linux binary. verbs loads libibverbs at
+// run time (dlopen): a binary built without cgo, or run on a host without
+// libibverbs or an RDMA device, reports verbs unavailable with the reason
+// (ConnInfo.Reason) and uses the next transport.
 func init() {
 	transport.Register("shm", shm.New())
+	transport.Register("verbs", ibverbs.New())
 }

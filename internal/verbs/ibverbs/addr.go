@@ -1,0 +1,244 @@
+package ibverbs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// target is the device, port and GID a connection uses.
+type target struct {
+	dev      string
+	port     int
+	gidIndex int
+	roce     bool // Ethernet link layer: the GID is routed (GRH), no LID
+}
+
+// sysfs reads the RDMA devices' description from a sysfs tree (normally
+// /sys). Tests give it a fake tree.
+type sysfs struct {
+	root string
+}
+
+func (s sysfs) read(parts ...string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(append([]string{s.root}, parts...)...))
+	return strings.TrimSpace(string(b)), err
+}
+
+// devices lists the RDMA devices, sorted.
+func (s sysfs) devices() ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(s.root, "class", "infiniband"))
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// ports lists a device's port numbers, ascending.
+func (s sysfs) ports(dev string) []int {
+	ents, _ := os.ReadDir(filepath.Join(s.root, "class", "infiniband", dev, "ports"))
+	var ps []int
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil && n > 0 && n < 256 {
+			ps = append(ps, n)
+		}
+	}
+	sort.Ints(ps)
+	return ps
+}
+
+// iwarp reports whether dev is an iWARP device (node type RNIC).
+func (s sysfs) iwarp(dev string) bool {
+	nt, _ := s.read("class", "infiniband", dev, "node_type")
+	return strings.Contains(nt, "RNIC")
+}
+
+// linkLayer is "Ethernet" (RoCE) or "InfiniBand".
+func (s sysfs) linkLayer(dev string, port int) string {
+	ll, _ := s.read("class", "infiniband", dev, "ports", strconv.Itoa(port), "link_layer")
+	return ll
+}
+
+// gidEntry is one populated entry of a port's GID table.
+type gidEntry struct {
+	index int
+	gid   netip.Addr // 16 bytes; IPv4-mapped for an IPv4 RoCE GID
+	typ   string     // "RoCE v2", "IB/RoCE v1", or "" where not reported
+	ndev  string     // the netdev a RoCE GID belongs to
+}
+
+// gids lists the populated entries of a port's GID table.
+func (s sysfs) gids(dev string, port int) []gidEntry {
+	p := strconv.Itoa(port)
+	ents, _ := os.ReadDir(filepath.Join(s.root, "class", "infiniband", dev, "ports", p, "gids"))
+	var out []gidEntry
+	for _, e := range ents {
+		idx, err := strconv.Atoi(e.Name())
+		if err != nil || idx < 0 || idx > 255 {
+			continue
+		}
+		v, err := s.read("class", "infiniband", dev, "ports", p, "gids", e.Name())
+		if err != nil {
+			continue
+		}
+		g, err := netip.ParseAddr(v)
+		if err != nil || !g.Is6() || g.IsUnspecified() {
+			continue
+		}
+		typ, _ := s.read("class", "infiniband", dev, "ports", p, "gid_attrs", "types", e.Name())
+		ndev, _ := s.read("class", "infiniband", dev, "ports", p, "gid_attrs", "ndevs", e.Name())
+		out = append(out, gidEntry{index: idx, gid: g, typ: typ, ndev: ndev})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].index < out[j].index })
+	return out
+}
+
+// errNoDevice wraps the reasons no device fits; it is reported as the
+// provider being unavailable for this connection.
+var errNoDevice = errors.New("no RDMA device fits")
+
+// localIP is the IP of the bootstrap connection's local end.
+func localIP(a net.Addr) (netip.Addr, error) {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok || ta == nil {
+		return netip.Addr{}, fmt.Errorf("%w: no local TCP address to find a device by", errNoDevice)
+	}
+	ip, ok := netip.AddrFromSlice(ta.IP)
+	if !ok {
+		return netip.Addr{}, fmt.Errorf("%w: bad local address %v", errNoDevice, a)
+	}
+	return ip.Unmap(), nil
+}
+
+// selectTarget picks the device, port and GID for a connection whose
+// bootstrap socket is bound to local (on RoCE, the GID holding that IP,
+// preferring RoCE v2), honouring the overrides: dev ("" for any), port (0
+// for any) and gidIndex (-1 for automatic).
+func (s sysfs) selectTarget(local net.Addr, dev string, port, gidIndex int) (target, error) {
+	devs, err := s.devices()
+	if err != nil || len(devs) == 0 {
+		return target{}, fmt.Errorf("%w: this host has no RDMA devices (no %s)", errNoDevice, filepath.Join(s.root, "class", "infiniband"))
+	}
+	if dev != "" {
+		found := false
+		for _, d := range devs {
+			found = found || d == dev
+		}
+		if !found {
+			return target{}, fmt.Errorf("%w: no RDMA device named %q (have %s)", errNoDevice, dev, strings.Join(devs, ", "))
+		}
+		devs = []string{dev}
+	}
+	var skipped []string
+	usable := devs[:0:0]
+	for _, d := range devs {
+		if s.iwarp(d) {
+			skipped = append(skipped, d+" is iWARP (no RDMA WRITE with immediate; rsock declines iWARP)")
+			continue
+		}
+		usable = append(usable, d)
+	}
+	portsOf := func(d string) []int {
+		if port > 0 {
+			return []int{port}
+		}
+		return s.ports(d)
+	}
+	// An explicit GID index needs no address match.
+	if gidIndex >= 0 {
+		for _, d := range usable {
+			if ps := portsOf(d); len(ps) > 0 {
+				return target{dev: d, port: ps[0], gidIndex: gidIndex, roce: s.linkLayer(d, ps[0]) != "InfiniBand"}, nil
+			}
+		}
+		return target{}, fmt.Errorf("%w: %s", errNoDevice, strings.Join(append(skipped, "no device and port for the GID index override"), "; "))
+	}
+	ip, err := localIP(local)
+	if err != nil {
+		return target{}, err
+	}
+	want := netip.AddrFrom16(ip.As16()) // IPv4 as ::ffff:a.b.c.d, as RoCE stores it
+	var best *target
+	bestV2 := false
+	for _, d := range usable {
+		for _, p := range portsOf(d) {
+			ll := s.linkLayer(d, p)
+			for _, g := range s.gids(d, p) {
+				if g.gid != want {
+					continue
+				}
+				v2 := g.typ == "RoCE v2"
+				if best == nil || (v2 && !bestV2) {
+					best = &target{dev: d, port: p, gidIndex: g.index, roce: ll != "InfiniBand"}
+					bestV2 = v2
+				}
+			}
+		}
+	}
+	if best != nil {
+		return *best, nil
+	}
+	// InfiniBand: the address belongs to an IPoIB netdev; use the port's
+	// GID 0 (routing is by LID).
+	if t, ok := s.ipoibTarget(ip, usable, port); ok {
+		return t, nil
+	}
+	if ip.IsLoopback() {
+		skipped = append(skipped, fmt.Sprintf("%v is a loopback address, which no RDMA device serves (dial the host's own address)", ip))
+	} else {
+		skipped = append(skipped, fmt.Sprintf("no RDMA port has a GID for %v", ip))
+	}
+	return target{}, fmt.Errorf("%w: %s", errNoDevice, strings.Join(skipped, "; "))
+}
+
+// ipoibTarget finds the InfiniBand device under the netdev holding ip.
+func (s sysfs) ipoibTarget(ip netip.Addr, devs []string, port int) (target, bool) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return target{}, false
+	}
+	for _, ifc := range ifs {
+		addrs, _ := ifc.Addrs()
+		has := false
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap() == ip {
+				has = true
+			}
+		}
+		if !has {
+			continue
+		}
+		ents, _ := os.ReadDir(filepath.Join(s.root, "class", "net", ifc.Name, "device", "infiniband"))
+		for _, e := range ents {
+			for _, d := range devs {
+				if d != e.Name() {
+					continue
+				}
+				p := port
+				if p == 0 {
+					p = 1
+					if v, err := s.read("class", "net", ifc.Name, "dev_port"); err == nil {
+						if n, err := strconv.Atoi(v); err == nil && n >= 0 && n < 255 {
+							p = n + 1
+						}
+					}
+				}
+				if s.linkLayer(d, p) == "InfiniBand" {
+					return target{dev: d, port: p, gidIndex: 0}, true
+				}
+			}
+		}
+	}
+	return target{}, false
+}

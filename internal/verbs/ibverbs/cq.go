@@ -1,0 +1,235 @@
+//go:build cgo && linux
+
+package ibverbs
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// pollBatch is how many completions one ibv_poll_cq call takes at most.
+const pollBatch = 32
+
+// ackBatch is how many completion events are acknowledged at once
+// (ibv_ack_cq_events takes a lock; all are acknowledged before destroy).
+const ackBatch = 64
+
+// CQ is a completion queue with its own completion channel. It implements
+// verbs.CQ. The channel's fd is non-blocking and its duplicate sits in the
+// Go netpoller, so Wait parks the goroutine, not an OS thread.
+type CQ struct {
+	dev    *Device
+	cq     *C.struct_rs_cq
+	ch     *C.struct_rs_comp_channel
+	file   *os.File // duplicate of the channel fd; closing it ends Wait
+	rc     syscall.RawConn
+	closed atomic.Bool
+
+	// mu serialises Poll (the wc array) and guards qps.
+	mu  sync.Mutex
+	wcs [pollBatch]C.struct_rs_wc
+	qps map[uint32]*QP // by QP number: translates completions
+
+	// waitMu: one Wait at a time, and Close waits for it.
+	waitMu  sync.Mutex
+	unacked C.uint
+}
+
+// NewCQ creates a completion queue of at least depth entries.
+func (d *Device) NewCQ(depth int) (verbs.CQ, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	if depth <= 0 {
+		return nil, fmt.Errorf("ibverbs: CQ depth %d", depth)
+	}
+	var e C.int
+	ch := C.rs_create_channel(d.dc.ctx, &e)
+	if ch == nil {
+		return nil, errnoErr("create completion channel", e)
+	}
+	q := &CQ{dev: d, ch: ch, qps: map[uint32]*QP{}}
+	fail := func(err error) (verbs.CQ, error) {
+		if q.file != nil {
+			q.file.Close()
+		}
+		if q.cq != nil {
+			C.rs_destroy_cq(q.cq)
+		}
+		C.rs_destroy_channel(ch)
+		return nil, err
+	}
+	if e := C.rs_set_nonblock(ch.fd); e != 0 {
+		return fail(errnoErr("completion channel non-blocking", e))
+	}
+	fd, err := syscall.Dup(int(ch.fd))
+	if err != nil {
+		return fail(fmt.Errorf("ibverbs: dup completion channel: %w", err))
+	}
+	q.file = os.NewFile(uintptr(fd), "ibverbs-cq")
+	if q.rc, err = q.file.SyscallConn(); err != nil {
+		return fail(fmt.Errorf("ibverbs: completion channel: %w", err))
+	}
+	if q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), ch, &e); q.cq == nil {
+		return fail(errnoErr(fmt.Sprintf("create CQ of %d entries", depth), e))
+	}
+	return q, nil
+}
+
+// Poll moves up to len(wc) completions into wc.
+func (q *CQ) Poll(wc []verbs.Completion) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed.Load() {
+		return 0, verbs.ErrClosed
+	}
+	got := 0
+	for got < len(wc) {
+		want := min(len(wc)-got, pollBatch)
+		r := int(C.rs_poll_cq(q.cq, C.int(want), &q.wcs[0]))
+		if r < 0 {
+			return got, fmt.Errorf("ibverbs: poll CQ: error %d", r)
+		}
+		for i := range r {
+			if q.translate(&q.wcs[i], &wc[got]) {
+				got++
+			}
+		}
+		if r < want {
+			break
+		}
+	}
+	return got, nil
+}
+
+// wrRecv marks a receive work request's ID (send IDs have it clear).
+const wrRecv = 1 << 63
+
+// translate turns a device completion into a verbs.Completion, from the
+// QP's record of what it posted (the device's opcode is undefined on
+// errors). It reports false for a completion of a QP this CQ does not
+// know, which is dropped.
+func (q *CQ) translate(w *C.struct_rs_wc, c *verbs.Completion) bool {
+	qp := q.qps[uint32(w.qp_num)]
+	if qp == nil {
+		return false
+	}
+	id := uint64(w.wr_id)
+	*c = verbs.Completion{Status: status(w.status)}
+	if id&wrRecv != 0 {
+		c.ID, c.Op = qp.retireRecv(id &^ wrRecv)
+		if c.Status == verbs.StatusSuccess {
+			c.Len = int(w.byte_len)
+			if w.opcode == C.RS_WC_RECV_RDMA_WITH_IMM {
+				c.Op = verbs.OpRecvImm
+			}
+			if w.wc_flags&C.RS_WC_WITH_IMM != 0 {
+				c.HasImm = true
+				c.Imm = binary.BigEndian.Uint32((*[4]byte)(unsafe.Pointer(&w.imm_data))[:])
+			}
+		}
+		return true
+	}
+	c.ID, c.Op = qp.retireSend(id)
+	return true
+}
+
+// status maps enum ibv_wc_status.
+func status(s C.uint32_t) verbs.Status {
+	switch s {
+	case C.RS_WC_SUCCESS:
+		return verbs.StatusSuccess
+	case C.RS_WC_WR_FLUSH_ERR:
+		return verbs.StatusFlushed
+	case C.RS_WC_REM_ACCESS_ERR:
+		return verbs.StatusRemoteAccess
+	case C.RS_WC_LOC_LEN_ERR:
+		return verbs.StatusLocalLength
+	case C.RS_WC_RNR_RETRY_EXC_ERR:
+		return verbs.StatusRNR
+	case C.RS_WC_RETRY_EXC_ERR:
+		return verbs.StatusRetryExceeded
+	}
+	return verbs.StatusFatal
+}
+
+// Arm requests an event for the next completion.
+func (q *CQ) Arm() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed.Load() {
+		return verbs.ErrClosed
+	}
+	if e := C.rs_req_notify_cq(q.cq); e != 0 {
+		return errnoErr("arm CQ", e)
+	}
+	return nil
+}
+
+// Wait parks until an armed event arrives or the CQ is closed.
+func (q *CQ) Wait() error {
+	q.waitMu.Lock()
+	defer q.waitMu.Unlock()
+	if q.closed.Load() {
+		return verbs.ErrClosed
+	}
+	var e C.int
+	err := q.rc.Read(func(uintptr) bool {
+		e = C.rs_get_cq_event(q.ch)
+		return e != C.int(syscall.EAGAIN)
+	})
+	if err != nil || q.closed.Load() {
+		return verbs.ErrClosed
+	}
+	if e != 0 {
+		return errnoErr("CQ event", e)
+	}
+	if q.unacked++; q.unacked >= ackBatch {
+		C.rs_ack_cq_events(q.cq, q.unacked)
+		q.unacked = 0
+	}
+	return nil
+}
+
+// Close destroys the CQ and its channel and ends a Wait. Close the QPs
+// first.
+func (q *CQ) Close() error {
+	if q.closed.Swap(true) {
+		return nil
+	}
+	q.file.Close() // wakes a parked Wait
+	q.waitMu.Lock()
+	defer q.waitMu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.unacked > 0 {
+		C.rs_ack_cq_events(q.cq, q.unacked)
+		q.unacked = 0
+	}
+	var err error
+	if e := C.rs_destroy_cq(q.cq); e != 0 {
+		err = errnoErr("destroy CQ", e)
+	}
+	if e := C.rs_destroy_channel(q.ch); e != 0 && err == nil {
+		err = errnoErr("destroy completion channel", e)
+	}
+	return err
+}
+
+func (q *CQ) attach(qp *QP) {
+	q.mu.Lock()
+	q.qps[qp.qpn] = qp
+	q.mu.Unlock()
+}

@@ -1,0 +1,247 @@
+//go:build cgo && linux
+
+package ibverbs
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// Provider is the ibverbs provider. It implements verbs.Provider.
+//
+// Device contexts (ibv_open_device) are opened on first use and kept for
+// the life of the process, one per RDMA device, as rsocket and UCX do:
+// opening one costs milliseconds and a file descriptor. Each Open allocates
+// its own protection domain on the shared context.
+type Provider struct {
+	sys sysfs
+
+	mu   sync.Mutex
+	ctxs map[string]*devCtx
+}
+
+// New returns the ibverbs provider.
+func New() *Provider {
+	return &Provider{sys: sysfs{root: "/sys"}, ctxs: map[string]*devCtx{}}
+}
+
+// Name is "ibverbs".
+func (*Provider) Name() string { return "ibverbs" }
+
+// devCtx is one opened device context and the reader of its asynchronous
+// events.
+type devCtx struct {
+	name  string
+	ctx   *C.struct_rs_context
+	async *os.File // dup of the context's async fd, non-blocking, in the netpoller
+
+	mu   sync.Mutex
+	qps  map[*C.struct_rs_qp]*QP // for attributing asynchronous errors
+	dead error                   // set on IBV_EVENT_DEVICE_FATAL
+}
+
+// context returns the opened context of dev, opening it on first use.
+func (p *Provider) context(dev string) (*devCtx, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if dc := p.ctxs[dev]; dc != nil && dc.alive() == nil {
+		return dc, nil
+	}
+	name := C.CString(dev)
+	defer C.free(unsafe.Pointer(name))
+	var e C.int
+	ctx := C.rs_open(name, &e)
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: ibverbs: open device %s: %v", verbs.ErrUnavailable, dev, syscall.Errno(e))
+	}
+	dc := &devCtx{name: dev, ctx: ctx, qps: map[*C.struct_rs_qp]*QP{}}
+	if err := dc.startAsync(); err != nil {
+		C.rs_close(ctx)
+		return nil, err
+	}
+	p.ctxs[dev] = dc
+	return dc, nil
+}
+
+func (dc *devCtx) alive() error {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	return dc.dead
+}
+
+// startAsync starts the goroutine that reads the context's asynchronous
+// events (QP errors, device removal). It parks in the netpoller.
+func (dc *devCtx) startAsync() error {
+	fd, err := syscall.Dup(int(dc.ctx.async_fd))
+	if err != nil {
+		return fmt.Errorf("ibverbs: dup async fd: %w", err)
+	}
+	if e := C.rs_set_nonblock(C.int(fd)); e != 0 {
+		syscall.Close(fd)
+		return errnoErr("async fd non-blocking", e)
+	}
+	dc.async = os.NewFile(uintptr(fd), "ibverbs-async-"+dc.name)
+	rc, err := dc.async.SyscallConn()
+	if err != nil {
+		dc.async.Close()
+		return fmt.Errorf("ibverbs: async fd: %w", err)
+	}
+	go dc.asyncLoop(rc)
+	return nil
+}
+
+func (dc *devCtx) asyncLoop(rc syscall.RawConn) {
+	var ev C.struct_rs_async_event
+	for {
+		var e C.int
+		err := rc.Read(func(uintptr) bool {
+			e = C.rs_get_async_event(dc.ctx, &ev)
+			return e != C.int(syscall.EAGAIN)
+		})
+		if err != nil || e != 0 {
+			return // the context's fd failed: nothing more will come
+		}
+		dc.handle(&ev)
+		C.rs_ack_async_event(&ev)
+	}
+}
+
+// asyncName names the asynchronous events rsock reports.
+var asyncName = map[C.uint32_t]string{
+	C.RS_EVENT_QP_FATAL:      "QP fatal error",
+	C.RS_EVENT_QP_REQ_ERR:    "QP invalid request error",
+	C.RS_EVENT_QP_ACCESS_ERR: "QP access error",
+	C.RS_EVENT_CQ_ERR:        "CQ overrun",
+	C.RS_EVENT_DEVICE_FATAL:  "device fatal error",
+	C.RS_EVENT_PORT_ERR:      "port error",
+}
+
+// handle records an asynchronous event. A QP error needs no action here:
+// the device has moved the QP to the error state, so its outstanding work
+// requests complete as flushed and the connection sees them; the event
+// only makes the error message clearer.
+func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
+	name, ok := asyncName[ev.event_type]
+	if !ok {
+		return
+	}
+	switch ev.event_type {
+	case C.RS_EVENT_QP_FATAL, C.RS_EVENT_QP_REQ_ERR, C.RS_EVENT_QP_ACCESS_ERR:
+		qpp := *(**C.struct_rs_qp)(unsafe.Pointer(&ev.element))
+		dc.mu.Lock()
+		qp := dc.qps[qpp]
+		dc.mu.Unlock()
+		if qp != nil {
+			qp.asyncErr.Store(&name)
+		}
+	case C.RS_EVENT_DEVICE_FATAL:
+		dc.mu.Lock()
+		dc.dead = fmt.Errorf("%w: ibverbs: device %s: %s", verbs.ErrUnavailable, dc.name, name)
+		for _, qp := range dc.qps {
+			qp.asyncErr.Store(&name)
+		}
+		dc.mu.Unlock()
+	}
+}
+
+// Device is a protection domain on an opened RDMA device. It implements
+// verbs.Device.
+type Device struct {
+	dc     *devCtx
+	pd     *C.struct_rs_pd
+	t      target
+	gid    [16]byte
+	lid    uint16
+	mtu    uint8 // the port's active MTU (enum ibv_mtu)
+	closed atomic.Bool
+}
+
+// Open picks the device, port and GID for the connection (see
+// verbs.OpenOptions: on RoCE, those holding the bootstrap connection's
+// local IP), checks that the port is active, and allocates a protection
+// domain. Errors that mean "not usable on this host or for this address"
+// wrap verbs.ErrUnavailable.
+func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
+	if err := load(); err != nil {
+		return nil, err
+	}
+	t, err := p.sys.selectTarget(o.LocalAddr, o.Device, o.Port, o.GIDIndex)
+	if err != nil {
+		return nil, fmt.Errorf("%w: ibverbs: %v", verbs.ErrUnavailable, err)
+	}
+	dc, err := p.context(t.dev)
+	if err != nil {
+		return nil, err
+	}
+	var pa C.union_rs_port_buf
+	if e := C.rs_query_port(dc.ctx, C.uint8_t(t.port), &pa); e != 0 {
+		return nil, fmt.Errorf("%w: ibverbs: %s port %d: %v", verbs.ErrUnavailable, t.dev, t.port, syscall.Errno(e))
+	}
+	attr := (*C.struct_rs_port_attr)(unsafe.Pointer(&pa))
+	if attr.state != C.RS_PORT_ACTIVE {
+		return nil, fmt.Errorf("%w: ibverbs: %s port %d is not active (state %d)", verbs.ErrUnavailable, t.dev, t.port, attr.state)
+	}
+	d := &Device{dc: dc, t: t, lid: uint16(attr.lid), mtu: uint8(attr.active_mtu)}
+	if d.mtu < mtu256 || d.mtu > mtu4096 {
+		return nil, fmt.Errorf("%w: ibverbs: %s port %d reports MTU code %d", verbs.ErrUnavailable, t.dev, t.port, d.mtu)
+	}
+	switch uint8(attr.link_layer) {
+	case C.RS_LINK_LAYER_ETHERNET:
+		d.t.roce = true
+	case C.RS_LINK_LAYER_INFINIBAND:
+		d.t.roce = false
+	}
+	if e := C.rs_query_gid(dc.ctx, C.uint8_t(t.port), C.int(t.gidIndex), (*C.uint8_t)(unsafe.Pointer(&d.gid[0]))); e != 0 {
+		return nil, fmt.Errorf("%w: ibverbs: %s port %d GID %d: %v", verbs.ErrUnavailable, t.dev, t.port, t.gidIndex, syscall.Errno(e))
+	}
+	if d.t.roce && d.gid == [16]byte{} {
+		return nil, fmt.Errorf("%w: ibverbs: %s port %d GID %d is empty", verbs.ErrUnavailable, t.dev, t.port, t.gidIndex)
+	}
+	var e C.int
+	if d.pd = C.rs_alloc_pd(dc.ctx, &e); d.pd == nil {
+		return nil, errnoErr("alloc PD on "+t.dev, e)
+	}
+	return d, nil
+}
+
+// Provider is "ibverbs".
+func (*Device) Provider() string { return "ibverbs" }
+
+// String names the device, port and GID index.
+func (d *Device) String() string {
+	return fmt.Sprintf("%s port %d GID %d", d.t.dev, d.t.port, d.t.gidIndex)
+}
+
+// Close deallocates the protection domain. Close QPs, CQs and MRs first.
+func (d *Device) Close() error {
+	if d.closed.Swap(true) {
+		return nil
+	}
+	if e := C.rs_dealloc_pd(d.pd); e != 0 {
+		return errnoErr("dealloc PD", e)
+	}
+	return nil
+}
+
+func (d *Device) check() error {
+	if d.closed.Load() {
+		return verbs.ErrClosed
+	}
+	return nil
+}
+
+// errForeign is returned for an MR or CQ of another provider or device.
+var errForeign = errors.New("ibverbs: object of another device")

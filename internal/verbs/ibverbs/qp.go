@@ -1,0 +1,349 @@
+//go:build cgo && linux
+
+package ibverbs
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// Queue pair settings (IB spec encodings). The retry limits are finite:
+// a peer that stops answering fails the connection, never hangs it.
+const (
+	// qpTimeout is the local ACK timeout, 4.096 us << 17 = 537 ms, as
+	// production RDMA stacks use (UCX and NCCL: 2^18; 2^14 proved too
+	// short on congested fabrics). With retryCount retries a dead path
+	// fails in about 3.8 s; rsock's bootstrap connection usually notices
+	// a dead peer sooner.
+	qpTimeout = 17
+	// retryCount is 6, not the field's maximum 7: Soft-RoCE (rxe) treats
+	// 7 as "retry forever", as the spec does only for the RNR retry.
+	retryCount = 6
+	// rnrRetry 6 (7 would mean "forever") with minRNRTimer 12 (0.64 ms)
+	// between tries. The ring protocol never sends without a posted RECV,
+	// so RNR means a broken peer.
+	rnrRetry    = 6
+	minRNRTimer = 12
+)
+
+// QP state.
+const (
+	qpInit int32 = iota
+	qpConnected
+	qpClosed
+)
+
+// sendRec is what the QP remembers of a posted send until it completes.
+type sendRec struct {
+	id uint64
+	op verbs.Opcode
+}
+
+// QP is a reliable-connected queue pair. It implements verbs.QP.
+//
+// The device's work request IDs are the QP's own sequence numbers (receive
+// ones with the top bit set); the caller's ID and opcode are kept in a ring
+// per queue and restored when the completion is polled, so a failed
+// completion still says what it was. The same records enforce the queue
+// depths the caller asked for (verbs.ErrQueueFull).
+type QP struct {
+	dev   *Device
+	cq    *CQ
+	qp    *C.struct_rs_qp
+	qpn   uint32
+	psn   uint32
+	state atomic.Int32
+
+	inline    int // granted by the device
+	maxInline int // what MaxInline reports: requested, met by bounce if need be
+	bounce    *MR // slot per send WQE for inline data the device won't take
+	slot      int // bounce slot size
+
+	smu    sync.Mutex
+	sends  []sendRec
+	sqHead uint64        // posted (under smu)
+	sqTail atomic.Uint64 // retired (by Poll)
+
+	rmu    sync.Mutex
+	recvs  []uint64
+	rqHead uint64
+	rqTail atomic.Uint64
+
+	asyncErr atomic.Pointer[string]
+}
+
+// NewQP creates an RC queue pair in the INIT state: receives can be posted
+// at once, sends after Connect.
+func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	cq, ok := attr.CQ.(*CQ)
+	if !ok || cq == nil || cq.dev.dc != d.dc {
+		return nil, errForeign
+	}
+	if cq.closed.Load() {
+		return nil, verbs.ErrClosed
+	}
+	if attr.SendDepth <= 0 || attr.RecvDepth <= 0 || attr.MaxInline < 0 {
+		return nil, fmt.Errorf("ibverbs: QP depths %d/%d, inline %d", attr.SendDepth, attr.RecvDepth, attr.MaxInline)
+	}
+	cap := C.struct_rs_qp_cap{
+		max_send_wr:     C.uint32_t(attr.SendDepth),
+		max_recv_wr:     C.uint32_t(attr.RecvDepth),
+		max_send_sge:    1,
+		max_recv_sge:    1,
+		max_inline_data: C.uint32_t(attr.MaxInline),
+	}
+	var e C.int
+	qpp := C.rs_create_qp(d.pd, cq.cq, &cap, &e)
+	if qpp == nil && attr.MaxInline > 0 {
+		// Some devices refuse any inline size they cannot do: ask for
+		// none and carry inline data through registered bounce slots.
+		cap.max_inline_data = 0
+		qpp = C.rs_create_qp(d.pd, cq.cq, &cap, &e)
+	}
+	if qpp == nil {
+		return nil, errnoErr(fmt.Sprintf("create RC QP (send %d, recv %d)", attr.SendDepth, attr.RecvDepth), e)
+	}
+	q := &QP{
+		dev: d, cq: cq, qp: qpp, qpn: uint32(qpp.qp_num), psn: rand.Uint32N(1 << 24),
+		inline: int(cap.max_inline_data), maxInline: attr.MaxInline,
+		sends: make([]sendRec, attr.SendDepth), recvs: make([]uint64, attr.RecvDepth),
+	}
+	q.maxInline = max(q.maxInline, q.inline)
+	if q.inline < attr.MaxInline {
+		q.slot = (attr.MaxInline + 63) &^ 63
+		m, err := d.AllocMR(q.slot*attr.SendDepth, verbs.AccessLocalWrite)
+		if err != nil {
+			C.rs_destroy_qp(qpp)
+			return nil, fmt.Errorf("ibverbs: inline bounce buffer: %w", err)
+		}
+		q.bounce = m.(*MR)
+	}
+	if e := C.rs_qp_init(qpp, C.uint8_t(d.t.port), C.RS_ACCESS_LOCAL_WRITE|C.RS_ACCESS_REMOTE_WRITE); e != 0 {
+		q.destroy()
+		return nil, errnoErr("QP to INIT", e)
+	}
+	d.dc.mu.Lock()
+	d.dc.qps[qpp] = q
+	d.dc.mu.Unlock()
+	cq.attach(q)
+	return q, nil
+}
+
+// Info describes this end: QP number, PSN, GID, LID and MTU.
+func (q *QP) Info() []byte {
+	in := info{mtu: q.dev.mtu, lid: q.dev.lid, qpn: q.qpn, psn: q.psn, gid: q.dev.gid}
+	return in.marshal()
+}
+
+// Connect takes the QP through RTR to RTS towards the peer. The path MTU
+// is the smaller of the two ports' active MTUs.
+func (q *QP) Connect(ctx context.Context, peer []byte, active bool) error {
+	in, err := parseInfo(peer)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	switch q.state.Load() {
+	case qpClosed:
+		return verbs.ErrClosed
+	case qpConnected:
+		return fmt.Errorf("%w: already connected", verbs.ErrQPState)
+	}
+	d := q.dev
+	if d.t.roce && in.gid == [16]byte{} {
+		return fmt.Errorf("%w: RoCE peer without a GID", verbs.ErrPeerInfo)
+	}
+	if !d.t.roce && in.lid == 0 {
+		return fmt.Errorf("%w: InfiniBand peer without a LID", verbs.ErrPeerInfo)
+	}
+	global := C.int(0)
+	if d.t.roce {
+		global = 1
+	}
+	mtu := min(d.mtu, in.mtu)
+	if e := C.rs_qp_rtr(q.qp, C.uint8_t(d.t.port), C.uint32_t(mtu), C.uint32_t(in.qpn), C.uint32_t(in.psn),
+		(*C.uint8_t)(unsafe.Pointer(&in.gid[0])), global, C.uint8_t(d.t.gidIndex), C.uint16_t(in.lid), minRNRTimer); e != 0 {
+		return fmt.Errorf("%w: QP to RTR (peer QPN %#x, MTU %d): %v", verbs.ErrPeerInfo, in.qpn, mtuBytes(mtu), syscall.Errno(e))
+	}
+	if e := C.rs_qp_rts(q.qp, C.uint32_t(q.psn), qpTimeout, retryCount, rnrRetry); e != 0 {
+		return errnoErr("QP to RTS", e)
+	}
+	q.state.Store(qpConnected)
+	return nil
+}
+
+// Established has nothing to wait for: ibverbs connects without side
+// exchanges.
+func (q *QP) Established(context.Context) error { return nil }
+
+// MaxInline is the largest SendWR.Inline accepted.
+func (q *QP) MaxInline() int { return q.maxInline }
+
+// PostSend posts one send work request.
+func (q *QP) PostSend(wr *verbs.SendWR) error {
+	var opcode C.uint32_t
+	switch {
+	case wr.Op == verbs.OpWrite:
+		opcode = C.RS_WR_RDMA_WRITE
+	case wr.Op == verbs.OpWriteImm:
+		opcode = C.RS_WR_RDMA_WRITE_WITH_IMM
+	case wr.Op == verbs.OpSend && wr.HasImm:
+		opcode = C.RS_WR_SEND_WITH_IMM
+	case wr.Op == verbs.OpSend:
+		opcode = C.RS_WR_SEND
+	default:
+		return fmt.Errorf("ibverbs: send opcode %v", wr.Op)
+	}
+	if wr.Inline != nil && len(wr.Inline) > q.maxInline {
+		return verbs.ErrInlineTooLong
+	}
+	var (
+		laddr uint64
+		lkey  uint32
+		n     int
+		inl   unsafe.Pointer
+		err   error
+	)
+	if wr.Inline == nil {
+		if laddr, lkey, err = q.dev.sge(wr.Local); err != nil {
+			return err
+		}
+		n = wr.Local.Length
+	} else {
+		n = len(wr.Inline)
+	}
+	flags := C.uint32_t(0)
+	if wr.Signaled {
+		flags |= C.RS_SEND_SIGNALED
+	}
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	switch q.state.Load() {
+	case qpClosed:
+		return verbs.ErrClosed
+	case qpInit:
+		return verbs.ErrQPState
+	}
+	seq := q.sqHead
+	if seq-q.sqTail.Load() >= uint64(len(q.sends)) {
+		return verbs.ErrQueueFull
+	}
+	if wr.Inline != nil && n > 0 {
+		if n <= q.inline {
+			flags |= C.RS_SEND_INLINE
+			inl = unsafe.Pointer(&wr.Inline[0])
+		} else {
+			off := int(seq%uint64(len(q.sends))) * q.slot
+			copy(q.bounce.buf[off:], wr.Inline)
+			laddr, lkey = q.bounce.Addr()+uint64(off), q.bounce.lkey
+		}
+	}
+	q.sends[seq%uint64(len(q.sends))] = sendRec{id: wr.ID, op: wr.Op}
+	if e := C.rs_post_send(q.qp, C.uint64_t(seq), opcode, flags, C.uint32_t(wr.Imm),
+		C.uint64_t(laddr), C.uint32_t(n), C.uint32_t(lkey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), inl); e != 0 {
+		return q.postErr("post send", e)
+	}
+	q.sqHead++
+	return nil
+}
+
+// PostRecv posts one receive buffer.
+func (q *QP) PostRecv(wr *verbs.RecvWR) error {
+	laddr, lkey, err := q.dev.sge(wr.Local)
+	if err != nil {
+		return err
+	}
+	q.rmu.Lock()
+	defer q.rmu.Unlock()
+	if q.state.Load() == qpClosed {
+		return verbs.ErrClosed
+	}
+	seq := q.rqHead
+	if seq-q.rqTail.Load() >= uint64(len(q.recvs)) {
+		return verbs.ErrQueueFull
+	}
+	q.recvs[seq%uint64(len(q.recvs))] = wr.ID
+	if e := C.rs_post_recv(q.qp, C.uint64_t(seq|wrRecv), C.uint64_t(laddr), C.uint32_t(wr.Local.Length), C.uint32_t(lkey)); e != 0 {
+		return q.postErr("post recv", e)
+	}
+	q.rqHead++
+	return nil
+}
+
+// postErr maps a refused post: a full queue is ErrQueueFull; anything
+// else means the QP cannot take work (the error state).
+func (q *QP) postErr(op string, e C.int) error {
+	if syscall.Errno(e) == syscall.ENOMEM {
+		return verbs.ErrQueueFull
+	}
+	err := fmt.Errorf("%w: %s: %v", verbs.ErrQPState, op, syscall.Errno(e))
+	if why := q.asyncErr.Load(); why != nil {
+		err = fmt.Errorf("%w (%s)", err, *why)
+	}
+	return err
+}
+
+// retireSend returns the ID and opcode of send seq and retires it and
+// every earlier send (completions of a send queue come in order). Called
+// by Poll under the CQ's lock.
+func (q *QP) retireSend(seq uint64) (uint64, verbs.Opcode) {
+	r := q.sends[seq%uint64(len(q.sends))]
+	q.sqTail.Store(seq + 1)
+	return r.id, r.op
+}
+
+// retireRecv does the same for receive seq.
+func (q *QP) retireRecv(seq uint64) (uint64, verbs.Opcode) {
+	id := q.recvs[seq%uint64(len(q.recvs))]
+	q.rqTail.Store(seq + 1)
+	return id, verbs.OpRecv
+}
+
+// Close moves the QP to the error state, so outstanding requests complete
+// as flushed, and destroys it; once it returns the device no longer
+// touches memory through this QP.
+func (q *QP) Close() error {
+	q.smu.Lock()
+	q.rmu.Lock()
+	was := q.state.Swap(qpClosed)
+	q.rmu.Unlock()
+	q.smu.Unlock()
+	if was == qpClosed {
+		return nil
+	}
+	C.rs_qp_err(q.qp)
+	return q.destroy()
+}
+
+func (q *QP) destroy() error {
+	q.dev.dc.mu.Lock()
+	delete(q.dev.dc.qps, q.qp)
+	q.dev.dc.mu.Unlock()
+	var err error
+	if e := C.rs_destroy_qp(q.qp); e != 0 {
+		err = errnoErr("destroy QP", e)
+	}
+	if q.bounce != nil && err == nil {
+		err = q.bounce.Close()
+	}
+	return err
+}
