@@ -188,15 +188,20 @@ func (q *CQ) Wait() error {
 	var e C.int
 	err := q.rc.Read(func(uintptr) bool {
 		e = C.rs_get_cq_event(q.ch)
+		if e == 0 {
+			// Every event read must be acknowledged before
+			// ibv_destroy_cq, which otherwise waits forever.
+			q.unacked++
+		}
 		return e != C.int(syscall.EAGAIN)
 	})
-	if err != nil || q.closed.Load() {
+	switch {
+	case err != nil || q.closed.Load():
 		return verbs.ErrClosed
-	}
-	if e != 0 {
+	case e != 0:
 		return errnoErr("CQ event", e)
 	}
-	if q.unacked++; q.unacked >= ackBatch {
+	if q.unacked >= ackBatch {
 		C.rs_ack_cq_events(q.cq, q.unacked)
 		q.unacked = 0
 	}

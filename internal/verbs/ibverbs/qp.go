@@ -66,10 +66,11 @@ type QP struct {
 	psn   uint32
 	state atomic.Int32
 
-	inline    int // granted by the device
-	maxInline int // what MaxInline reports: requested, met by bounce if need be
-	bounce    *MR // slot per send WQE for inline data the device won't take
-	slot      int // bounce slot size
+	inline    int    // granted by the device
+	inlBuf    []byte // staging for inline data handed to the device (under smu)
+	maxInline int    // what MaxInline reports: requested, met by bounce if need be
+	bounce    *MR    // slot per send WQE for inline data the device won't take
+	slot      int    // bounce slot size
 
 	smu    sync.Mutex
 	sends  []sendRec
@@ -124,6 +125,9 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 		sends: make([]sendRec, attr.SendDepth), recvs: make([]uint64, attr.RecvDepth),
 	}
 	q.maxInline = max(q.maxInline, q.inline)
+	if q.inline > 0 {
+		q.inlBuf = make([]byte, q.inline)
+	}
 	if q.inline < attr.MaxInline {
 		q.slot = (attr.MaxInline + 63) &^ 63
 		m, err := d.AllocMR(q.slot*attr.SendDepth, verbs.AccessLocalWrite)
@@ -249,8 +253,12 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 	}
 	if wr.Inline != nil && n > 0 {
 		if n <= q.inline {
+			// Copied into the QP's own pointer-free buffer: the caller's
+			// bytes may sit in a struct holding Go pointers, which cgo
+			// must not be handed.
 			flags |= C.RS_SEND_INLINE
-			inl = unsafe.Pointer(&wr.Inline[0])
+			copy(q.inlBuf, wr.Inline)
+			inl = unsafe.Pointer(&q.inlBuf[0])
 		} else {
 			off := int(seq%uint64(len(q.sends))) * q.slot
 			copy(q.bounce.buf[off:], wr.Inline)
