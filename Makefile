@@ -3,7 +3,8 @@
 #   make demo    stock net/http over rsock on this machine, with the transport
 #   make test    every test under the race detector, then real RDMA on Soft-RoCE in a VM (what CI runs)
 #   make lint    go vet and staticcheck
-#   make bench   benchmarks: rsock against plain TCP loopback, same run
+#   make bench   rsockperf compare: rsock against plain TCP, two processes, every transport here;
+#                rewrites BENCHMARKS.md's generated region and docs/bench/
 #   make fuzz    each fuzz target for FUZZTIME (default 30s)
 
 GO        ?= go
@@ -18,7 +19,7 @@ FUZZ_TARGETS = \
 	./internal/ring:FuzzReceive \
 	./internal/ring:FuzzUnmarshal
 
-.PHONY: all deps demo test test-unit lint bench fuzz clean
+.PHONY: all deps demo test test-unit lint bench bench-go fuzz clean
 
 all: lint test
 
@@ -44,10 +45,23 @@ lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 
-# Six repeats, each running every variant once (interleaved in time, as the
-# machine is shared and noisy); benchstat prints medians and spread.
-BENCHSTAT_VERSION ?= latest
+# rsockperf compare over every transport (verbs only where a connection
+# really gets it: otherwise it is reported unavailable, never replaced),
+# each mode against its own server process, interleaved with repeats. It
+# prints the tables, and rewrites only the region between the
+# <!-- rsockperf:begin/end --> markers of BENCHMARKS.md, the SVG plots in
+# docs/bench/ and docs/bench/results.json. BENCH_FLAGS=--quick for a short run.
+BENCH_TRANSPORTS ?= all
+BENCH_FLAGS ?=
 bench:
+	$(GO) build -o bin/rsockperf ./cmd/rsockperf
+	./bin/rsockperf compare --transports $(BENCH_TRANSPORTS) $(BENCH_FLAGS) \
+		--plot docs/bench --json-file docs/bench/results.json --markdown BENCHMARKS.md
+
+# The in-process go test benchmarks of rsock/ (the earlier make bench): six
+# repeats, each running every variant once; benchstat prints medians and spread.
+BENCHSTAT_VERSION ?= latest
+bench-go:
 	$(GO) test -c -o bench.test ./rsock/
 	@for i in 1 2 3 4 5 6; do ./bench.test -test.run '^$$' -test.bench . -test.benchtime 3000x -test.benchmem; done | tee bench.out
 	$(GO) run golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION) bench.out
