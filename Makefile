@@ -31,13 +31,21 @@ demo:
 # summary of the real-RDMA checks.
 test: test-unit test-softroce
 
-# Debian packages the tests use (curl drives the example server in e2e).
+# Debian packages the tests use: curl drives the example server in e2e;
+# gcc (cgo, -race) and libibverbs-dev, whose <infiniband/verbs.h> the
+# verbs provider's ABI declarations are checked against (nothing links it).
+DEB_PACKAGES = curl ca-certificates gcc libc6-dev libibverbs-dev
 deps:
-	@command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends curl ca-certificates; }
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 
+# Besides the tests: the module builds without cgo (verbs then reports
+# itself unavailable), and shim.h matches the real libibverbs ABI.
 test-unit: deps
 	$(GO) version
 	$(GO) vet ./...
+	CGO_ENABLED=0 $(GO) build ./...
+	$(GO) vet -tags ibverbs_abicheck ./internal/verbs/ibverbs
 	$(GO) test -race -count=1 -timeout 30m ./...
 
 lint:
@@ -79,16 +87,18 @@ clean:
 # ---- test-softroce: begin (Soft-RoCE harness, test/softroce/; part of `make test`) ----
 # Real verbs without an RDMA NIC: a Debian kernel under QEMU (TCG) with rdma_rxe.
 # Installs its Debian packages (root or sudo), caches under .cache/softroce.
-#   make test-softroce                      ibv_devinfo, ibv_rc_pingpong, the cgo probe, in one guest
-#   make test-softroce-two-hosts            the same in two guests joined by a UDP socket netdev
-#   make test-softroce SOFTROCE_ARGS='--bin x.test --test x="x.test -test.v"'
+#   make test-softroce                      the project's verbs tests (test/softroce/suite.sh):
+#                                           conformance, rsock and e2e over verbs in one guest,
+#                                           then rsock across two guests
+#   make softroce-checks                    only the harness's built-in checks, one guest
+#   make softroce-checks SOFTROCE_ARGS='--two-hosts --bin x.test --test x="x.test -test.v"'
 SOFTROCE_ARGS ?=
 
-.PHONY: test-softroce test-softroce-two-hosts
+.PHONY: test-softroce softroce-checks
 
 test-softroce:
-	GO="$(GO)" bash test/softroce/run.sh $(SOFTROCE_ARGS)
+	GO="$(GO)" bash test/softroce/suite.sh
 
-test-softroce-two-hosts:
-	GO="$(GO)" bash test/softroce/run.sh --two-hosts $(SOFTROCE_ARGS)
+softroce-checks:
+	GO="$(GO)" bash test/softroce/run.sh $(SOFTROCE_ARGS)
 # ---- test-softroce: end ----

@@ -74,6 +74,8 @@ options:
   --timeout SECS    bound on each guest's whole run (default 240)
   --test-timeout SECS  bound on each test inside the guest (default 120)
   --keep            keep the work directory (initramfs tree, console logs)
+  --install-only    install the Debian packages (gcc, libibverbs-dev, qemu, ...)
+                    and exit, e.g. before building cgo test binaries
 
 environment: SOFTROCE_CACHE (default <repo>/.cache/softroce), SOFTROCE_TIMEOUT,
 SOFTROCE_TEST_TIMEOUT, SOFTROCE_MEM (MiB, 1024), SOFTROCE_SMP, SOFTROCE_MTU
@@ -110,9 +112,11 @@ need_arg() { [ "$2" -ge 2 ] || die "$1 needs an argument"; }
 user_names=()
 user_cmds=()
 ncmd=0
+install_only=0
 while [ $# -gt 0 ]; do
 	case $1 in
 	--two-hosts) two_hosts=1 ;;
+	--install-only) install_only=1 ;;
 	--no-defaults) defaults=0 ;;
 	--keep) keep=1 ;;
 	--test)
@@ -179,7 +183,7 @@ fi
 for i in "${!user_names[@]}"; do
 	add_test "${user_names[$i]}" "${user_cmds[$i]}"
 done
-[ "${#test_names[@]}" -gt 0 ] || die "no tests to run (--no-defaults and no --test/COMMAND)"
+[ "${#test_names[@]}" -gt 0 ] || [ "$install_only" = 1 ] || die "no tests to run (--no-defaults and no --test/COMMAND)"
 
 if [ "$two_hosts" = 1 ]; then
 	roles=(server client)
@@ -296,6 +300,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
 	stage_end "installed ${#missing[@]}"
 else
 	stage_end "all present"
+fi
+if [ "$install_only" = 1 ]; then
+	finished=1
+	exit 0
 fi
 
 # -------------------------------------------------------------------- kernel
