@@ -17,7 +17,8 @@ FUZZ_TARGETS = \
 	./internal/handshake:FuzzRoundTrip \
 	./internal/ring:FuzzProtocol \
 	./internal/ring:FuzzReceive \
-	./internal/ring:FuzzUnmarshal
+	./internal/ring:FuzzUnmarshal \
+	./internal/verbs/ibverbs:FuzzParseInfo
 
 .PHONY: all deps demo test test-unit lint bench bench-go fuzz clean
 

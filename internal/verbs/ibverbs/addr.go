@@ -144,7 +144,7 @@ func (s sysfs) selectTarget(local net.Addr, dev string, port, gidIndex int) (tar
 	usable := devs[:0:0]
 	for _, d := range devs {
 		if s.iwarp(d) {
-			skipped = append(skipped, d+" is iWARP (no RDMA WRITE with immediate; rsock declines iWARP)")
+			skipped = append(skipped, d+" is iWARP, whose connections need rdma_cm's MPA exchange; rsock declines iWARP")
 			continue
 		}
 		usable = append(usable, d)

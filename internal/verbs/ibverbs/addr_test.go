@@ -1,0 +1,117 @@
+package ibverbs
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fakeSysfs builds a sysfs tree: files maps paths under root to contents.
+func fakeSysfs(t *testing.T, files map[string]string) sysfs {
+	t.Helper()
+	root := t.TempDir()
+	for p, v := range files {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sysfs{root: root}
+}
+
+// roceDev adds a RoCE device with the given GID table (index -> gid, type).
+func roceDev(files map[string]string, dev string, port string, gids map[string][2]string) {
+	base := "class/infiniband/" + dev
+	files[base+"/node_type"] = "1: CA"
+	files[base+"/ports/"+port+"/link_layer"] = "Ethernet"
+	for idx, g := range gids {
+		files[base+"/ports/"+port+"/gids/"+idx] = g[0]
+		files[base+"/ports/"+port+"/gid_attrs/types/"+idx] = g[1]
+		files[base+"/ports/"+port+"/gid_attrs/ndevs/"+idx] = "veth0"
+	}
+}
+
+func tcp(ip string) net.Addr { return &net.TCPAddr{IP: net.ParseIP(ip), Port: 1} }
+
+func TestSelectTargetRoCE(t *testing.T) {
+	files := map[string]string{}
+	roceDev(files, "rxe0", "1", map[string][2]string{
+		"0": {"fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"},
+		"1": {"0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2"},
+		"2": {"0000:0000:0000:0000:0000:ffff:0a00:0001", "IB/RoCE v1"},
+		"3": {"0000:0000:0000:0000:0000:0000:0000:0000", ""}, // empty entry
+	})
+	roceDev(files, "rxe1", "1", map[string][2]string{
+		"0": {"fe80:0000:0000:0000:0000:00ff:fe00:0002", "IB/RoCE v1"},
+		"1": {"0000:0000:0000:0000:0000:ffff:0a00:0002", "IB/RoCE v1"},
+	})
+	s := fakeSysfs(t, files)
+
+	for _, tc := range []struct {
+		ip, dev string
+		gid     int
+	}{
+		{"10.0.0.1", "rxe0", 1}, // RoCE v2 preferred over v1 for the same IP
+		{"10.0.0.2", "rxe1", 1}, // v1 when that is all there is
+		{"::ffff:10.0.0.1", "rxe0", 1},
+	} {
+		got, err := s.selectTarget(tcp(tc.ip), "", 0, -1)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.ip, err)
+		}
+		if got.dev != tc.dev || got.port != 1 || got.gidIndex != tc.gid || !got.roce {
+			t.Errorf("%s: got %+v, want %s port 1 GID %d RoCE", tc.ip, got, tc.dev, tc.gid)
+		}
+	}
+
+	// Overrides: a device restricts the search; a GID index needs no match.
+	if _, err := s.selectTarget(tcp("10.0.0.1"), "rxe1", 0, -1); !errors.Is(err, errNoDevice) {
+		t.Errorf("10.0.0.1 restricted to rxe1: %v, want errNoDevice", err)
+	}
+	got, err := s.selectTarget(nil, "rxe1", 1, 0)
+	if err != nil || got.dev != "rxe1" || got.port != 1 || got.gidIndex != 0 {
+		t.Errorf("explicit rxe1/1/0: %+v, %v", got, err)
+	}
+	if _, err := s.selectTarget(tcp("10.0.0.1"), "mlx5_9", 0, -1); err == nil || !strings.Contains(err.Error(), "rxe0, rxe1") {
+		t.Errorf("unknown device: %v, want the list of devices", err)
+	}
+
+	// Addresses no port holds.
+	for _, ip := range []string{"127.0.0.1", "10.9.9.9", "::1"} {
+		_, err := s.selectTarget(tcp(ip), "", 0, -1)
+		if !errors.Is(err, errNoDevice) {
+			t.Errorf("%s: %v, want errNoDevice", ip, err)
+		}
+		if ip == "127.0.0.1" && !strings.Contains(err.Error(), "loopback") {
+			t.Errorf("127.0.0.1: %v, want the loopback explained", err)
+		}
+	}
+	if _, err := s.selectTarget(&net.UnixAddr{Name: "x"}, "", 0, -1); !errors.Is(err, errNoDevice) {
+		t.Errorf("a non-TCP address: %v, want errNoDevice", err)
+	}
+}
+
+func TestSelectTargetNoDevices(t *testing.T) {
+	s := sysfs{root: t.TempDir()}
+	_, err := s.selectTarget(tcp("10.0.0.1"), "", 0, -1)
+	if !errors.Is(err, errNoDevice) || !strings.Contains(err.Error(), "no RDMA devices") {
+		t.Fatalf("got %v, want 'no RDMA devices'", err)
+	}
+}
+
+func TestSelectTargetDeclinesIWARP(t *testing.T) {
+	files := map[string]string{}
+	roceDev(files, "iw0", "1", map[string][2]string{"0": {"0000:0000:0000:0000:0000:ffff:0a00:0001", ""}})
+	files["class/infiniband/iw0/node_type"] = "4: RNIC"
+	s := fakeSysfs(t, files)
+	_, err := s.selectTarget(tcp("10.0.0.1"), "", 0, -1)
+	if !errors.Is(err, errNoDevice) || !strings.Contains(err.Error(), "iWARP") {
+		t.Fatalf("got %v, want iWARP declined", err)
+	}
+}
