@@ -258,7 +258,7 @@ func TestGRPCCallTypes(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, tc transportCase) {
 		s := startGRPC(t, tc, tc.name, service.Hooks{})
 		c, dials := grpcClient(t, tc, s.addr)
-		if err := fourCalls(testContext(t), c, 64<<10, 16, tc.name, tc.name); err != nil {
+		if err := fourCalls(testContext(t), c, 64<<10, scaled(16, 4), tc.name, tc.name); err != nil {
 			t.Fatal(err)
 		}
 		if err := fourCalls(testContext(t), c, 0, 3, tc.name, tc.name); err != nil {
@@ -275,8 +275,9 @@ func TestGRPCLargeMessages(t *testing.T) {
 		s := startGRPC(t, tc, tc.name, service.Hooks{})
 		c, _ := grpcClient(t, tc, s.addr)
 		// 4 MiB payloads: above gRPC's default 4 MiB receive limit with
-		// framing, which NewServer and NewClient raise to 16 MiB.
-		if err := fourCalls(testContext(t), c, 4<<20, 3, tc.name, tc.name); err != nil {
+		// framing, which NewServer and NewClient raise to 16 MiB. The
+		// small scale keeps the size and sends fewer of them.
+		if err := fourCalls(testContext(t), c, 4<<20, scaled(3, 1), tc.name, tc.name); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -284,9 +285,10 @@ func TestGRPCLargeMessages(t *testing.T) {
 
 func TestGRPCConcurrentRPCs(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, tc transportCase) {
-		const rpcs = 1000
+		rpcs := scaled(1000, 100)
 		// Every UnaryCall waits in the server until all have arrived:
-		// 1,000 streams are in flight at once on one connection.
+		// 1,000 (100 at the small scale) streams are in flight at once
+		// on one connection.
 		b := newBarrier(rpcs)
 		s := startGRPC(t, tc, tc.name, service.Hooks{
 			Enter: func(ctx context.Context, method string) error {
@@ -358,12 +360,24 @@ func heldService(method string) (service.Hooks, chan time.Time, chan error) {
 	}, entered, exited
 }
 
+// readyClient is grpcClient with its connection up: an EmptyCall first,
+// so that a short deadline measures the call, not the dial (in the
+// Soft-RoCE guest a verbs dial takes longer than the deadlines below).
+func readyClient(t *testing.T, tc transportCase, addr string) testpb.TestServiceClient {
+	t.Helper()
+	c, _ := grpcClient(t, tc, addr)
+	if _, err := c.EmptyCall(testContext(t), &testpb.Empty{}); err != nil {
+		t.Fatalf("the first call: %v", err)
+	}
+	return c
+}
+
 func TestGRPCDeadline(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, tc transportCase) {
 		t.Run("unary", func(t *testing.T) {
 			hooks, entered, exited := heldService("UnaryCall")
 			s := startGRPC(t, tc, tc.name, hooks)
-			c, _ := grpcClient(t, tc, s.addr)
+			c := readyClient(t, tc, s.addr)
 			ctx, cancel := context.WithTimeout(testContext(t), 500*time.Millisecond)
 			defer cancel()
 			want, _ := ctx.Deadline()
@@ -384,8 +398,12 @@ func TestGRPCDeadline(t *testing.T) {
 		})
 		t.Run("server-streaming", func(t *testing.T) {
 			exited := make(chan error, 1)
-			s := startGRPC(t, tc, tc.name, service.Hooks{Exit: func(m string, err error) { exited <- err }})
-			c, _ := grpcClient(t, tc, s.addr)
+			s := startGRPC(t, tc, tc.name, service.Hooks{Exit: func(m string, err error) {
+				if m == "StreamingOutputCall" {
+					exited <- err
+				}
+			}})
+			c := readyClient(t, tc, s.addr)
 			ctx, cancel := context.WithTimeout(testContext(t), 500*time.Millisecond)
 			defer cancel()
 			req := &testpb.StreamingOutputCallRequest{}

@@ -18,7 +18,7 @@ func TestHTTP1KeepAlive(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, tc transportCase) {
 		s := startHTTP(t, tc, tc.name, commonMux(), nil)
 		c := newHTTPClient(t, tc)
-		const n = 200
+		n := scaled(200, 20)
 		for i := range n {
 			if got := get(t, c.Client, s.url+"/hello"); got != "hello over HTTP/1.1\n" {
 				t.Fatalf("request %d: %q", i, got)
@@ -34,8 +34,9 @@ func TestHTTP1KeepAlive(t *testing.T) {
 }
 
 // bigTransfer is the size of the HTTP/1.1 upload and download. 64 MiB
-// each way takes about 2s on sim under -race, so it is not shortened.
-const bigTransfer = 64 << 20
+// each way takes about 2s on sim under -race, so it is not shortened on a
+// host; at the small scale, 4 MiB is still many times any ring.
+var bigTransfer = scaled[int64](64<<20, 4<<20)
 
 func TestHTTP1BigTransfers(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, tc transportCase) {
@@ -52,9 +53,10 @@ func TestHTTP1BigTransfers(t *testing.T) {
 
 func TestHTTP1ConcurrentClients(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, tc transportCase) {
-		const clients = 200
+		clients := scaled(200, 20)
 		// Every client's first request waits in the handler until all
-		// of them arrived: 200 connections are open and busy at once.
+		// of them arrived: 200 (20 at the small scale) connections are
+		// open and busy at once.
 		b := newBarrier(clients)
 		mux := commonMux()
 		mux.HandleFunc("GET /together", func(w http.ResponseWriter, r *http.Request) {
@@ -79,7 +81,7 @@ func TestHTTP1ConcurrentClients(t *testing.T) {
 		wg.Wait()
 		close(errs)
 		reportErrors(t, "", collect(errs))
-		if a := s.conns.Load(); a != clients {
+		if a := s.conns.Load(); a != int64(clients) {
 			t.Errorf("the server saw %d connections, want %d", a, clients)
 		}
 	})
@@ -221,7 +223,7 @@ func TestHTTP1ExpectContinue(t *testing.T) {
 			return resp, string(b), body, got100.Load()
 		}
 
-		const n = 4 << 20
+		n := scaled[int64](4<<20, 1<<20)
 		resp, got, body, got100 := post("/upload", n)
 		if resp.StatusCode != http.StatusOK || got != fmt.Sprintf("%d %s", n, dataSum(5, n)) {
 			t.Fatalf("upload with Expect: %s %q", resp.Status, got)

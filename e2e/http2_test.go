@@ -52,13 +52,13 @@ func TestHTTP2Cleartext(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, tc transportCase) {
 		s := startHTTP(t, tc, tc.name, protoMux(), h2cSetup)
 		c := h2cClient(t, tc)
-		for i := range 100 {
+		for i := range scaled(100, 20) {
 			if got := get(t, c.Client, s.url+"/proto"); got != "HTTP/2.0 alpn=none" {
 				t.Fatalf("request %d: the server saw %q", i, got)
 			}
 		}
-		upload(t, c.Client, s.url, 7, 8<<20)
-		download(t, c.Client, s.url, 8, 8<<20)
+		upload(t, c.Client, s.url, 7, scaled[int64](8<<20, 1<<20))
+		download(t, c.Client, s.url, 8, scaled[int64](8<<20, 1<<20))
 		if d, a := c.dials.Load(), s.conns.Load(); d != 1 || a != 1 {
 			t.Fatalf("%d client dials and %d server connections, want 1 and 1", d, a)
 		}
@@ -70,10 +70,14 @@ func TestHTTP2Cleartext(t *testing.T) {
 	})
 }
 
-// selfSigned returns a server certificate for 127.0.0.1 and a pool that
-// trusts it.
-func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
+// selfSigned returns a server certificate for the IP address host and a
+// pool that trusts it.
+func selfSigned(t testing.TB, host string) (tls.Certificate, *x509.CertPool) {
 	t.Helper()
+	ip := net.ParseIP(host)
+	if ip == nil {
+		t.Fatalf("selfSigned: %q is not an IP address", host)
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +91,7 @@ func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
 		IsCA:                  true,
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		IPAddresses:           []net.IP{ip},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -106,7 +110,7 @@ func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
 // tls.NewListener around rsock's, ALPN offering h2 and http/1.1.
 func startTLS(t *testing.T, tc transportCase, h http.Handler) (*httpServer, *x509.CertPool) {
 	t.Helper()
-	cert, pool := selfSigned(t)
+	cert, pool := selfSigned(t, tc.host)
 	s := newHTTPServer(t, tc, tc.name, h, func(srv *http.Server) {
 		srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}
 	})
@@ -135,7 +139,7 @@ func tlsClient(t *testing.T, tc transportCase, pool *x509.CertPool, protos ...st
 		if err != nil {
 			return nil, err
 		}
-		conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", NextProtos: protos})
+		conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: tc.host, NextProtos: protos})
 		if err := conn.HandshakeContext(ctx); err != nil {
 			raw.Close()
 			return nil, err
@@ -156,7 +160,7 @@ func TestHTTP2TLS(t *testing.T) {
 		s, pool := startTLS(t, tc, protoMux())
 
 		c := tlsClient(t, tc, pool, "h2", "http/1.1")
-		for i := range 50 {
+		for i := range scaled(50, 10) {
 			resp, err := c.Get(s.url + "/proto")
 			if err != nil {
 				t.Fatal(err)
@@ -167,8 +171,8 @@ func TestHTTP2TLS(t *testing.T) {
 				t.Fatalf("request %d: server saw %q, client got %s", i, b, resp.Proto)
 			}
 		}
-		upload(t, c.Client, s.url, 9, 8<<20)
-		download(t, c.Client, s.url, 10, 8<<20)
+		upload(t, c.Client, s.url, 9, scaled[int64](8<<20, 1<<20))
+		download(t, c.Client, s.url, 10, scaled[int64](8<<20, 1<<20))
 		if d := c.dials.Load(); d != 1 {
 			t.Fatalf("%d dials, want 1", d)
 		}
@@ -188,9 +192,10 @@ func TestHTTP2ConcurrentStreams(t *testing.T) {
 	for _, mode := range []string{"h2c", "tls"} {
 		t.Run(mode, func(t *testing.T) {
 			forEachTransport(t, func(t *testing.T, tc transportCase) {
-				const streams = 500
+				streams := scaled(500, 50)
 				// All streams wait in the handler until every one has
-				// arrived: 500 are open at once on one connection.
+				// arrived: 500 (50 at the small scale) are open at once
+				// on one connection.
 				b := newBarrier(streams)
 				mux := protoMux()
 				mux.HandleFunc("POST /together", func(w http.ResponseWriter, r *http.Request) {

@@ -62,25 +62,25 @@ func TestPlainHTTPClient(t *testing.T) {
 		if got := get(t, c, s.url+"/rsock"); got != plainReason {
 			t.Fatalf("the server's side: %q, want %q", got, plainReason)
 		}
-		for range 50 {
+		for range scaled(50, 10) {
 			if got := get(t, c, s.url+"/proto"); got != "HTTP/1.1 alpn=none" {
 				t.Fatalf("the server saw %q", got)
 			}
 		}
-		upload(t, c, s.url, 21, 8<<20)
-		download(t, c, s.url, 22, 8<<20)
+		upload(t, c, s.url, 21, scaled[int64](8<<20, 1<<20))
+		download(t, c, s.url, 22, scaled[int64](8<<20, 1<<20))
 		if d, a := dials.Load(), s.conns.Load(); d != 1 || a != 1 {
 			t.Errorf("%d dials and %d server connections, want 1 and 1", d, a)
 		}
 
 		// h2c with prior knowledge from a stock client.
 		c2, dials2 := stockHTTPClient(t, true)
-		for range 20 {
+		for range scaled(20, 5) {
 			if got := get(t, c2, s.url+"/proto"); got != "HTTP/2.0 alpn=none" {
 				t.Fatalf("h2c: the server saw %q", got)
 			}
 		}
-		download(t, c2, s.url, 23, 8<<20)
+		download(t, c2, s.url, 23, scaled[int64](8<<20, 1<<20))
 		if d := dials2.Load(); d != 1 {
 			t.Errorf("h2c: %d dials, want 1", d)
 		}
@@ -100,7 +100,7 @@ func TestPlainGRPCClient(t *testing.T) {
 		defer cc.Close()
 		ctx := testContext(t)
 		c := testpb.NewTestServiceClient(cc)
-		if err := fourCalls(ctx, c, 64<<10, 8, "tcp", ""); err != nil {
+		if err := fourCalls(ctx, c, 64<<10, scaled(8, 2), "tcp", ""); err != nil {
 			t.Fatal(err)
 		}
 		if err := fourCalls(ctx, c, 4<<20, 1, "tcp", ""); err != nil {
@@ -194,7 +194,7 @@ type tlsForCurl struct {
 
 func startTLSForCurl(t *testing.T, tc transportCase) tlsForCurl {
 	// The server side of a plain client is tcp.
-	cert, _ := selfSigned(t)
+	cert, _ := selfSigned(t, tc.host)
 	s := newHTTPServer(t, tc, "tcp", protoMux(), nil)
 	ln := tc.listen(t)
 	s.serve(t, ln, tlsListener(ln, cert), "https://")

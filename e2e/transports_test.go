@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/transport"
+	"github.com/rdmanet/rdmanet/internal/verbs"
 	"github.com/rdmanet/rdmanet/internal/verbs/sim"
 	"github.com/rdmanet/rdmanet/rsock"
 )
@@ -25,25 +26,50 @@ type transportCase struct {
 	// provider is the name the transport's verbs provider registers under
 	// in internal/transport; "" for tcp, which needs none.
 	provider string
+	// host is the IP address the row's servers listen on and its clients
+	// dial: loopback, or verbsHost for verbs.
+	host string
+}
+
+// loopback is where every row but verbs listens, and where the tests that
+// are not per transport listen.
+const loopback = "127.0.0.1"
+
+// verbsHost is the address of a netdev under an RDMA device, which the
+// verbs row needs (no RDMA port serves 127.0.0.1): RSOCK_TEST_VERBS_IP,
+// else SOFTROCE_IP, which the Soft-RoCE guest (test/softroce) sets; "" if
+// neither is set. rsock's own verbs tests (verbsIP in rsock/verbs_test.go)
+// read the same variables.
+func verbsHost() string {
+	if ip := os.Getenv("RSOCK_TEST_VERBS_IP"); ip != "" {
+		return ip
+	}
+	return os.Getenv("SOFTROCE_IP")
 }
 
 // transportCases is every transport the suites know. To add one, register
 // its provider in TestMain (or import the package that registers it) and
 // add a row; a row whose provider is not registered is skipped.
 var transportCases = []transportCase{
-	{name: "sim", provider: "sim"},
-	{name: "shm", provider: "shm"},
-	{name: "verbs", provider: "verbs"},
-	{name: "tcp"},
+	{name: "sim", provider: "sim", host: loopback},
+	{name: "shm", provider: "shm", host: loopback},
+	{name: "verbs", provider: "verbs", host: verbsHost()},
+	{name: "tcp", host: loopback},
 }
 
 func TestMain(m *testing.M) {
 	// The in-process provider is test-only: it registers here, not in
-	// the library. When shm and verbs land, register them here too
-	// (unless importing their packages registers them), for example
-	//	transport.Register("shm", shm.New())
-	// and their rows in transportCases run instead of skipping.
+	// the library. shm and verbs are registered by rsock itself
+	// (rsock/providers_linux.go).
 	transport.Register("sim", sim.New())
+	if _, err := smallScale(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(2)
+	}
+	// Before counting goroutines: the ibverbs provider keeps the device
+	// context it opens, and the goroutine reading its events, for the
+	// life of the process, so they belong to the baseline.
+	verbsReason = verbsUnavailable()
 	base := runtime.NumGoroutine()
 	code := m.Run()
 	if buildDir != "" {
@@ -82,11 +108,18 @@ func goroutinesSettle(base int) bool {
 // than that, and a late hello then falls back to TCP (and poisons the
 // dialer's probe cache; see TestSlowHelloDoesNotPoisonProbeCache). Every
 // plain client in the suites speaks first, so nothing waits for these.
+// HandshakeTimeout is raised from 5s to the dialer's own timeout: in the
+// Soft-RoCE guest (QEMU without KVM, -race, on a shared host) a verbs
+// handshake allocates and registers its rings and connects queue pairs,
+// and the 20 simultaneous ones of TestHTTP1ConcurrentClients share two
+// emulated CPUs: they take 6 to 16s in all, depending on the host's load,
+// and none of them is done after 5s.
 func (tc transportCase) config() *rsock.Config {
 	cfg := &rsock.Config{
-		Transports:   []string{tc.name, "tcp"},
-		SniffTimeout: hangGuard / 4,
-		ProbeTimeout: hangGuard / 4,
+		Transports:       []string{tc.name, "tcp"},
+		SniffTimeout:     hangGuard / 4,
+		ProbeTimeout:     hangGuard / 4,
+		HandshakeTimeout: dialTimeout,
 	}
 	if tc.name == "tcp" {
 		cfg.Transports = []string{"tcp"}
@@ -94,10 +127,17 @@ func (tc transportCase) config() *rsock.Config {
 	return cfg
 }
 
+// selected reports whether RSOCK_E2E_TRANSPORTS, if set, names the
+// transport.
+func selected(name string) bool {
+	only := os.Getenv("RSOCK_E2E_TRANSPORTS")
+	return only == "" || slices.Contains(strings.Split(only, ","), name)
+}
+
 // unavailable says why the transport cannot run here, or "".
 func (tc transportCase) unavailable() string {
-	if only := os.Getenv("RSOCK_E2E_TRANSPORTS"); only != "" && !slices.Contains(strings.Split(only, ","), tc.name) {
-		return "not in RSOCK_E2E_TRANSPORTS=" + only
+	if !selected(tc.name) {
+		return "not in RSOCK_E2E_TRANSPORTS=" + os.Getenv("RSOCK_E2E_TRANSPORTS")
 	}
 	if tc.provider == "" {
 		return ""
@@ -105,6 +145,40 @@ func (tc transportCase) unavailable() string {
 	if _, ok := transport.Lookup(tc.provider); !ok {
 		return fmt.Sprintf("no %q provider is registered in this test binary (not built in yet)", tc.provider)
 	}
+	if tc.name == "verbs" {
+		return verbsReason
+	}
+	return ""
+}
+
+// verbsReason is why the verbs row cannot run here, or "": TestMain
+// checks once with verbsUnavailable.
+var verbsReason string
+
+// verbsUnavailable says why verbs cannot run on the verbs row's host, or
+// "": without an RDMA address, or where no RDMA device serves it, the row
+// would only fall back to TCP and fail its transport checks. It opens the
+// device with the provider rsock registered (ibverbs), as rsock will, and
+// only if the row is selected and that provider is registered (if not,
+// unavailable says so).
+func verbsUnavailable() string {
+	p, ok := transport.Lookup("verbs")
+	if !ok || !selected("verbs") {
+		return ""
+	}
+	host := verbsHost()
+	if host == "" {
+		return "no RDMA address: set RSOCK_TEST_VERBS_IP; make test runs the verbs rows in the Soft-RoCE VM"
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return fmt.Sprintf("the RDMA address %q is not an IP address", host)
+	}
+	d, err := p.Open(verbs.OpenOptions{LocalAddr: &net.TCPAddr{IP: ip}, GIDIndex: -1})
+	if err != nil {
+		return fmt.Sprintf("verbs unavailable for %s: %v", host, err)
+	}
+	d.Close()
 	return ""
 }
 
@@ -132,11 +206,11 @@ func checkTransport(c net.Conn, want string) error {
 	return fmt.Errorf("connection %s -> %s runs over %q (reason %q), want %q", c.LocalAddr(), c.RemoteAddr(), got, info.Reason, want)
 }
 
-// listen returns an rsock listener on a loopback port for the transport,
-// closed at the end of the test.
+// listen returns an rsock listener for the transport on a free port of
+// its host, closed at the end of the test.
 func (tc transportCase) listen(t testing.TB) net.Listener {
 	t.Helper()
-	return tc.listenAt(t, "127.0.0.1:0")
+	return tc.listenAt(t, net.JoinHostPort(tc.host, "0"))
 }
 
 // tryListen returns an rsock listener of the transport at addr.
@@ -158,7 +232,7 @@ func (tc transportCase) listenAt(t testing.TB, addr string) net.Listener {
 // dial dials addr with rsock and fails unless the connection runs over
 // the transport.
 func (tc transportCase) dial(ctx context.Context, addr string) (net.Conn, error) {
-	d := &rsock.Dialer{Timeout: 30 * time.Second, Config: tc.config()}
+	d := &rsock.Dialer{Timeout: dialTimeout, Config: tc.config()}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -170,9 +244,40 @@ func (tc transportCase) dial(ctx context.Context, addr string) (net.Conn, error)
 	return c, nil
 }
 
+// smallScale reports whether the suites run at the small scale, from
+// RSOCK_E2E_SCALE: "full" (the default) or "small" (the default where
+// SOFTROCE_IP is set: in the Soft-RoCE guest, which QEMU emulates without
+// KVM, everything runs some 20 to 50 times slower than on the host).
+func smallScale() (bool, error) {
+	switch v := os.Getenv("RSOCK_E2E_SCALE"); v {
+	case "full":
+		return false, nil
+	case "small":
+		return true, nil
+	case "":
+		return os.Getenv("SOFTROCE_IP") != "", nil
+	default:
+		return false, fmt.Errorf("RSOCK_E2E_SCALE=%q: want full or small", v)
+	}
+}
+
+// scaled is full, or small at the small scale. The small sizes and counts
+// keep each test's meaning (a transfer of many ring buffers, many
+// connections or streams open at once, a message above gRPC's default
+// limit) and every assertion; only the volume shrinks.
+func scaled[T ~int | ~int64](full, small T) T {
+	if s, _ := smallScale(); s {
+		return small
+	}
+	return full
+}
+
 // hangGuard bounds how long a test waits for anything: a generous limit
 // that only a hang reaches.
 const hangGuard = 60 * time.Second
+
+// dialTimeout bounds an rsock dial, handshake included.
+const dialTimeout = hangGuard / 2
 
 // testContext is a context that ends at the hang guard or the end of the
 // test.
@@ -206,7 +311,8 @@ func TestTransportCheckCatchesFallback(t *testing.T) {
 		if tc.name == "tcp" {
 			t.Skip("tcp cannot fall back to itself")
 		}
-		tcpOnly := transportCase{name: "tcp"}
+		// On the row's host, where the transport would work.
+		tcpOnly := transportCase{name: "tcp", host: tc.host}
 		ln := tcpOnly.listen(t)
 		go func() {
 			for {

@@ -71,7 +71,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	key := network + " " + address
 	if s.probeCacheTTL > 0 && plainServers.known(key) {
 		if !s.fallback {
-			return nil, &net.OpError{Op: "dial", Net: network, Err: errors.Join(ErrNoTransport, errors.New("server does not speak rsock (remembered)"))}
+			return nil, &net.OpError{Op: "dial", Net: network, Err: noTransport(errors.New("server does not speak rsock (remembered)"))}
 		}
 		return plain(true, "server does not speak rsock (remembered)")
 	}
@@ -101,7 +101,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	var redial *redialError
 	if errors.As(err, &redial) {
 		if !s.fallback {
-			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: errors.Join(ErrNoTransport, err)}
+			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: noTransport(err)}
 		}
 		return plain(true, err.Error())
 	}
@@ -111,7 +111,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 			plainServers.add(key, s.probeCacheTTL)
 		}
 		if !s.fallback {
-			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: errors.Join(ErrNoTransport, err)}
+			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: noTransport(err)}
 		}
 		return plain(true, err.Error())
 	}
@@ -188,4 +188,10 @@ func (p *probeCache) forget(key string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.entries, key)
+}
+
+// noTransport wraps why no transport was agreed in ErrNoTransport, on one
+// line (errors.Join would put a newline in the message).
+func noTransport(why error) error {
+	return fmt.Errorf("%w: %w", ErrNoTransport, why)
 }

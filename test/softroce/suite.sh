@@ -2,7 +2,8 @@
 # suite.sh: the project's real-RDMA tests, as `make test` runs them.
 #
 #   1. builds the test binaries on the host (cgo, -race): the ibverbs
-#      provider's conformance suite and rsock over verbs;
+#      provider's conformance suite, rsock over verbs, and the e2e suites
+#      (net/http, HTTP/2, TLS, gRPC), whose verbs rows run in the guest;
 #   2. one guest (rxe0 on a veth pair): run.sh's built-in checks plus those
 #      binaries;
 #   3. two guests on a virtual wire, each with its own rxe0: the built-in
@@ -26,15 +27,16 @@ stage() { printf 'softroce-suite: == %s: %ss\n' "$1" "$(($(date +%s) - $2))"; }
 bash test/softroce/run.sh --install-only || exit 1
 
 ts=$(date +%s)
-for p in ibverbs:./internal/verbs/ibverbs rsock:./rsock; do
+for p in ibverbs:./internal/verbs/ibverbs rsock:./rsock e2e:./e2e; do
 	CGO_ENABLED=1 "$GO" test -c -race -o "$bin/${p%%:*}.test" "${p#*:}" || { echo "softroce-suite: building ${p#*:} failed"; echo "0 passed, 1 failed"; exit 1; }
 done
 stage "build test binaries" "$ts"
 
 one=(
-	--bin "$bin/ibverbs.test" --bin "$bin/rsock.test"
+	--bin "$bin/ibverbs.test" --bin "$bin/rsock.test" --bin "$bin/e2e.test"
 	--test ibverbs='ibverbs.test -test.count=1 -test.timeout 150s -test.v'
 	--test rsock='rsock.test -test.count=1 -test.timeout 200s -test.v -test.run Verbs'
+	--test e2e='RSOCK_E2E_TRANSPORTS=verbs e2e.test -test.count=1 -test.timeout 200s -test.v -test.skip "^TestCurl"'
 	--test-timeout 220 --timeout 480
 )
 two=(

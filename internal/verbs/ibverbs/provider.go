@@ -23,19 +23,23 @@ import (
 // Provider is the ibverbs provider. It implements verbs.Provider.
 //
 // Device contexts (ibv_open_device) are opened on first use and kept for
-// the life of the process, one per RDMA device, as rsocket and UCX do:
-// opening one costs milliseconds and a file descriptor. Each Open allocates
-// its own protection domain on the shared context.
+// the life of the process, one per RDMA device, shared by every Provider,
+// as rsocket and UCX do: opening one costs milliseconds, a file descriptor
+// and a goroutine reading its asynchronous events. Each Open allocates its
+// own protection domain on the shared context.
 type Provider struct {
 	sys sysfs
-
-	mu   sync.Mutex
-	ctxs map[string]*devCtx
 }
 
 // New returns the ibverbs provider.
 func New() *Provider {
-	return &Provider{sys: sysfs{root: "/sys"}, ctxs: map[string]*devCtx{}}
+	return &Provider{sys: sysfs{root: "/sys"}}
+}
+
+// contexts holds the process's opened device contexts, by device name.
+var contexts struct {
+	mu   sync.Mutex
+	ctxs map[string]*devCtx
 }
 
 // Name is "ibverbs".
@@ -53,12 +57,16 @@ type devCtx struct {
 	dead error                   // set on IBV_EVENT_DEVICE_FATAL
 }
 
-// context returns the opened context of dev, opening it on first use.
-func (p *Provider) context(dev string) (*devCtx, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if dc := p.ctxs[dev]; dc != nil && dc.alive() == nil {
+// openContext returns the process's opened context of dev, opening it on
+// first use.
+func openContext(dev string) (*devCtx, error) {
+	contexts.mu.Lock()
+	defer contexts.mu.Unlock()
+	if dc := contexts.ctxs[dev]; dc != nil && dc.alive() == nil {
 		return dc, nil
+	}
+	if contexts.ctxs == nil {
+		contexts.ctxs = map[string]*devCtx{}
 	}
 	name := C.CString(dev)
 	defer C.free(unsafe.Pointer(name))
@@ -72,7 +80,7 @@ func (p *Provider) context(dev string) (*devCtx, error) {
 		C.rs_close(ctx)
 		return nil, err
 	}
-	p.ctxs[dev] = dc
+	contexts.ctxs[dev] = dc
 	return dc, nil
 }
 
@@ -182,7 +190,7 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: ibverbs: %v", verbs.ErrUnavailable, err)
 	}
-	dc, err := p.context(t.dev)
+	dc, err := openContext(t.dev)
 	if err != nil {
 		return nil, err
 	}
