@@ -4,6 +4,7 @@ package ibverbs
 
 /*
 #cgo LDFLAGS: -ldl
+#include <stdlib.h>
 #include "shim.h"
 */
 import "C"
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -22,15 +24,25 @@ var lib struct {
 	err  error
 }
 
-// load opens libibverbs.so.1. Its absence makes the provider unavailable.
+// libName is the library loaded: the soname of libibverbs' ABI 1.
+const libName = "libibverbs.so.1"
+
+// load opens libibverbs once per process. Its absence makes the provider
+// unavailable.
 func load() error {
-	lib.once.Do(func() {
-		var buf [512]C.char
-		if C.rs_load(&buf[0], C.size_t(len(buf))) != 0 {
-			lib.err = fmt.Errorf("%w: ibverbs: cannot load libibverbs: %s", verbs.ErrUnavailable, C.GoString(&buf[0]))
-		}
-	})
+	lib.once.Do(func() { lib.err = loadLib(libName) })
 	return lib.err
+}
+
+// loadLib dlopens name and resolves the calls rsock makes.
+func loadLib(name string) error {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var buf [512]C.char
+	if C.rs_load(cname, &buf[0], C.size_t(len(buf))) != 0 {
+		return fmt.Errorf("%w: ibverbs: cannot load %s: %s", verbs.ErrUnavailable, name, C.GoString(&buf[0]))
+	}
+	return nil
 }
 
 // errnoErr makes an error of an errno value returned by the shim.

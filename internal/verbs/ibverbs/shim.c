@@ -13,7 +13,7 @@
 
 #include "shim.h"
 
-static struct {
+struct ibv_table {
 	struct rs_device **(*get_device_list)(int *num);
 	void (*free_device_list)(struct rs_device **list);
 	const char *(*get_device_name)(struct rs_device *dev);
@@ -38,25 +38,33 @@ static struct {
 	int (*get_async_event)(struct rs_context *ctx, struct rs_async_event *ev);
 	void (*ack_async_event)(struct rs_async_event *ev);
 	int (*fork_init)(void);
-} ibv;
+};
 
-#define SYM(field, name, required)                                                  \
+// ibv is set once, by a successful rs_load, before any other call.
+static struct ibv_table ibv;
+
+#define SYM(field, sym, required)                                                  \
 	do {                                                                        \
-		*(void **)(&ibv.field) = dlsym(h, name);                            \
-		if (required && ibv.field == NULL) {                                \
-			snprintf(err, errlen, "libibverbs.so.1 has no symbol %s", name); \
+		*(void **)(&t.field) = dlsym(h, sym);                            \
+		if (required && t.field == NULL) {                                \
+			snprintf(err, errlen, "%s has no symbol %s", name, sym);   \
+			dlclose(h);                                                 \
 			return -1;                                                  \
 		}                                                                   \
 	} while (0)
 
-int rs_load(char *err, size_t errlen)
+int rs_load(const char *name, char *err, size_t errlen)
 {
-	void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+	void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
 	if (h == NULL) {
 		const char *e = dlerror();
-		snprintf(err, errlen, "%s", e ? e : "dlopen libibverbs.so.1 failed");
+		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
 		return -1;
 	}
+	// Resolved into t and published only when complete: a failed load
+	// leaves ibv as it was.
+	struct ibv_table t;
+	memset(&t, 0, sizeof(t));
 	SYM(get_device_list, "ibv_get_device_list", 1);
 	SYM(free_device_list, "ibv_free_device_list", 1);
 	SYM(get_device_name, "ibv_get_device_name", 1);
@@ -84,6 +92,7 @@ int rs_load(char *err, size_t errlen)
 	// own regions MADV_DONTFORK; ibv_fork_init covers the provider's
 	// queues on kernels that need it (it is a no-op where the kernel
 	// handles pinned pages across fork, 5.13 and later).
+	ibv = t;
 	if (ibv.fork_init != NULL)
 		(void)ibv.fork_init();
 	return 0;

@@ -322,7 +322,7 @@ enum {
 
 // The loader and the calls rsock makes (shim.c). Functions returning int
 // return 0 on success and an errno value on failure.
-int rs_load(char *err, size_t errlen);
+int rs_load(const char *name, char *err, size_t errlen);
 
 struct rs_context *rs_open(const char *name, int *err);
 int rs_close(struct rs_context *ctx);
