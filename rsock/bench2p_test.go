@@ -1,9 +1,15 @@
 package rsock
 
 import (
+	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -13,26 +19,48 @@ import (
 // deployment on one host sees. The baseline is plain kernel TCP: a
 // net.Dial client against the helper's listener, which hands a client that
 // does not speak rsock a plain TCP connection.
+//
+// Besides time, each reports the CPU both processes spent per operation
+// (cpu-us/op here, helper-cpu-us/op in the helper), which is what busy
+// polling costs.
 
 type twoProcVariant struct {
 	name       string
-	transports string // the helper's RSOCK_TRANSPORTS ("" means plain TCP)
-	busyPoll   time.Duration
+	transports string        // the helper's RSOCK_TRANSPORTS ("" means plain TCP)
+	busyPoll   time.Duration // both sides: >0 that window, 0 the default, <0 off
 }
 
 var twoProcVariants = []twoProcVariant{
 	{name: "plain-tcp"},
-	{name: "shm-event", transports: "shm"},
-	{name: "shm-busypoll-10us", transports: "shm", busyPoll: 10 * time.Microsecond},
+	{name: "shm-event", transports: "shm", busyPoll: -1},
+	{name: "shm-default", transports: "shm"},
+	{name: "shm-busypoll-5us", transports: "shm", busyPoll: 5 * time.Microsecond},
 	{name: "shm-busypoll-20us", transports: "shm", busyPoll: 20 * time.Microsecond},
 	{name: "shm-busypoll-50us", transports: "shm", busyPoll: 50 * time.Microsecond},
 }
 
-func (v twoProcVariant) dial(b *testing.B, role string) net.Conn {
+// mainVariants are plain TCP, event-only shm and shm with the default
+// busy-poll: the comparisons the issue's targets are about.
+func mainVariants() []twoProcVariant { return twoProcVariants[:3] }
+
+// twoProcConn is a client connection to a helper, and the helper's pid.
+type twoProcConn struct {
+	net.Conn
+	pid int
+}
+
+func (v twoProcVariant) dial(b *testing.B, role string) twoProcConn {
 	b.Helper()
 	env := []string{"RSOCK_TRANSPORTS=tcp", "RSOCK_BUSY_POLL=0"}
 	if v.transports != "" {
-		env = []string{"RSOCK_TRANSPORTS=" + v.transports, "RSOCK_BUSY_POLL=" + v.busyPoll.String()}
+		bp := "" // the default, whatever this process's environment says
+		switch {
+		case v.busyPoll < 0:
+			bp = "0"
+		case v.busyPoll > 0:
+			bp = v.busyPoll.String()
+		}
+		env = []string{"RSOCK_TRANSPORTS=" + v.transports, "RSOCK_BUSY_POLL=" + bp}
 	}
 	h := startHelper(b, role, env...)
 	if v.transports == "" {
@@ -40,13 +68,13 @@ func (v twoProcVariant) dial(b *testing.B, role string) net.Conn {
 		if err != nil {
 			b.Fatal(err)
 		}
-		return c
+		return twoProcConn{c, h.cmd.Process.Pid}
 	}
-	bp := v.busyPoll
-	if bp == 0 {
-		bp = -1 // off, whatever the environment says
+	cfg := &Config{Transports: []string{v.transports}, BusyPoll: v.busyPoll}
+	if v.busyPoll == 0 {
+		cfg.BusyPoll = DefaultBusyPoll
 	}
-	d := Dialer{Config: &Config{Transports: []string{v.transports}, BusyPoll: bp}}
+	d := Dialer{Config: cfg}
 	c, err := d.Dial("tcp", h.addr)
 	if err != nil {
 		b.Fatal(err)
@@ -54,39 +82,184 @@ func (v twoProcVariant) dial(b *testing.B, role string) net.Conn {
 	if TransportOf(c) != v.transports {
 		b.Fatalf("transport %s, want %s", TransportOf(c), v.transports)
 	}
-	return c
+	return twoProcConn{c, h.cmd.Process.Pid}
 }
 
-// BenchmarkTwoProcessPingPong: one 64-byte round trip per op; reports the
-// p50 and p99 of the round trips.
+// procCPU is the CPU time the threads of process pid have used, from
+// /proc/<pid>/task/*/schedstat (nanoseconds; threads that exited are not
+// counted, and Go rarely ends threads).
+func procCPU(pid int) time.Duration {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum time.Duration
+	for _, p := range tasks {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			n, _ := strconv.ParseInt(f[0], 10, 64)
+			sum += time.Duration(n)
+		}
+	}
+	return sum
+}
+
+// cpuMeter reports the CPU both processes spent per operation.
+type cpuMeter struct {
+	pid        int
+	here, peer time.Duration
+}
+
+func startCPU(pid int) *cpuMeter {
+	return &cpuMeter{pid: pid, here: procCPU(os.Getpid()), peer: procCPU(pid)}
+}
+
+func (m *cpuMeter) report(b *testing.B, ops int) {
+	here, peer := procCPU(os.Getpid())-m.here, procCPU(m.pid)-m.peer
+	b.ReportMetric(float64(here.Microseconds())/float64(ops), "cpu-us/op")
+	b.ReportMetric(float64(peer.Microseconds())/float64(ops), "helper-cpu-us/op")
+}
+
+// pingPong makes one 64-byte round trip per op after waiting gap (0: none),
+// and reports the p50, p90 and p99 of the round trips and the CPU per op.
+func pingPong(b *testing.B, v twoProcVariant, gap time.Duration) {
+	c := v.dial(b, "echo")
+	defer c.Close()
+	buf := make([]byte, 64)
+	for range 200 { // warm up
+		_, _ = c.Write(buf)
+		_, _ = io.ReadFull(c, buf)
+	}
+	rtts := make([]time.Duration, 0, b.N)
+	cpu := startCPU(c.pid)
+	b.ResetTimer()
+	for b.Loop() {
+		if gap > 0 {
+			time.Sleep(gap)
+		}
+		t0 := time.Now()
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatal(err)
+		}
+		rtts = append(rtts, time.Since(t0))
+	}
+	b.StopTimer()
+	cpu.report(b, len(rtts))
+	slices.Sort(rtts)
+	b.ReportMetric(float64(rtts[len(rtts)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(rtts[len(rtts)*9/10].Nanoseconds()), "p90-ns")
+	b.ReportMetric(float64(rtts[len(rtts)*99/100].Nanoseconds()), "p99-ns")
+}
+
+// BenchmarkTwoProcessPingPong: one 64-byte round trip per op, back to back.
 func BenchmarkTwoProcessPingPong(b *testing.B) {
 	for _, v := range twoProcVariants {
-		b.Run(v.name, func(b *testing.B) {
-			c := v.dial(b, "echo")
-			defer c.Close()
-			buf := make([]byte, 64)
-			for range 200 { // warm up
-				_, _ = c.Write(buf)
-				_, _ = io.ReadFull(c, buf)
-			}
-			rtts := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for b.Loop() {
-				t0 := time.Now()
-				if _, err := c.Write(buf); err != nil {
-					b.Fatal(err)
-				}
-				if _, err := io.ReadFull(c, buf); err != nil {
-					b.Fatal(err)
-				}
-				rtts = append(rtts, time.Since(t0))
-			}
-			b.StopTimer()
-			slices.Sort(rtts)
-			b.ReportMetric(float64(rtts[len(rtts)/2].Nanoseconds()), "p50-ns")
-			b.ReportMetric(float64(rtts[len(rtts)*99/100].Nanoseconds()), "p99-ns")
-		})
+		b.Run(v.name, func(b *testing.B) { pingPong(b, v, 0) })
 	}
+}
+
+// BenchmarkTwoProcessPacedPingPong: a round trip every 200 us or so (the
+// client sleeps in between), so every wait of the helper outlasts any
+// busy-poll window: what spinning costs a connection that is not busy.
+func BenchmarkTwoProcessPacedPingPong(b *testing.B) {
+	for _, v := range mainVariants() {
+		b.Run(v.name, func(b *testing.B) { pingPong(b, v, 200*time.Microsecond) })
+	}
+}
+
+// BenchmarkTwoProcessOneWay: 1 MiB writes to a helper that reads and
+// discards them (the sink role), then a half-close; the helper answers
+// with the count it read. MB/s is the one-way throughput. The sink reads
+// either with a 1 MiB buffer (read-1MiB: a Read loop, two copies on every
+// transport) or with io.Copy to io.Discard (io.Copy: what Go code usually
+// writes; TCP reads 8 KiB at a time into io.Discard's buffer, a ring hands
+// its memory to io.Discard in place through WriteTo, so the sink copies
+// nothing).
+func BenchmarkTwoProcessOneWay(b *testing.B) {
+	const size = 1 << 20
+	for _, mode := range []struct {
+		name string
+		cmd  byte
+	}{{"read-1MiB", sinkRead}, {"io.Copy", sinkCopy}} {
+		for _, v := range mainVariants() {
+			b.Run(mode.name+"/"+v.name, func(b *testing.B) {
+				c := v.dial(b, "sink")
+				defer c.Close()
+				if _, err := c.Write([]byte{mode.cmd}); err != nil {
+					b.Fatal(err)
+				}
+				buf := make([]byte, size)
+				for i := range buf {
+					buf[i] = byte(i)
+				}
+				b.SetBytes(size)
+				cpu := startCPU(c.pid)
+				b.ResetTimer()
+				for range b.N { // not b.Loop: the count is checked after the loop
+					if _, err := c.Write(buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := c.Conn.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+					b.Fatal(err)
+				}
+				var got [8]byte
+				if _, err := io.ReadFull(c, got[:]); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				cpu.report(b, b.N)
+				if n := binary.BigEndian.Uint64(got[:]); n != uint64(b.N)*size {
+					b.Fatalf("the sink read %d bytes, want %d", n, uint64(b.N)*size)
+				}
+			})
+		}
+	}
+}
+
+// The first byte a client sends the sink: how it reads.
+const (
+	sinkRead = 'R' // Read into a 1 MiB buffer
+	sinkCopy = 'C' // io.Copy to io.Discard
+)
+
+// sink reads c to EOF as its first byte says, then writes the byte count
+// (8 bytes, big-endian) and closes.
+func sink(c net.Conn) {
+	defer c.Close()
+	var mode [1]byte
+	if _, err := io.ReadFull(c, mode[:]); err != nil {
+		return
+	}
+	var n uint64
+	switch mode[0] {
+	case sinkRead:
+		buf := make([]byte, 1<<20)
+		for {
+			k, err := c.Read(buf)
+			n += uint64(k)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return
+			}
+		}
+	case sinkCopy:
+		k, err := io.Copy(io.Discard, c)
+		if err != nil {
+			return
+		}
+		n = uint64(k)
+	default:
+		return
+	}
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], n)
+	_, _ = c.Write(b[:])
 }
 
 // BenchmarkTwoProcessEchoStream: 1 MiB writes echoed back by the helper
@@ -94,10 +267,7 @@ func BenchmarkTwoProcessPingPong(b *testing.B) {
 // twice, so MB/s counts each direction once.
 func BenchmarkTwoProcessEchoStream(b *testing.B) {
 	const size = 1 << 20
-	for _, v := range twoProcVariants {
-		if v.busyPoll == 10*time.Microsecond || v.busyPoll == 20*time.Microsecond {
-			continue
-		}
+	for _, v := range mainVariants() {
 		b.Run(v.name, func(b *testing.B) {
 			c := v.dial(b, "echo")
 			defer c.Close()

@@ -35,10 +35,20 @@ type Config struct {
 	// Env RSOCK_CREDITS. Default 64.
 	Credits int
 
-	// BusyPoll is how long a blocked Read or Write polls for completions
-	// before it parks its goroutine. Polling costs CPU and saves the
-	// wake-up latency of parking. Negative disables it. Env RSOCK_BUSY_POLL
-	// (a Go duration such as 20us, or 0). Default 0 (park at once).
+	// BusyPoll bounds how long a blocked Read or Write polls for
+	// completions before it parks its goroutine. Polling spends CPU to
+	// save the wake-up latency of parking, and only pays when the answer
+	// comes within the window, so each connection adapts (per direction):
+	// it keeps polling while answers come within the window, stops after
+	// two waits in a row that outlast it twice over (a slow peer, or one
+	// that lost its core), and then polls again only now and then (after 8
+	// waits, then ever more rarely while that misses, down to one wait in
+	// 256) to notice when polling would pay again. A blocked call on an
+	// idle connection polls one window and then costs no CPU. While a
+	// connection ping-pongs with polling, the waiting side keeps its core
+	// busy. Negative (or 0 in the environment) disables it. Env
+	// RSOCK_BUSY_POLL (a Go duration such as 50us). Default
+	// DefaultBusyPoll.
 	BusyPoll time.Duration
 
 	// HandshakeTimeout bounds the whole handshake once it has started, on
@@ -83,6 +93,13 @@ const (
 	DefaultSniffTimeout     = 200 * time.Millisecond
 	DefaultProbeTimeout     = time.Second
 	DefaultProbeCacheTTL    = time.Minute
+	// DefaultBusyPoll is BusyPoll's default, chosen from two-process
+	// measurements (BENCHMARKS.md). The window must outlast the answer of
+	// a peer that has parked (10-15 us on the test machine), or two peers
+	// that both stopped polling never see a probe succeed and stay
+	// parked: 10 us measured bimodal (0.19x to 1.1x TCP's p50), 20 us
+	// 0.18x to 0.26x.
+	DefaultBusyPoll = 20 * time.Microsecond
 )
 
 // DefaultTransports is the transport order when none is configured.
@@ -177,7 +194,7 @@ func (c *Config) resolve() (*settings, error) {
 		def   time.Duration
 		dst   *time.Duration
 	}{
-		{"BusyPoll", cfg.BusyPoll, "RSOCK_BUSY_POLL", 0, &s.busyPoll},
+		{"BusyPoll", cfg.BusyPoll, "RSOCK_BUSY_POLL", DefaultBusyPoll, &s.busyPoll},
 		{"HandshakeTimeout", cfg.HandshakeTimeout, "RSOCK_HANDSHAKE_TIMEOUT", DefaultHandshakeTimeout, &s.handshake},
 		{"SniffTimeout", cfg.SniffTimeout, "RSOCK_SNIFF_TIMEOUT", DefaultSniffTimeout, &s.sniff},
 		{"ProbeTimeout", cfg.ProbeTimeout, "RSOCK_PROBE_TIMEOUT", DefaultProbeTimeout, &s.probe},

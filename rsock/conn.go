@@ -269,9 +269,19 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 }
 
 // WriteTo implements io.WriterTo. On the TCP transport it uses the kernel's
-// splice path, as *net.TCPConn does.
+// splice path, as *net.TCPConn does. On a ring it hands w the received bytes
+// where they lie in the receive ring, with no copy in between (so io.Copy
+// from the connection copies once, into w, instead of twice); as with any
+// io.Writer, w must not keep the slices it is given.
 func (c *Conn) WriteTo(w io.Writer) (int64, error) {
-	if c.s == nil && !c.hasPrefix.Load() && !c.late.Load() {
+	if c.s != nil {
+		n, rerr, werr := c.s.CopyTo(w)
+		if werr != nil {
+			return n, werr
+		}
+		return n, c.opError("read", rerr)
+	}
+	if !c.hasPrefix.Load() && !c.late.Load() {
 		n, err := c.tcp.WriteTo(w)
 		c.bytesRead.Add(uint64(n))
 		return n, err

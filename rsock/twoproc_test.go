@@ -41,6 +41,16 @@ func TestMain(m *testing.M) {
 				go echo(c)
 			}
 		})
+	case "sink":
+		runHelper(func(ln net.Listener) {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go sink(c)
+			}
+		})
 	default:
 		if run := extraHelperRoles[os.Getenv(helperEnv)]; run != nil {
 			run() // more roles, in shmproc_test.go

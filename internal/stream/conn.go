@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -22,7 +23,8 @@ import (
 // Blocking: Read blocks until data, EOF, an error, Close or the read
 // deadline; Write blocks until every byte is in the peer's ring (not until
 // the peer read it), an error, Close or the write deadline. A blocked call
-// first polls for BusyPoll, then parks its goroutine (no OS thread).
+// may first poll for up to BusyPoll (adaptively, see spin.go), then parks
+// its goroutine (no OS thread).
 //
 // Concurrency: all methods are safe for concurrent use. Concurrent Writes
 // do not interleave their bytes; concurrent Reads each get a contiguous
@@ -37,8 +39,16 @@ type Conn struct {
 	stage  verbs.MR // staging for WRITEs when direct is nil
 	inline int      // QP's MaxInline
 
-	rdMu, wrMu sync.Mutex   // serialise Reads and Writes
-	spinners   atomic.Int32 // callers busy-polling (the CQ is disarmed meanwhile)
+	rdMu, wrMu     sync.Mutex   // serialise Reads and Writes
+	spinners       atomic.Int32 // callers busy-polling (the CQ is disarmed meanwhile); changed under mu
+	rdSpin, wrSpin spinCtl      // each direction's adaptive busy-poll window
+
+	// A blocked call may wait on the completion queue itself (waitDirect)
+	// when the queue has a second notification (verbs.DirectWaiter): the
+	// notification then wakes it, not the event loop that would wake it.
+	dw         verbs.DirectWaiter // nil if the queue has none
+	disarmable bool               // the queue is a verbs.Disarmer
+	dirOwner   atomic.Int32       // dirRead or dirWrite while that call waits on the queue, else 0; changed under mu
 
 	mu        sync.Mutex // protects everything below
 	st        *ring.State
@@ -46,12 +56,17 @@ type Conn struct {
 	suspect   error // a transport failure awaiting its verdict (suspectLocked)
 	closed    bool  // Close was called
 	rdClosed  bool  // CloseRead was called
+	lent      bool  // a Read or CopyTo is using readable bytes outside mu: CloseRead leaves them to it
 	wrClosed  bool  // CloseWrite was called
 	peerGone  bool  // the peer said goodbye (orderly close) on the bootstrap
 	sqPosted  uint64
 	sqDone    uint64
 	lastSig   uint64
-	closeSig  uint64 // ID of the signaled final message, 0 if none
+	closeSig  uint64      // ID of the signaled final message, 0 if none
+	polling   int32       // the direction whose direct waiter is in progressLocked, else 0
+	sticky    bool        // the direct notification stays armed with no direct waiter (sticky.go)
+	stuckAt   int64       // when sticky was last set (nanotime)
+	inSweep   atomic.Bool // c is in the sweeper's set (set under mu)
 	msgBuf    [ring.MsgLen]byte
 	wr        verbs.SendWR // reused for every post (under mu): no allocation per post
 	wcs       [32]verbs.Completion
@@ -96,14 +111,16 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 	}
 	c := &Conn{
 		ep: e, boot: boot, peer: peer, opts: e.opts, st: st,
-		inline:     e.qp.MaxInline(),
-		done:       make(chan struct{}),
-		rdWake:     make(chan struct{}, 1),
-		wrWake:     make(chan struct{}, 1),
-		closeWake:  make(chan struct{}, 1),
-		rdDeadline: newDeadline(),
-		wrDeadline: newDeadline(),
+		inline:    e.qp.MaxInline(),
+		done:      make(chan struct{}),
+		rdWake:    make(chan struct{}, 1),
+		wrWake:    make(chan struct{}, 1),
+		closeWake: make(chan struct{}, 1),
 	}
+	c.dw, _ = e.cq.(verbs.DirectWaiter)
+	_, c.disarmable = e.cq.(verbs.Disarmer)
+	c.rdDeadline = newDeadline(func() { c.wakeDirect(dirRead) })
+	c.wrDeadline = newDeadline(func() { c.wakeDirect(dirWrite) })
 	if m, ok := e.qp.(verbs.RemoteMapper); ok {
 		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {
 			return nil, err
@@ -150,6 +167,10 @@ func (c *Conn) Read(b []byte) (int, error) {
 	defer c.rdMu.Unlock()
 	for {
 		c.mu.Lock()
+		// What this loop is about to check answers any wake-up sent so far
+		// (they are sent under mu): drop it, or the next wait would return
+		// for nothing.
+		drain(c.rdWake)
 		if c.closed {
 			c.mu.Unlock()
 			return 0, net.ErrClosed
@@ -168,24 +189,16 @@ func (c *Conn) Read(b []byte) (int, error) {
 				return 0, nil
 			}
 			k := min(n, uint64(len(b)))
-			s1, s2 := c.st.ReadSegments(k)
 			c.mu.Unlock()
-			// The peer does not write these bytes again until we announce
-			// them consumed, so the copy needs no lock.
-			mem := c.ep.ring.Bytes()
-			copy(b, mem[s1.Off:s1.Off+s1.Len])
-			copy(b[s1.Len:], mem[s2.Off:s2.Off+s2.Len])
-			c.mu.Lock()
-			err := c.st.Consumed(k)
-			if err == nil {
-				c.flushLocked()
-			}
-			c.mu.Unlock()
-			if err != nil {
+			done, err := c.copyOut(b[:k])
+			c.stats.BytesRead.Add(done)
+			switch {
+			case done > 0:
+				return int(done), nil
+			case err != nil:
 				return 0, err
 			}
-			c.stats.BytesRead.Add(k)
-			return int(k), nil
+			continue // CloseRead or Close took the bytes: say so
 		}
 		if c.st.EOF() {
 			c.mu.Unlock()
@@ -206,11 +219,146 @@ func (c *Conn) Read(b []byte) (int, error) {
 		if len(b) == 0 {
 			return 0, nil
 		}
-		if err := c.wait(c.rdWake, c.rdDeadline); err != nil {
+		if err := c.wait(dirRead); err != nil {
 			return 0, err
 		}
 	}
 }
+
+// copyOut copies len(b) readable bytes out of the ring, in pieces of at
+// most a quarter of the ring: each piece is announced consumed (which
+// sends the peer its space back once a quarter is free) before the next
+// is copied, so a large Read overlaps with the peer's writing instead of
+// holding the whole ring until it returns. It stops early if CloseRead or
+// Close came meanwhile.
+func (c *Conn) copyOut(b []byte) (uint64, error) {
+	mem := c.ep.ring.Bytes()
+	chunk := max(uint64(len(mem))/4, 1)
+	var done uint64
+	for done < uint64(len(b)) {
+		c.mu.Lock()
+		piece := min(uint64(len(b))-done, chunk, c.st.Readable())
+		if c.closed || c.rdClosed || piece == 0 {
+			c.mu.Unlock()
+			break
+		}
+		s1, s2 := c.st.ReadSegments(piece)
+		c.lent = true
+		c.mu.Unlock()
+		// The peer does not write these bytes again until we announce
+		// them consumed, so the copy needs no lock.
+		copy(b[done:], mem[s1.Off:s1.Off+s1.Len])
+		copy(b[done+s1.Len:], mem[s2.Off:s2.Off+s2.Len])
+		c.mu.Lock()
+		err := c.returnLentLocked(piece)
+		c.mu.Unlock()
+		if err != nil {
+			return done, err
+		}
+		done += piece
+	}
+	return done, nil
+}
+
+// returnLentLocked ends a use of readable bytes outside mu: n of them are
+// consumed, and if CloseRead came meanwhile the rest is discarded.
+func (c *Conn) returnLentLocked(n uint64) error {
+	c.lent = false
+	err := c.st.Consumed(n)
+	if c.rdClosed {
+		_ = c.st.Consumed(c.st.Readable())
+	}
+	if err == nil {
+		c.flushLocked()
+	}
+	return err
+}
+
+// CopyTo hands the stream to w until EOF (both errors nil), an error of
+// the stream (readErr, as Read would return it) or of w (writeErr). The
+// bytes go to w.Write straight from the ring, with no copy here (w must not
+// keep the slice, as io.Writer's contract says), in pieces of at most a
+// quarter of the ring, each announced consumed once w took it. It blocks
+// and honours the read deadline as Read does.
+func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
+	if err := c.enter(); err != nil {
+		return 0, err, nil
+	}
+	defer c.calls.Done()
+	c.rdMu.Lock()
+	defer c.rdMu.Unlock()
+	mem := c.ep.ring.Bytes()
+	chunk := max(uint64(len(mem))/4, 1)
+	for {
+		c.mu.Lock()
+		drain(c.rdWake) // as in Read
+		switch {
+		case c.closed:
+			c.mu.Unlock()
+			return n, net.ErrClosed, nil
+		case c.rdClosed:
+			c.mu.Unlock()
+			return n, nil, nil
+		case c.rdDeadline.expired():
+			c.mu.Unlock()
+			return n, os.ErrDeadlineExceeded, nil
+		}
+		if avail := c.st.Readable(); avail > 0 {
+			s1, s2 := c.st.ReadSegments(min(avail, chunk))
+			c.lent = true
+			c.mu.Unlock()
+			k, werr := writeSegs(w, mem[s1.Off:s1.Off+s1.Len], mem[s2.Off:s2.Off+s2.Len])
+			c.mu.Lock()
+			err := c.returnLentLocked(uint64(k))
+			c.mu.Unlock()
+			n += int64(k)
+			c.stats.BytesRead.Add(uint64(k))
+			switch {
+			case werr != nil:
+				return n, nil, werr
+			case err != nil:
+				return n, err, nil
+			}
+			continue
+		}
+		eof, err := c.st.EOF() || c.peerGone, c.err
+		c.mu.Unlock()
+		switch {
+		case eof:
+			return n, nil, nil
+		case err != nil:
+			return n, err, nil
+		}
+		if err := c.wait(dirRead); err != nil {
+			return n, err, nil
+		}
+	}
+}
+
+// writeSegs writes a, then b, to w; it returns how many bytes w took.
+func writeSegs(w io.Writer, a, b []byte) (int, error) {
+	n := 0
+	for _, seg := range [][]byte{a, b} {
+		if len(seg) == 0 {
+			continue
+		}
+		k, err := w.Write(seg)
+		if k < 0 || k > len(seg) {
+			k, err = 0, errInvalidWrite
+		} else if err == nil && k < len(seg) {
+			err = io.ErrShortWrite
+		}
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// errInvalidWrite is io's errInvalidWrite: a writer returned an impossible
+// count.
+var errInvalidWrite = errors.New("invalid write result")
 
 // Write writes all of b unless an error stops it first; it returns how many
 // bytes were placed in the peer's ring. The bytes are copied before Write
@@ -233,6 +381,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			return written, nil
 		}
 		c.mu.Lock()
+		drain(c.wrWake) // as in Read
 		if err := c.writeErrLocked(); err != nil {
 			c.mu.Unlock()
 			return written, err
@@ -253,13 +402,16 @@ func (c *Conn) Write(b []byte) (int, error) {
 				stalled = true
 				c.stats.CreditStalls.Add(1)
 			}
-			if err := c.wait(c.wrWake, c.wrDeadline); err != nil {
+			if err := c.wait(dirWrite); err != nil {
 				return written, err
 			}
 			continue
 		}
 		stalled = false
-		n := min(uint64(len(b)-written), space)
+		// At most a quarter of the peer's ring at a time, announced before
+		// the next: the peer can read the first piece while we copy the
+		// next one.
+		n := min(uint64(len(b)-written), space, max(c.peer.Size/4, 1))
 		s1, s2 := c.st.WriteSegments(n)
 		chunk := b[written : written+int(n)]
 		c.mu.Unlock()
@@ -283,7 +435,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			// close or a failure is decided shortly (suspectLocked).
 			c.suspectLocked(reset("posting a write", err))
 			c.mu.Unlock()
-			if err := c.wait(c.wrWake, c.wrDeadline); err != nil {
+			if err := c.wait(dirWrite); err != nil {
 				return written, err
 			}
 			continue
@@ -344,45 +496,182 @@ func (c *Conn) postWritesLocked(chunk []byte, s1, s2 ring.Seg) error {
 	return nil
 }
 
-// wait blocks until woken through wake, the deadline passes or the Conn is
-// closed. With BusyPoll set it first polls the completion queue itself.
-func (c *Conn) wait(wake chan struct{}, dl *deadline) error {
-	if c.opts.BusyPoll > 0 {
-		if done, err := c.spin(wake, dl); done {
-			return err
+// The directions of blocked calls.
+const (
+	dirRead  = 1
+	dirWrite = 2
+)
+
+// wait blocks the call of direction dir until it is woken, its deadline
+// passes or the Conn is closed. With BusyPoll set it may first poll the
+// completion queue itself, for as long as the direction's adaptive window
+// says; then it waits on the queue itself if it can (waitDirect), else on
+// its channel, which the event loop or another call signals.
+func (c *Conn) wait(dir int32) error {
+	wake, dl, sc := c.rdWake, c.rdDeadline, &c.rdSpin
+	if dir == dirWrite {
+		wake, dl, sc = c.wrWake, c.wrDeadline, &c.wrSpin
+	}
+	var start time.Time
+	var spun time.Duration
+	if max := c.opts.BusyPoll; max > 0 {
+		start = time.Now()
+		if w := sc.window(max); w > 0 {
+			done, err := c.spin(wake, dl, w)
+			if done {
+				if err == nil {
+					// Found within the window, or after a yield that let
+					// others run long: only the first is a hit.
+					sc.record(w, time.Since(start), max)
+				}
+				return err
+			}
+			spun = w
 		}
 	}
-	select {
-	case <-wake:
+	err, ok := c.waitDirect(wake, dl, dir)
+	if !ok {
+		select {
+		case <-wake:
+			c.stats.Wakeups.Add(1)
+		case <-dl.wait():
+			err = os.ErrDeadlineExceeded
+		case <-c.done:
+			err = net.ErrClosed
+		}
+	}
+	if err == nil && !start.IsZero() {
+		sc.record(spun, time.Since(start), c.opts.BusyPoll)
+	}
+	return err
+}
+
+// waitDirect waits on the completion queue itself (verbs.DirectWaiter) if
+// the queue allows it and no other call does: it arms the queue's direct
+// notification, polls, and parks in WaitDirect until its direction is
+// woken, its deadline passes or the Conn closes. Whatever wakes a direction
+// without a completion (another goroutine's progress, a failure, the
+// deadline, Close) also calls WakeDirect for its direct waiter (wakeLocked,
+// wakeDirect). When it stops, the direct notification stays armed for a
+// while (sticky.go), and the queue is polled once more. ok is false if it
+// did not wait (no direct notification, another call waits on the queue, or
+// the queue failed): the caller then waits on its channel.
+func (c *Conn) waitDirect(wake chan struct{}, dl *deadline, dir int32) (err error, ok bool) {
+	if c.dw == nil {
+		return nil, false
+	}
+	c.mu.Lock()
+	if c.dirOwner.Load() != 0 {
+		c.mu.Unlock()
+		return nil, false
+	}
+	c.dirOwner.Store(dir)
+	c.sticky = false
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.dirOwner.Store(0)
+		c.stickLocked()
+		if c.armLocked() == nil {
+			c.progressLocked()
+		}
+		c.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-wake:
+			return nil, true
+		default:
+		}
+		if dl.expired() {
+			return os.ErrDeadlineExceeded, true
+		}
+		if isClosed(c.done) {
+			return net.ErrClosed, true
+		}
+		c.mu.Lock()
+		aerr := c.armLocked()
+		moved := false
+		if aerr == nil {
+			c.polling = dir
+			moved = c.progressLocked()
+			c.polling = 0
+		}
+		c.mu.Unlock()
+		if aerr != nil {
+			return nil, false
+		}
+		if moved {
+			continue // perhaps for us: look at wake again
+		}
+		if err := c.dw.WaitDirect(); err != nil {
+			return nil, false
+		}
 		c.stats.Wakeups.Add(1)
-		return nil
-	case <-dl.wait():
-		return os.ErrDeadlineExceeded
-	case <-c.done:
-		return net.ErrClosed
 	}
 }
 
-// spin polls the completion queue for up to BusyPoll. It reports done when
+// armLocked asks for the notification of the next completion, for whoever
+// waits: nobody while calls busy-poll a queue that can be disarmed (they
+// poll, and the last one arms again), the call waiting on the queue itself
+// if there is one or one has just stopped (sticky, see sticky.go), else
+// the event loop. Arming decisions and the state
+// they depend on (spinners, dirOwner) change only under mu, so the latest
+// decision is always the right one.
+func (c *Conn) armLocked() error {
+	switch {
+	case c.disarmable && c.spinners.Load() > 0:
+		return nil
+	case c.dw != nil && (c.dirOwner.Load() != 0 || c.sticky):
+		return c.dw.ArmDirect()
+	}
+	return c.ep.cq.Arm()
+}
+
+// wakeLocked wakes the blocked call of direction dir: through its channel,
+// and through the queue if it waits there, unless it is the one polling.
+func (c *Conn) wakeLocked(dir int32) {
+	if dir == dirRead {
+		wake(c.rdWake)
+	} else {
+		wake(c.wrWake)
+	}
+	if c.polling != dir {
+		c.wakeDirect(dir)
+	}
+}
+
+// wakeDirect makes the call of direction dir return from WaitDirect, if it
+// is waiting on the queue itself.
+func (c *Conn) wakeDirect(dir int32) {
+	if c.dw != nil && c.dirOwner.Load() == dir {
+		c.dw.WakeDirect()
+	}
+}
+
+// spin polls the completion queue for up to w. It reports done when
 // something happened (or the deadline passed, or the Conn closed). While
 // any caller spins, the queue is disarmed where the provider allows it
 // (verbs.Disarmer), so the peer pays no notification (shm: no eventfd
 // write) and the event loop stays parked; the last spinner to stop arms it
 // again and polls once more, so a completion that raced the arm is seen.
-func (c *Conn) spin(wake chan struct{}, dl *deadline) (done bool, err error) {
-	d, _ := c.ep.cq.(verbs.Disarmer)
-	if c.spinners.Add(1) == 1 && d != nil {
-		d.Disarm()
+func (c *Conn) spin(wake chan struct{}, dl *deadline, w time.Duration) (done bool, err error) {
+	c.mu.Lock()
+	if c.spinners.Add(1) == 1 && c.disarmable {
+		c.ep.cq.(verbs.Disarmer).Disarm()
 	}
+	c.mu.Unlock()
 	defer func() {
-		if c.spinners.Add(-1) == 0 && d != nil {
-			_ = c.ep.cq.Arm()
-			if c.progress() {
+		c.mu.Lock()
+		if c.spinners.Add(-1) == 0 && c.disarmable {
+			c.stickLocked()
+			if c.armLocked() == nil && c.progressLocked() {
 				done, err = true, nil
 			}
 		}
+		c.mu.Unlock()
 	}()
-	end := time.Now().Add(c.opts.BusyPoll)
+	end := time.Now().Add(w)
 	for i := 1; ; i++ {
 		select {
 		case <-wake:
@@ -392,20 +681,24 @@ func (c *Conn) spin(wake chan struct{}, dl *deadline) (done bool, err error) {
 		if c.progress() {
 			return true, nil
 		}
-		if i%64 == 0 { // the clock and the deadline cost more than a poll
-			// Let another runnable thread (often the peer process we wait
-			// for) have this core: spinning on an oversubscribed machine
-			// otherwise holds up the very peer it waits for.
-			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-			if dl.expired() {
-				return true, os.ErrDeadlineExceeded
-			}
-			if isClosed(c.done) {
-				return true, net.ErrClosed
-			}
-			if time.Now().After(end) {
-				return false, nil
-			}
+		if i%64 != 0 { // the clock and the deadline cost more than a poll
+			continue
+		}
+		// Let another runnable thread (often the peer process we wait for)
+		// have this core: spinning on an oversubscribed machine otherwise
+		// holds up the very peer it waits for. (Alone on its core, the call
+		// returns at once. runtime.Gosched here, for goroutines queued on
+		// this P, measured twice the round trip: it moves the spinner
+		// between threads.)
+		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		if dl.expired() {
+			return true, os.ErrDeadlineExceeded
+		}
+		if isClosed(c.done) {
+			return true, net.ErrClosed
+		}
+		if time.Now().After(end) {
+			return false, nil
 		}
 	}
 }
@@ -445,6 +738,14 @@ func (c *Conn) checkOpen() error {
 		return net.ErrClosed
 	}
 	return nil
+}
+
+// drain takes a pending wake-up out of ch.
+func drain(ch chan struct{}) {
+	select {
+	case <-ch:
+	default:
+	}
 }
 
 func wake(ch chan struct{}) {

@@ -14,9 +14,12 @@ type deadline struct {
 	mu     sync.Mutex
 	timer  *time.Timer
 	cancel chan struct{} // closed when the deadline passes
+	expire func()        // called after cancel is closed, for waiters not on the channel
 }
 
-func newDeadline() *deadline { return &deadline{cancel: make(chan struct{})} }
+func newDeadline(expire func()) *deadline {
+	return &deadline{cancel: make(chan struct{}), expire: expire}
+}
 
 // set arms the deadline for t; the zero time disarms it. A t in the past
 // expires it at once.
@@ -39,11 +42,15 @@ func (d *deadline) set(t time.Time) {
 			d.cancel = make(chan struct{})
 		}
 		ch := d.cancel
-		d.timer = time.AfterFunc(dur, func() { close(ch) })
+		d.timer = time.AfterFunc(dur, func() {
+			close(ch)
+			d.expire()
+		})
 		return
 	}
 	if !closed {
 		close(d.cancel)
+		d.expire()
 	}
 }
 

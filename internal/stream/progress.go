@@ -53,9 +53,8 @@ func (c *Conn) progressLocked() bool {
 			wc := &c.wcs[i]
 			switch wc.Op {
 			case verbs.OpRecv, verbs.OpRecvImm:
-				if c.handleRecvLocked(wc) {
-					rd, wr = true, true
-				}
+				r, w := c.handleRecvLocked(wc)
+				rd, wr = rd || r, wr || w
 			default:
 				if c.handleSendLocked(wc) {
 					wr = true
@@ -71,57 +70,67 @@ func (c *Conn) progressLocked() bool {
 		c.flushLocked()
 	}
 	if rd {
-		wake(c.rdWake)
+		c.wakeLocked(dirRead)
 	}
 	if wr {
-		wake(c.wrWake)
+		c.wakeLocked(dirWrite)
 	}
 	return n > 0
 }
 
-func (c *Conn) handleRecvLocked(wc *verbs.Completion) bool {
+// handleRecvLocked handles a receive completion. It reports whether a
+// blocked Read (rd) or Write (wr) may now proceed: a state message that only
+// returns credits for our receives wakes neither, so a Read does not leave
+// its wait for nothing.
+func (c *Conn) handleRecvLocked(wc *verbs.Completion) (rd, wr bool) {
 	if err := wc.Err(); err != nil {
 		if !c.closed {
 			c.suspectLocked(reset("receive failed", err))
 		}
-		return true
+		return true, true
 	}
 	if wc.Op != verbs.OpRecv {
 		// Notifications are SENDs; the protocol never uses WRITE with
 		// immediate, and a peer that does breaks it.
 		c.failLocked(reset("peer broke the protocol", fmt.Errorf("%w: %v instead of a SEND", ring.ErrProtocol, wc.Op)))
-		return true
+		return true, true
 	}
 	slot := int(wc.ID)
 	if slot < 0 || slot >= c.opts.Credits || wc.Len != ring.MsgLen {
 		c.failLocked(reset("bad state message", fmt.Errorf("%w: slot %d, %d bytes", ring.ErrMsgFormat, wc.ID, wc.Len)))
-		return true
+		return true, true
 	}
 	buf := c.ep.slots.Bytes()[slot*slotSize : slot*slotSize+ring.MsgLen]
+	prod, fin, closed := c.st.PeerProd(), c.st.PeerFIN(), c.st.PeerClosed()
+	space, credits := c.st.Space(), c.st.Credits()
 	m, err := ring.Unmarshal(buf)
 	if err == nil {
 		err = c.st.Receive(m)
 	}
 	if err != nil {
 		c.failLocked(reset("peer broke the protocol", err))
-		return true
+		return true, true
 	}
 	c.stats.MsgsRecv.Add(1)
 	if c.closed || c.err != nil {
-		return true
+		return true, true
 	}
 	if err := c.ep.postSlot(slot); err != nil {
 		c.suspectLocked(reset("reposting a receive", err))
-		return true
+		return true, true
 	}
 	if err := c.st.Reposted(); err != nil {
 		c.failLocked(err)
 	}
-	if c.rdClosed {
-		// Nobody will read: consume and discard so the peer is not stalled.
+	if c.rdClosed && !c.lent {
+		// Nobody will read: consume and discard so the peer is not stalled
+		// (bytes lent to a Read or CopyTo are discarded when it is done).
 		_ = c.st.Consumed(c.st.Readable())
 	}
-	return true
+	peerClosed := c.st.PeerClosed() != closed
+	rd = c.st.PeerProd() != prod || c.st.PeerFIN() != fin || peerClosed
+	wr = c.st.Space() != space || c.st.Credits() != credits || peerClosed
+	return rd, wr
 }
 
 func (c *Conn) handleSendLocked(wc *verbs.Completion) bool {
@@ -255,8 +264,8 @@ func (c *Conn) failLocked(err error) {
 		err = reset("transport failed", err)
 	}
 	c.err = err
-	wake(c.rdWake)
-	wake(c.wrWake)
+	c.wakeLocked(dirRead)
+	c.wakeLocked(dirWrite)
 	wake(c.closeWake)
 	if c.closed {
 		return // Close says goodbye itself
@@ -274,21 +283,21 @@ func (c *Conn) failLocked(err error) {
 // eventLoop makes progress while no caller does: it parks on the completion
 // queue's notification (the Go netpoller or a channel, never a thread), so
 // credit updates and reposts happen even when the application is busy
-// elsewhere.
+// elsewhere. While a blocked call waits on the queue itself (waitDirect)
+// the notifications go there, and the loop stays parked.
 func (c *Conn) eventLoop() {
 	defer c.loops.Done()
 	cq := c.ep.cq
-	_, disarmable := cq.(verbs.Disarmer)
 	for {
-		// A spinning caller disarms a Disarmer, polls, and re-arms when it
-		// stops; arming under it would make the peer signal for nothing. A
-		// queue that cannot be disarmed is always armed here.
-		if !disarmable || c.spinners.Load() == 0 {
-			if err := cq.Arm(); err != nil {
-				return
-			}
+		c.mu.Lock()
+		err := c.armLocked()
+		if err == nil {
+			c.progressLocked()
 		}
-		c.progress()
+		c.mu.Unlock()
+		if err != nil {
+			return
+		}
 		if err := cq.Wait(); err != nil {
 			return
 		}
@@ -341,8 +350,8 @@ func (c *Conn) awaitFinalLocked(final uint64) {
 		return
 	}
 	c.peerGone = true
-	wake(c.rdWake)
-	wake(c.wrWake)
+	c.wakeLocked(dirRead)
+	c.wakeLocked(dirWrite)
 }
 
 // CloseWrite shuts down the writing side: the peer reads EOF after the data
@@ -384,9 +393,11 @@ func (c *Conn) CloseRead() error {
 		return c.err
 	}
 	c.rdClosed = true
-	_ = c.st.Consumed(c.st.Readable())
-	c.flushLocked()
-	wake(c.rdWake)
+	if !c.lent { // else returnLentLocked discards them
+		_ = c.st.Consumed(c.st.Readable())
+		c.flushLocked()
+	}
+	c.wakeLocked(dirRead)
 	return nil
 }
 
@@ -402,6 +413,8 @@ func (c *Conn) Close() error {
 	}
 	c.closed = true
 	close(c.done)
+	c.wakeDirect(dirRead)
+	c.wakeDirect(dirWrite)
 	c.st.SetClose()
 	c.mu.Unlock()
 

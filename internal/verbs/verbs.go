@@ -42,7 +42,7 @@
 //
 // Concurrency: PostSend, PostRecv and CQ.Poll may be called from different
 // goroutines at the same time. CQ.Wait is called by at most one goroutine at
-// a time.
+// a time (and DirectWaiter.WaitDirect by at most one other).
 package verbs
 
 import (
@@ -323,4 +323,27 @@ type RemoteMapper interface {
 // Poll again if any goroutine may be relying on Wait.
 type Disarmer interface {
 	Disarm()
+}
+
+// DirectWaiter is implemented by CQs with a second notification, for a
+// caller that waits on the CQ itself while another goroutine stays parked
+// in Wait: a completion then wakes only the goroutine that needs it, not a
+// waiter that would wake it in turn.
+//
+// ArmDirect is Arm for WaitDirect: the next completion notifies WaitDirect
+// instead of Wait. Arm, ArmDirect and Disarm replace one another: the
+// latest call decides which waiter (if any) the next completion wakes. Poll
+// once more after ArmDirect before WaitDirect, as after Arm.
+//
+// WaitDirect blocks until a notification armed by ArmDirect fires, WakeDirect
+// is called, or the CQ is closed (ErrClosed). Spurious wake-ups are allowed.
+// At most one goroutine calls WaitDirect at a time (another may be in Wait
+// meanwhile).
+//
+// WakeDirect makes the WaitDirect in progress, or else the next one,
+// return. It does not block.
+type DirectWaiter interface {
+	ArmDirect() error
+	WaitDirect() error
+	WakeDirect()
 }

@@ -13,8 +13,8 @@ import (
 // After the exchange, the rendezvous connection stays open as the QP's
 // control connection. It carries what RC hardware does without asking the
 // peer's CPU: resolving a remote key the peer registered after the exchange
-// (pull), and dropping the mapping of a region the peer deregistered
-// (revoke). Its end (EOF) means the peer's QP or process is gone, after
+// (pull), dropping the mapping of a region the peer deregistered (revoke),
+// and the doorbell of the peer CQ's Wait (ring, see CQ). Its end (EOF) means the peer's QP or process is gone, after
 // which sends fail with StatusRetryExceeded. One goroutine per QP reads it,
 // parked in the netpoller.
 const (
@@ -66,6 +66,9 @@ func (q *QP) readLoop(c *net.UnixConn, done chan struct{}) {
 			case kind == msgRevoke && len(body) == 4 && len(fds) == 0:
 				q.queueRevoke(binary.LittleEndian.Uint32(body))
 				continue
+			case kind == msgRing && len(body) == 0 && len(fds) == 0:
+				q.cq.ringBell()
+				continue
 			}
 		}
 		// A protocol violation: treat the peer as gone.
@@ -74,6 +77,21 @@ func (q *QP) readLoop(c *net.UnixConn, done chan struct{}) {
 		_ = c.Close()
 		return
 	}
+}
+
+// ringMsg rings the peer CQ's Wait doorbell (see CQ).
+var ringMsg = appendHeader(nil, msgRing)
+
+// ringPeerLocked sends ringMsg without blocking (smu held). If the peer's
+// socket buffer is full, rings are pending there already.
+func (q *QP) ringPeerLocked() {
+	if q.ctlRaw == nil {
+		return
+	}
+	_ = q.ctlRaw.Write(func(fd uintptr) bool {
+		_ = unix.Sendmsg(int(fd), ringMsg, nil, nil, unix.MSG_DONTWAIT)
+		return true
+	})
 }
 
 // ctlWrite sends a control message (fds stay the caller's).

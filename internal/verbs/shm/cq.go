@@ -23,21 +23,28 @@ import (
 // with the QP's oldest posted RECV. So a busy CQ costs one mutex and, per
 // attached QP, two loads of shared memory when nothing arrived.
 //
-// Notification: the CQ owns one eventfd (non-blocking, wrapped in an
-// os.File so that Wait parks in the Go netpoller). Each connected peer has a
-// duplicate of it. Arm sets the CQ's local armed flag and the sleeping flag
-// in the inbox of every attached QP; a peer that publishes an entry and
-// finds the flag set clears it and writes the eventfd, as does a local
-// completion finding the CQ armed. A busy CQ (not armed) costs its peers no
-// system call.
+// Notification has two doorbells, so that a caller waiting on the CQ itself
+// (WaitDirect) is woken by the notification, not by a goroutine that was
+// woken by it. Direct: the CQ owns one eventfd (non-blocking, wrapped in an
+// os.File so that WaitDirect parks in the Go netpoller); each connected
+// peer has a duplicate of it. Wait: a channel, which the control
+// connection's reader of each attached QP signals when the peer rings
+// there (a message on the control connection), so the doorbell costs no
+// file descriptor. Arm (or ArmDirect) sets the CQ's local armed value and
+// the sleeping value in the inbox of every attached QP to the doorbell
+// wanted; a peer that publishes an entry and finds the value set clears it
+// and rings that doorbell, as does a local completion finding the CQ
+// armed. A busy CQ (not armed) costs its peers no system call.
 type CQ struct {
 	dev   *Device
 	depth int
 
-	efile   *os.File // the eventfd; closing it unblocks Wait
+	efile   *os.File      // the direct doorbell, an eventfd; closing it unblocks WaitDirect
+	bell    chan struct{} // Wait's doorbell, capacity 1
+	done    chan struct{} // closed by Close: unblocks Wait
 	closed  atomic.Bool
 	overrun atomic.Bool
-	armed   atomic.Uint32
+	armed   atomic.Uint32 // 0, armWait or armDirect (the inboxes' sleeping values too)
 
 	// mu serialises the consumers of the attached QPs' inboxes (Poll) and
 	// guards qps. It is taken before a QP's rmu, never after.
@@ -52,8 +59,15 @@ type CQ struct {
 	ln     int
 	lcount atomic.Int32 // ln, readable without lmu
 
-	rbuf [8]byte // Wait's read buffer (one Wait at a time)
+	rbuf [8]byte // WaitDirect's read buffer (one WaitDirect at a time)
 }
+
+// The values of CQ.armed and of an inbox's sleeping field: which doorbell
+// the next entry rings. A peer treats any other non-zero value as armWait.
+const (
+	armWait   = 1 // ring the control connection: Wait returns
+	armDirect = 2 // write the eventfd: WaitDirect returns
+)
 
 // localEntry is a queued local completion and the work-queue slots its
 // polling frees.
@@ -63,7 +77,11 @@ type localEntry struct {
 	slots int32
 }
 
-var _ verbs.CQ = (*CQ)(nil)
+var (
+	_ verbs.CQ           = (*CQ)(nil)
+	_ verbs.Disarmer     = (*CQ)(nil)
+	_ verbs.DirectWaiter = (*CQ)(nil)
+)
 
 // eventOne is the value written to an eventfd to signal it.
 var eventOne = func() (b [8]byte) {
@@ -80,6 +98,8 @@ func newCQ(d *Device, depth int) (*CQ, error) {
 		dev:   d,
 		depth: depth,
 		efile: os.NewFile(uintptr(efd), "rsock-shm-cq"),
+		bell:  make(chan struct{}, 1),
+		done:  make(chan struct{}),
 		local: make([]localEntry, min(depth, 64)),
 	}, nil
 }
@@ -120,10 +140,16 @@ func (cq *CQ) Poll(wc []verbs.Completion) (int, error) {
 }
 
 // Arm requests a notification for the next completion: a local one, or an
-// entry a peer publishes in the inbox of an attached QP. Poll once more
-// after Arm before Wait. It makes no system call. Errors: verbs.ErrClosed
-// after Close, ErrCQOverrun after an overrun.
-func (cq *CQ) Arm() error {
+// entry a peer publishes in the inbox of an attached QP; it makes Wait
+// return. Poll once more after Arm before Wait. It makes no system call.
+// Errors: verbs.ErrClosed after Close, ErrCQOverrun after an overrun.
+func (cq *CQ) Arm() error { return cq.arm(armWait) }
+
+// ArmDirect is Arm for WaitDirect (verbs.DirectWaiter); it replaces an Arm,
+// as Arm replaces it.
+func (cq *CQ) ArmDirect() error { return cq.arm(armDirect) }
+
+func (cq *CQ) arm(v uint32) error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.closed.Load() {
@@ -134,15 +160,15 @@ func (cq *CQ) Arm() error {
 	}
 	// Each store is sequentially consistent: it is ordered before the loads
 	// of the Poll that must follow (see the package documentation).
-	cq.armed.Store(1)
+	cq.armed.Store(v)
 	for _, q := range cq.qps {
-		q.in.hdr.sleeping.Store(1)
+		q.in.hdr.sleeping.Store(v)
 	}
 	return nil
 }
 
-// Disarm withdraws an Arm: peers stop writing the eventfd (verbs.Disarmer).
-// rsock calls it while a blocked call busy-polls, and arms again after.
+// Disarm withdraws an Arm: peers stop ringing (verbs.Disarmer). rsock calls
+// it while a blocked call busy-polls, and arms again after.
 func (cq *CQ) Disarm() {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
@@ -152,16 +178,27 @@ func (cq *CQ) Disarm() {
 	}
 }
 
-// Wait blocks until the eventfd is signalled (an armed notification fired,
-// possibly an earlier one: spurious wake-ups happen) and returns nil. It
-// parks the goroutine in the Go netpoller. It returns verbs.ErrClosed once
-// the CQ is closed (Close unblocks it) and ErrCQOverrun after an overrun.
+// Wait blocks until the doorbell Arm asks for rings (an armed notification
+// fired, possibly an earlier one: spurious wake-ups happen) and returns nil.
+// It parks the goroutine on a channel. It returns verbs.ErrClosed once the
+// CQ is closed (Close unblocks it) and ErrCQOverrun after an overrun.
 func (cq *CQ) Wait() error {
-	if cq.closed.Load() {
-		return verbs.ErrClosed
+	if err := cq.waitErr(); err != nil {
+		return err
 	}
-	if cq.overrun.Load() {
-		return ErrCQOverrun
+	select {
+	case <-cq.bell:
+	case <-cq.done:
+	}
+	return cq.waitErr()
+}
+
+// WaitDirect blocks until the eventfd is signalled (by a notification
+// ArmDirect asked for, by WakeDirect, or spuriously) and returns nil. It
+// parks the goroutine in the Go netpoller. Errors as Wait's.
+func (cq *CQ) WaitDirect() error {
+	if err := cq.waitErr(); err != nil {
+		return err
 	}
 	_, err := cq.efile.Read(cq.rbuf[:])
 	switch {
@@ -169,10 +206,40 @@ func (cq *CQ) Wait() error {
 		return verbs.ErrClosed
 	case err != nil:
 		return fmt.Errorf("shm: reading the completion eventfd: %w", err)
+	}
+	return cq.waitErr()
+}
+
+// WakeDirect makes the WaitDirect in progress, or the next one, return.
+func (cq *CQ) WakeDirect() { _, _ = cq.efile.Write(eventOne[:]) }
+
+func (cq *CQ) waitErr() error {
+	switch {
+	case cq.closed.Load():
+		return verbs.ErrClosed
 	case cq.overrun.Load():
 		return ErrCQOverrun
 	}
 	return nil
+}
+
+// ringBell rings Wait's doorbell.
+func (cq *CQ) ringBell() {
+	select {
+	case cq.bell <- struct{}{}:
+	default:
+	}
+}
+
+// ring rings the doorbell that the armed value v names.
+func (cq *CQ) ring(v uint32) {
+	switch v {
+	case 0:
+	case armDirect:
+		cq.WakeDirect()
+	default:
+		cq.ringBell()
+	}
 }
 
 // Close releases the CQ, drops its queued completions and unblocks Wait.
@@ -190,6 +257,7 @@ func (cq *CQ) Close() error {
 	cq.local, cq.lhead, cq.ln = nil, 0, 0
 	cq.lcount.Store(0)
 	cq.lmu.Unlock()
+	close(cq.done)
 	err := cq.efile.Close()
 	cq.dev.forgetCQ(cq)
 	return err
@@ -246,7 +314,8 @@ func (cq *CQ) push(c verbs.Completion, used *atomic.Int32, slots int32) {
 		cq.local, cq.lhead, cq.ln = nil, 0, 0
 		cq.lcount.Store(0)
 		cq.lmu.Unlock()
-		cq.signal()
+		cq.ringBell()
+		cq.WakeDirect()
 		return
 	}
 	if cq.ln == len(cq.local) {
@@ -259,8 +328,8 @@ func (cq *CQ) push(c verbs.Completion, used *atomic.Int32, slots int32) {
 	cq.ln++
 	cq.lcount.Add(1)
 	cq.lmu.Unlock()
-	if cq.armed.Load() != 0 && cq.armed.Swap(0) != 0 {
-		cq.signal()
+	if cq.armed.Load() != 0 {
+		cq.ring(cq.armed.Swap(0))
 	}
 }
 
@@ -282,11 +351,6 @@ func (cq *CQ) popLocal(wc []verbs.Completion) int {
 	cq.ln -= n
 	cq.lcount.Add(int32(-n))
 	return n
-}
-
-// signal writes the eventfd. A closed CQ ignores it.
-func (cq *CQ) signal() {
-	_, _ = cq.efile.Write(eventOne[:])
 }
 
 // breakQPsLocked moves every attached QP to the error state after an

@@ -53,16 +53,25 @@
 // consumer publishes head and the posted count with atomic stores after it
 // is done with the entries and buffers they cover.
 //
-// Sleeping uses UCX's signal bit. CQ.Arm stores sleeping=1 in the inbox of
-// each attached QP, then the caller polls once more, loading tail. The
+// Sleeping uses UCX's signal bit, with two doorbells. CQ.Arm stores
+// sleeping=1 (armWait) in the inbox of each attached QP, CQ.ArmDirect
+// stores 2 (armDirect); then the caller polls once more, loading tail. The
 // producer stores tail, then loads sleeping and, if set, swaps it to 0 and
-// writes the eventfd of the peer's CQ. This is Dekker's pattern: both sides
-// store then load, and with sequentially consistent atomics (the XCHG is a
-// full barrier) at least one sees the other's store, so either the poll
-// after Arm finds the entry or the producer writes the eventfd. The swap
-// makes one producer write per Arm. A busy receiver does not arm, so it
-// costs the sender no system call. Wait reads the CQ's eventfd through an
-// os.File: the goroutine parks in the Go netpoller, not on a thread.
+// rings the doorbell it names: for 2 it writes the eventfd of the peer's CQ
+// (WaitDirect reads it, parked in the Go netpoller), for any other value it
+// sends a ring message on the control connection (whose reader signals the
+// channel Wait parks on). This is Dekker's pattern: both sides store then
+// load, and with sequentially consistent atomics (the XCHG is a full
+// barrier) at least one sees the other's store, so either the poll after
+// Arm finds the entry or the producer rings. The swap makes one ring per
+// Arm. A busy receiver does not arm, so it costs the sender no system call.
+// Two doorbells let a caller that waits on the CQ itself (rsock's blocked
+// Read or Write) be woken by the peer directly, while the goroutine that
+// makes progress in the background stays parked in Wait: one wake-up per
+// message instead of two. The background doorbell costs no file
+// descriptor (the control connection exists anyway) and is the slower one
+// (a sendmsg and a goroutine hand-off), which suits the path taken only
+// when no call waits.
 //
 // # Hostile shared memory
 //
@@ -108,10 +117,17 @@
 // to that QP's Established. Every received fd is checked before it is
 // mapped, and closed unless kept, on every path.
 //
+// The listener never blocks its accept loop: it reads each connection's
+// SO_PEERCRED as it accepts it, serves at most 16 exchanges of one peer
+// process at once and queues that process's further connections (up to
+// 1024; 4096 held in all), and each connection has 2 s from its accept to
+// send its connect message. So a local process that opens many silent
+// connections to the (public) socket name delays only its own exchanges.
+//
 // The rendezvous connection then stays open as the QP's control connection
 // (a goroutine per QP reads it, parked in the netpoller): it carries
-// remote-key fetches and revocations, and its end tells the QP that the
-// peer's QP or process is gone.
+// remote-key fetches and revocations and the background doorbell, and its
+// end tells the QP that the peer's QP or process is gone.
 //
 // # Deviations from RC
 //

@@ -20,8 +20,9 @@ import (
 //	128      producer  tail (entries published), fault (access violation)
 //	256      owner     head (entries consumed)
 //	384      owner     posted (RECVs ever posted)
-//	512      both      sleeping (set by the owner's Arm, cleared by the
-//	                   producer that then writes the owner's eventfd)
+//	512      both      sleeping (set by the owner's Arm or ArmDirect to the
+//	                   doorbell wanted, cleared by the producer that then
+//	                   rings it: the owner's eventfd or control connection)
 //	4096     producer  entries
 //
 // Neither side ever reads back a field it writes: the owner keeps head and
@@ -38,7 +39,7 @@ const (
 	inboxHeaderSize = 4096
 	minInboxCap     = 64         // so that the entries fill whole 4 KiB pages
 	inboxMagic      = 0x6d687372 // "rshm", little-endian
-	inboxVersion    = 1
+	inboxVersion    = 2
 )
 
 // Owner states published in the inbox header.

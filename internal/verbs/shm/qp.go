@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -43,11 +44,12 @@ type QP struct {
 
 	// Send side, guarded by smu.
 	smu       sync.Mutex
-	out       inbox  // the peer's inbox
-	tail      uint64 // entries published into out
-	credit    uint64 // the peer's posted count, last seen
-	peerHead  uint64 // the peer's head, last seen
-	peerEvent int    // the peer CQ's eventfd, or -1
+	out       inbox           // the peer's inbox
+	tail      uint64          // entries published into out
+	credit    uint64          // the peer's posted count, last seen
+	peerHead  uint64          // the peer's head, last seen
+	peerEvent int             // the peer CQ's eventfd, or -1
+	ctlRaw    syscall.RawConn // the control connection, to ring the peer (nil until connected)
 	peerMRs   map[uint32]*peerMR
 	lastMR    *peerMR   // the region of the previous WRITE
 	retired   []*peerMR // revoked but pinned by MapRemote: unmapped at Close
@@ -318,6 +320,7 @@ func (q *QP) install(p *peerSide, c *net.UnixConn) error {
 	q.out, q.peerEvent, q.peerMRs = p.in, p.event, p.mrs
 	q.peerPID, q.peerUID = p.pid, p.uid
 	q.ctl = c
+	q.ctlRaw, _ = c.SyscallConn()
 	q.readerDone = make(chan struct{})
 	if q.inFD >= 0 { // the peer has its own copy now
 		_ = unix.Close(q.inFD)
@@ -361,7 +364,7 @@ func (q *QP) Close() error {
 
 	q.cmu.Lock()
 	ctl, done := q.ctl, q.readerDone
-	q.ctl = nil
+	q.ctl, q.ctlRaw = nil, nil
 	inFD := q.inFD
 	q.inFD = -1
 	lnRef := q.lnRef

@@ -23,15 +23,23 @@ const (
 	// rendezvousTimeout bounds one exchange on the passive side, and on the
 	// active side when ctx has no earlier deadline.
 	rendezvousTimeout = 10 * time.Second
-	// maxHandshakes bounds the exchanges the listener serves at once;
-	// beyond it the accept loop waits, and the kernel's listen backlog
-	// holds new connections (refusing them would fail legitimate
-	// exchanges under a burst of connects).
-	maxHandshakes = 64
-	// firstMessageTimeout bounds how long a connection may hold one of
-	// those slots before its connect message arrives: a real peer sends it
-	// at once, so a local process cannot hog the slots for long.
+	// maxPerPeer bounds the exchanges served at once for one peer process
+	// (by SO_PEERCRED pid); its further connections wait in a queue, in
+	// order, and connections of other processes are not held up by them.
+	maxPerPeer = 16
+	// maxQueuedPerPeer bounds the connections of one peer process that wait
+	// for one of its slots; past it, and past maxHeld connections in all,
+	// a new connection is refused at once (its peer falls back to TCP).
+	maxQueuedPerPeer = 1024
+	maxHeld          = 4096
+	// firstMessageTimeout bounds how long a connection may wait, from its
+	// accept, before its connect message arrives: a real peer sends it at
+	// once, so a local process cannot hold its slots for long.
 	firstMessageTimeout = 2 * time.Second
+	// queuedGrace is the least time a connection that waited in its peer's
+	// queue past firstMessageTimeout still gets for its message, which a
+	// real peer sent long ago.
+	queuedGrace = 10 * time.Millisecond
 )
 
 // The rendezvous listener: one abstract SOCK_SEQPACKET Unix socket per
@@ -45,13 +53,27 @@ var rv struct {
 	regs        []*QP // passive QPs waiting for their active peer
 	lastRefusal string
 
-	handshakes atomic.Int32
-	accepted   atomic.Uint64
-	refused    atomic.Uint64
+	// peers holds, per peer pid, the exchanges being served and the
+	// connections waiting for a slot; held counts both, over all pids.
+	peers map[int32]*peerQueue
+	held  int
+
+	accepted atomic.Uint64
+	refused  atomic.Uint64
 }
 
-// rvSlots bounds the exchanges in progress (maxHandshakes).
-var rvSlots = make(chan struct{}, maxHandshakes)
+// peerQueue is one peer process's share of the rendezvous listener.
+type peerQueue struct {
+	active int           // exchanges being served, at most maxPerPeer
+	queue  []pendingConn // waiting for a slot, in accept order
+}
+
+// pendingConn is an accepted connection and what is known of it.
+type pendingConn struct {
+	c        *net.UnixConn
+	cred     *unix.Ucred
+	accepted time.Time
+}
 
 // RendezvousStats counts what this process's rendezvous listener did.
 type RendezvousStats struct {
@@ -162,33 +184,95 @@ func acceptLoop(ln *net.UnixListener) {
 			time.Sleep(5 * time.Millisecond) // e.g. out of fds
 			continue
 		}
-		rvSlots <- struct{}{} // wait for a free slot; the backlog queues the rest
-		rv.handshakes.Add(1)
-		go func() {
-			defer func() { rv.handshakes.Add(-1); <-rvSlots }()
-			serveRendezvous(c)
-		}()
+		admit(pendingConn{c: c, accepted: time.Now()})
+	}
+}
+
+// admit checks a new connection's credentials and starts its exchange, or
+// queues it behind its process's other exchanges (maxPerPeer), or refuses
+// it. It does not block, so no process can hold up the connections of
+// another.
+func admit(p pendingConn) {
+	cred, err := peerCred(p.c)
+	if err != nil {
+		refuse(p.c, nil, err.Error())
+		return
+	}
+	// Same user only: see the package documentation's trust model.
+	if int(cred.Uid) != os.Geteuid() {
+		refuse(p.c, cred, "peer runs as another user")
+		return
+	}
+	p.cred = cred
+	rv.mu.Lock()
+	if rv.peers == nil {
+		rv.peers = map[int32]*peerQueue{}
+	}
+	pq := rv.peers[cred.Pid]
+	if pq == nil {
+		pq = &peerQueue{}
+		rv.peers[cred.Pid] = pq
+	}
+	switch {
+	case rv.held >= maxHeld:
+		rv.mu.Unlock()
+		refuse(p.c, cred, fmt.Sprintf("%d connections waiting for an exchange", maxHeld))
+		return
+	case pq.active < maxPerPeer:
+		pq.active++
+		rv.held++
+		rv.mu.Unlock()
+		go serveQueued(p)
+	case len(pq.queue) < maxQueuedPerPeer:
+		pq.queue = append(pq.queue, p)
+		rv.held++
+		rv.mu.Unlock()
+	default:
+		if pq.active == 0 && len(pq.queue) == 0 {
+			delete(rv.peers, cred.Pid)
+		}
+		rv.mu.Unlock()
+		refuse(p.c, cred, fmt.Sprintf("the process has %d connections waiting for an exchange", maxPerPeer+maxQueuedPerPeer))
+	}
+}
+
+// serveQueued serves p, then the connections its process queued meanwhile,
+// one after the other, in the slot p held.
+func serveQueued(p pendingConn) {
+	pid := p.cred.Pid
+	for {
+		serveRendezvous(p)
+		rv.mu.Lock()
+		rv.held--
+		pq := rv.peers[pid]
+		if len(pq.queue) == 0 {
+			pq.active--
+			if pq.active == 0 {
+				delete(rv.peers, pid)
+			}
+			rv.mu.Unlock()
+			return
+		}
+		p = pq.queue[0]
+		pq.queue[0] = pendingConn{}
+		pq.queue = pq.queue[1:]
+		rv.mu.Unlock()
 	}
 }
 
 // serveRendezvous runs the passive side of one exchange. Anything wrong
 // closes c and leaves other registrations alone; once the secret matched, a
 // failure is also reported to that QP's Established.
-func serveRendezvous(c *net.UnixConn) {
+func serveRendezvous(p pendingConn) {
+	c, cred := p.c, p.cred
 	_ = c.SetDeadline(time.Now().Add(rendezvousTimeout))
-	cred, err := peerCred(c)
-	if err != nil {
-		refuse(c, nil, err.Error())
-		return
-	}
-	// Same user only: see the package documentation's trust model.
-	if int(cred.Uid) != os.Geteuid() {
-		refuse(c, cred, "peer runs as another user")
-		return
-	}
 	buf := make([]byte, maxMsgLen)
 	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
-	_ = c.SetReadDeadline(time.Now().Add(firstMessageTimeout))
+	first := p.accepted.Add(firstMessageTimeout)
+	if least := time.Now().Add(queuedGrace); first.Before(least) {
+		first = least
+	}
+	_ = c.SetReadDeadline(first)
 	b, fds, err := readMsg(c, buf, oob)
 	if err != nil {
 		refuse(c, cred, "reading the connect message: "+err.Error())

@@ -152,15 +152,23 @@ func (q *QP) creditLocked() verbs.Status {
 // it, before the peer's load of tail) and signals the peer if it sleeps.
 // The store of tail and the load of the sleeping flag are sequentially
 // consistent, which pairs with Arm's store of the flag and the Poll after
-// it: either that Poll sees the entry or this load sees the flag.
+// it: either that Poll sees the entry or this load sees the flag. The flag
+// names the doorbell: the peer's eventfd (a waiting caller, armDirect) or
+// its control connection (its CQ's Wait, armWait or anything else).
 func (q *QP) enqueueLocked(op, flags uint8, imm, length uint32, payload []byte) verbs.Status {
 	e := q.out.entryAt(q.tail)
 	e.op, e.flags, e.imm, e.length = op, flags, imm, length
 	copy(e.data[:], payload)
 	q.tail++
 	q.out.hdr.tail.Store(q.tail)
-	if q.out.hdr.sleeping.Load() != 0 && q.out.hdr.sleeping.Swap(0) != 0 {
-		_, _ = unix.Write(q.peerEvent, eventOne[:])
+	if q.out.hdr.sleeping.Load() != 0 {
+		switch q.out.hdr.sleeping.Swap(0) {
+		case 0:
+		case armDirect:
+			_, _ = unix.Write(q.peerEvent, eventOne[:])
+		default:
+			q.ringPeerLocked()
+		}
 	}
 	return verbs.StatusSuccess
 }

@@ -16,7 +16,7 @@ import (
 // Info wire format (all integers little-endian):
 //
 //	0   magic "rshm"
-//	4   version (1)
+//	4   version (2; version 1 had one doorbell, the eventfd)
 //	5   length of the rendezvous name
 //	6   reserved (2 bytes)
 //	8   boot id (16 bytes)
@@ -25,7 +25,7 @@ import (
 //	72  rendezvous name: an abstract Unix socket name, "@rsock-shm-..."
 const (
 	infoMagic   = "rshm"
-	infoVersion = 1
+	infoVersion = 2
 	infoFixed   = 72
 	secretLen   = 32
 	// namePrefix is the prefix of every rendezvous name: a peer's Info
@@ -101,12 +101,13 @@ func checkSameHost(local, peer hostID) error {
 //	pull    request id u32, rkey u32              (no fds)
 //	reply   request id u32, found u8, 3 reserved, region record   fds: the region if found
 //	revoke  rkey u32                              (no fds)
+//	ring    (empty)                               (no fds)
 //
 // exchange: inbox capacity u32, region count u16, 2 reserved bytes, then
 // per region: rkey u32, addr u64, size u64.
 const (
 	wireMagic     = "rsrv"
-	wireVersion   = 1
+	wireVersion   = 2
 	wireHeaderLen = 8
 	recordLen     = 20
 
@@ -115,6 +116,7 @@ const (
 	msgPull      = 3
 	msgPullReply = 4
 	msgRevoke    = 5
+	msgRing      = 6
 
 	// maxExportMRs bounds the regions sent at connect time (SCM_RIGHTS
 	// carries at most 253 fds); later ones are pulled on first use.

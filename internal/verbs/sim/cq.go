@@ -35,14 +35,15 @@ type CQ struct {
 	dev   *Device
 	depth int
 
-	notify chan struct{} // capacity 1; fired by an armed CQ
+	notify chan struct{} // capacity 1; fired by a CQ armed by Arm
+	direct chan struct{} // capacity 1; fired by a CQ armed by ArmDirect, or WakeDirect
 	done   chan struct{} // closed by Close
 
 	// mu is taken while QP locks are held; nothing is locked under it.
 	mu          sync.Mutex
 	closed      bool
 	overrun     bool
-	armed       bool
+	armed       byte    // 0, armWait or armDirect
 	ready       []entry // visible, in order, from head on
 	head        int
 	pending     []entry // delayed, in generation order
@@ -52,7 +53,16 @@ type CQ struct {
 	qps         map[*QP]struct{} // attached QPs, moved to error on overrun
 }
 
-var _ verbs.CQ = (*CQ)(nil)
+var (
+	_ verbs.CQ           = (*CQ)(nil)
+	_ verbs.DirectWaiter = (*CQ)(nil)
+)
+
+// Values of CQ.armed.
+const (
+	armWait   = 1
+	armDirect = 2
+)
 
 // Poll moves up to len(wc) visible completions into wc without blocking and
 // returns how many. Polling a completion frees the work-queue slots it
@@ -95,8 +105,46 @@ func (cq *CQ) Arm() error {
 	if err := cq.errLocked(); err != nil {
 		return err
 	}
-	cq.armed = true
+	cq.armed = armWait
 	return nil
+}
+
+// ArmDirect is Arm for WaitDirect (verbs.DirectWaiter).
+func (cq *CQ) ArmDirect() error {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if err := cq.errLocked(); err != nil {
+		return err
+	}
+	cq.armed = armDirect
+	return nil
+}
+
+// WaitDirect is Wait for a notification armed by ArmDirect or sent by
+// WakeDirect (verbs.DirectWaiter).
+func (cq *CQ) WaitDirect() error {
+	cq.mu.Lock()
+	err := cq.errLocked()
+	cq.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	select {
+	case <-cq.done:
+		return verbs.ErrClosed
+	case <-cq.direct:
+	}
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.errLocked()
+}
+
+// WakeDirect makes the WaitDirect in progress, or the next one, return.
+func (cq *CQ) WakeDirect() {
+	select {
+	case cq.direct <- struct{}{}:
+	default:
+	}
 }
 
 // Wait blocks on a channel until an armed notification fires, and returns
@@ -265,13 +313,16 @@ func (cq *CQ) onTimer() {
 }
 
 func (cq *CQ) notifyLocked() {
-	if !cq.armed {
-		return
-	}
-	cq.armed = false
-	select {
-	case cq.notify <- struct{}{}:
-	default:
+	armed := cq.armed
+	cq.armed = 0
+	switch armed {
+	case armWait:
+		select {
+		case cq.notify <- struct{}{}:
+		default:
+		}
+	case armDirect:
+		cq.WakeDirect()
 	}
 }
 
@@ -285,6 +336,7 @@ func (cq *CQ) overrunLocked() {
 	case cq.notify <- struct{}{}:
 	default:
 	}
+	cq.WakeDirect()
 	qps := slices.Collect(maps.Keys(cq.qps))
 	go func() {
 		for _, q := range qps {

@@ -383,6 +383,7 @@ func (d *Device) NewCQ(depth int) (verbs.CQ, error) {
 		dev:    d,
 		depth:  depth,
 		notify: make(chan struct{}, 1),
+		direct: make(chan struct{}, 1),
 		done:   make(chan struct{}),
 		qps:    make(map[*QP]struct{}),
 	}

@@ -192,6 +192,147 @@ func (s *suite) testArmWait(t *testing.T) {
 	})
 }
 
+// testDirectWait: for a CQ with a second notification (verbs.DirectWaiter),
+// a completion wakes the waiter whose notification was armed last, while
+// the other stays parked; WakeDirect and Close unblock WaitDirect.
+func (s *suite) testDirectWait(t *testing.T) {
+	probe := s.openDevice(t)
+	cq, err := probe.NewCQ(16)
+	if err != nil {
+		t.Fatalf("NewCQ: %v", err)
+	}
+	_, ok := cq.(verbs.DirectWaiter)
+	_ = cq.Close()
+	if !ok {
+		t.Skip("the provider's CQ has no direct notification")
+	}
+	t.Run("Route", func(t *testing.T) {
+		pr := s.newPair(t, defaultConfig)
+		dw := pr.b.cq.(verbs.DirectWaiter)
+		rbuf := pr.alloc(pr.b, 2*64, localWrite)
+		pr.postRecv(pr.b, rbuf, 0, 64)
+		pr.postRecv(pr.b, rbuf, 1, 64)
+		waitc, directc := make(chan error, 64), make(chan error, 64)
+		go func() {
+			for {
+				err := pr.b.cq.Wait()
+				waitc <- err
+				if err != nil {
+					return
+				}
+			}
+		}()
+		go func() {
+			for {
+				err := dw.WaitDirect()
+				directc <- err
+				if err != nil {
+					return
+				}
+			}
+		}()
+		// Arm, then ArmDirect: the direct waiter gets the next one.
+		if err := pr.b.cq.Arm(); err != nil {
+			t.Fatalf("Arm: %v", err)
+		}
+		if err := dw.ArmDirect(); err != nil {
+			t.Fatalf("ArmDirect: %v", err)
+		}
+		pr.postSend(pr.a, verbs.SendWR{ID: 1, Op: verbs.OpSend, Inline: []byte{1}})
+		select {
+		case err := <-directc:
+			if err != nil {
+				t.Fatalf("WaitDirect: %v", err)
+			}
+		case <-pr.ctx.Done():
+			t.Fatal("WaitDirect did not wake up for a completion after ArmDirect")
+		}
+		if _, err := pollN(pr.ctx, pr.b.cq, 1); err != nil {
+			t.Fatal(err)
+		}
+		// ArmDirect, then Arm: Wait gets it.
+		for len(waitc) > 0 { // spurious wake-ups so far
+			if err := <-waitc; err != nil {
+				t.Fatalf("Wait: %v", err)
+			}
+		}
+		if err := dw.ArmDirect(); err != nil {
+			t.Fatalf("ArmDirect: %v", err)
+		}
+		if err := pr.b.cq.Arm(); err != nil {
+			t.Fatalf("Arm: %v", err)
+		}
+		pr.postSend(pr.a, verbs.SendWR{ID: 2, Op: verbs.OpSend, Inline: []byte{2}})
+		for woke := false; !woke; { // tolerates spurious wake-ups of either
+			select {
+			case err := <-waitc:
+				if err != nil {
+					t.Fatalf("Wait: %v", err)
+				}
+				woke = true
+			case err := <-directc:
+				if err != nil {
+					t.Fatalf("WaitDirect: %v", err)
+				}
+			case <-pr.ctx.Done():
+				t.Fatal("Wait did not wake up for a completion after Arm")
+			}
+		}
+		if _, err := pollN(pr.ctx, pr.b.cq, 1); err != nil {
+			t.Fatal(err)
+		}
+		// WakeDirect wakes the direct waiter without a completion.
+		dw.WakeDirect()
+		select {
+		case err := <-directc:
+			if err != nil {
+				t.Fatalf("WaitDirect: %v", err)
+			}
+		case <-pr.ctx.Done():
+			t.Fatal("WakeDirect did not wake WaitDirect")
+		}
+	})
+	t.Run("Close", func(t *testing.T) {
+		dev := s.openDevice(t)
+		cq, err := dev.NewCQ(16)
+		if err != nil {
+			t.Fatalf("NewCQ: %v", err)
+		}
+		dw := cq.(verbs.DirectWaiter)
+		if err := dw.ArmDirect(); err != nil {
+			t.Fatalf("ArmDirect: %v", err)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			for {
+				if err := dw.WaitDirect(); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+		time.Sleep(10 * time.Millisecond) // most likely parked by now; either way must work
+		if err := cq.Close(); err != nil {
+			t.Fatalf("CQ.Close: %v", err)
+		}
+		select {
+		case err := <-errc:
+			if !errors.Is(err, verbs.ErrClosed) {
+				t.Errorf("WaitDirect after Close: %v, want ErrClosed", err)
+			}
+		case <-time.After(Timeout):
+			t.Fatal("CQ.Close did not unblock WaitDirect")
+		}
+		if err := dw.ArmDirect(); !errors.Is(err, verbs.ErrClosed) {
+			t.Errorf("ArmDirect after Close: %v, want ErrClosed", err)
+		}
+		if err := dw.WaitDirect(); !errors.Is(err, verbs.ErrClosed) {
+			t.Errorf("WaitDirect after Close: %v, want ErrClosed", err)
+		}
+		dw.WakeDirect() // must not panic
+	})
+}
+
 // testLimits: queue depths, local bounds and peer information are checked
 // synchronously.
 func (s *suite) testLimits(t *testing.T) {
