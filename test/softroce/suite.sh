@@ -4,6 +4,9 @@
 #   1. builds the test binaries on the host (cgo, -race): the ibverbs
 #      provider's conformance suite, rsock over verbs, and the e2e suites
 #      (net/http, HTTP/2, TLS, gRPC), whose verbs rows run in the guest;
+#      and rsockperf, whose quick compare over verbs runs as a check that
+#      every workload works there (software RDMA under emulation: no speed
+#      figure);
 #   2. one guest (rxe0 on a veth pair): run.sh's built-in checks plus those
 #      binaries;
 #   3. two guests on a virtual wire, each with its own rxe0: the built-in
@@ -30,14 +33,16 @@ ts=$(date +%s)
 for p in ibverbs:./internal/verbs/ibverbs rsock:./rsock e2e:./e2e; do
 	CGO_ENABLED=1 "$GO" test -c -race -o "$bin/${p%%:*}.test" "${p#*:}" || { echo "softroce-suite: building ${p#*:} failed"; echo "0 passed, 1 failed"; exit 1; }
 done
+CGO_ENABLED=1 "$GO" build -o "$bin/rsockperf" ./cmd/rsockperf || { echo "softroce-suite: building rsockperf failed"; echo "0 passed, 1 failed"; exit 1; }
 stage "build test binaries" "$ts"
 
 one=(
-	--bin "$bin/ibverbs.test" --bin "$bin/rsock.test" --bin "$bin/e2e.test"
+	--bin "$bin/ibverbs.test" --bin "$bin/rsock.test" --bin "$bin/e2e.test" --bin "$bin/rsockperf"
 	--test ibverbs='ibverbs.test -test.count=1 -test.timeout 150s -test.v'
 	--test rsock='rsock.test -test.count=1 -test.timeout 200s -test.v -test.run Verbs'
 	--test e2e='RSOCK_E2E_TRANSPORTS=verbs e2e.test -test.count=1 -test.timeout 200s -test.v -test.skip "^TestCurl"'
-	--test-timeout 220 --timeout 480
+	--test rsockperf='rsockperf compare --quick --quiet --transports verbs --host "$SOFTROCE_IP" --idle-conns 50 --conns 8'
+	--test-timeout 220 --timeout 540
 )
 two=(
 	--two-hosts --bin "$bin/rsock.test"
