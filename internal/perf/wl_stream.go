@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
 	"time"
 )
 
@@ -92,16 +93,8 @@ func throughput(ctx context.Context, t *Target, size int, d time.Duration) (Meas
 		return Measurement{}, err
 	}
 	start := time.Now()
-	end := start.Add(d)
-	var sent int64
-	for time.Now().Before(end) {
-		n, err := c.Write(buf)
-		sent += int64(n)
-		if err != nil {
-			return Measurement{}, err
-		}
-	}
-	if err := closeWrite(c); err != nil {
+	sent, err := writeFor(c, buf, start.Add(d))
+	if err != nil {
 		return Measurement{}, err
 	}
 	var ack [8]byte
@@ -112,12 +105,32 @@ func throughput(ctx context.Context, t *Target, size int, d time.Duration) (Meas
 	if got := int64(binary.BigEndian.Uint64(ack[:])); got != sent {
 		return Measurement{}, fmt.Errorf("server read %d bytes, client wrote %d", got, sent)
 	}
-	perGB, err := cpu.perGB(sent)
+	return cpu.rate(sent, elapsed)
+}
+
+// writeFor writes buf to c until end, then half-closes c, and returns the
+// bytes written.
+func writeFor(c net.Conn, buf []byte, end time.Time) (int64, error) {
+	var sent int64
+	for time.Now().Before(end) {
+		n, err := c.Write(buf)
+		sent += int64(n)
+		if err != nil {
+			return sent, err
+		}
+	}
+	return sent, closeWrite(c)
+}
+
+// rate is the measurement of bytes moved in elapsed: throughput, and CPU
+// per GB since the sample was taken.
+func (m *cpuMeter) rate(bytes int64, elapsed time.Duration) (Measurement, error) {
+	perGB, err := m.perGB(bytes)
 	if err != nil {
 		return Measurement{}, err
 	}
 	return Measurement{Metrics: map[string]float64{
-		MetricGBps:     float64(sent) / elapsed.Seconds() / 1e9,
+		MetricGBps:     float64(bytes) / elapsed.Seconds() / 1e9,
 		MetricCPUPerGB: perGB,
 	}}, nil
 }
@@ -146,20 +159,7 @@ func bidir(ctx context.Context, t *Target, size int, d time.Duration) (Measureme
 		n, err := io.CopyBuffer(io.Discard, readerOnly{c}, make([]byte, clampBuf(uint64(size))))
 		got <- result{n, err}
 	}()
-	end := start.Add(d)
-	var sent int64
-	var werr error
-	for time.Now().Before(end) {
-		n, err := c.Write(buf)
-		sent += int64(n)
-		if err != nil {
-			werr = err
-			break
-		}
-	}
-	if werr == nil {
-		werr = closeWrite(c)
-	}
+	sent, werr := writeFor(c, buf, start.Add(d))
 	if werr != nil {
 		c.Close()
 		<-got
@@ -170,13 +170,5 @@ func bidir(ctx context.Context, t *Target, size int, d time.Duration) (Measureme
 	if r.err != nil {
 		return Measurement{}, r.err
 	}
-	total := sent + r.n
-	perGB, err := cpu.perGB(total)
-	if err != nil {
-		return Measurement{}, err
-	}
-	return Measurement{Metrics: map[string]float64{
-		MetricGBps:     float64(total) / elapsed.Seconds() / 1e9,
-		MetricCPUPerGB: perGB,
-	}}, nil
+	return cpu.rate(sent+r.n, elapsed)
 }

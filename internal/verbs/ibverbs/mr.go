@@ -83,7 +83,7 @@ func (m *MR) Close() error {
 // lies inside an MR of this device.
 func (d *Device) sge(s verbs.SGE) (addr uint64, lkey uint32, err error) {
 	m, ok := s.MR.(*MR)
-	if !ok || m == nil || m.dev.dc != d.dc || m.dev.pd != d.pd {
+	if !ok || m == nil || m.dev.pd != d.pd {
 		return 0, 0, fmt.Errorf("%w: %w", verbs.ErrBounds, errForeign)
 	}
 	if m.closed.Load() {

@@ -122,22 +122,7 @@ func (cq *CQ) ArmDirect() error {
 
 // WaitDirect is Wait for a notification armed by ArmDirect or sent by
 // WakeDirect (verbs.DirectWaiter).
-func (cq *CQ) WaitDirect() error {
-	cq.mu.Lock()
-	err := cq.errLocked()
-	cq.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	select {
-	case <-cq.done:
-		return verbs.ErrClosed
-	case <-cq.direct:
-	}
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	return cq.errLocked()
-}
+func (cq *CQ) WaitDirect() error { return cq.waitOn(cq.direct) }
 
 // WakeDirect makes the WaitDirect in progress, or the next one, return.
 func (cq *CQ) WakeDirect() {
@@ -150,7 +135,10 @@ func (cq *CQ) WakeDirect() {
 // Wait blocks on a channel until an armed notification fires, and returns
 // nil; it may also return nil spuriously. It returns verbs.ErrClosed once the
 // CQ is closed (Close unblocks it) and ErrCQOverrun after an overrun.
-func (cq *CQ) Wait() error {
+func (cq *CQ) Wait() error { return cq.waitOn(cq.notify) }
+
+// waitOn blocks until a signal on ch (Wait's or WaitDirect's) or Close.
+func (cq *CQ) waitOn(ch chan struct{}) error {
 	cq.mu.Lock()
 	err := cq.errLocked()
 	cq.mu.Unlock()
@@ -160,7 +148,7 @@ func (cq *CQ) Wait() error {
 	select {
 	case <-cq.done:
 		return verbs.ErrClosed
-	case <-cq.notify:
+	case <-ch:
 	}
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
