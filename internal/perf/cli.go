@@ -203,6 +203,7 @@ type ClientArgs struct {
 	Mode    Mode
 	Addr    string
 	flags   optionFlags
+	prof    profileFlags
 }
 
 // ParseClient parses client's flags.
@@ -214,6 +215,7 @@ func ParseClient(args []string, stderr io.Writer) (ClientArgs, error) {
 	fs.StringVar(&ca.Addr, "connect", "127.0.0.1:7470", "the server's perf address (host:port)")
 	tr := fs.String("transport", "", "rsock transport: verbs, shm or tcp (rsock's fallback path)")
 	plain := fs.Bool("plain", false, "plain kernel TCP (net.Dial), the baseline")
+	ca.prof.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return ca, err
 	}
@@ -263,7 +265,12 @@ func mainClient(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if ca.flags.quiet {
 		progress = io.Discard
 	}
+	stopProf, err := ca.prof.start()
+	if err != nil {
+		return err
+	}
 	rep, err := Client(ctx, ca.Options, ca.Mode, ca.Addr, progress)
+	err = errors.Join(err, stopProf())
 	if rep == nil {
 		return err
 	}
@@ -324,6 +331,7 @@ type ServerArgs struct {
 	Listen             string
 	HTTPPort, GRPCPort int
 	ExitOnEOF          bool
+	prof               profileFlags
 }
 
 // ParseServer parses server's flags.
@@ -338,6 +346,7 @@ func ParseServer(args []string, stderr io.Writer) (ServerArgs, error) {
 	plain := fs.Bool("plain", false, "plain kernel TCP (net.Listen), the baseline")
 	bp := fs.Duration("busy-poll", 0, "rsock Config.BusyPoll (0: rsock's default)")
 	fs.BoolVar(&sa.ExitOnEOF, "exit-on-eof", false, "exit when standard input closes (compare starts its servers so)")
+	sa.prof.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return sa, err
 	}
@@ -352,12 +361,17 @@ func ParseServer(args []string, stderr io.Writer) (ServerArgs, error) {
 	return sa, nil
 }
 
-func mainServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func mainServer(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	sa, err := ParseServer(args, stderr)
 	if err != nil {
 		return err
 	}
 	RaiseNoFile()
+	stopProf, err := sa.prof.start()
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, stopProf()) }()
 	s, err := StartServer(sa.Mode, sa.Listen, sa.HTTPPort, sa.GRPCPort)
 	if err != nil {
 		return err
