@@ -2,14 +2,9 @@ package shm
 
 import (
 	"encoding/binary"
-	"errors"
-	"fmt"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -24,24 +19,22 @@ import (
 // attached QP, two loads of shared memory when nothing arrived.
 //
 // Notification has two doorbells, so that a caller waiting on the CQ itself
-// (WaitDirect) is woken by the notification, not by a goroutine that was
-// woken by it. Direct: the CQ owns one eventfd (non-blocking, wrapped in an
-// os.File so that WaitDirect parks in the Go netpoller); each connected
-// peer has a duplicate of it. Wait: a channel, which the control
-// connection's reader of each attached QP signals when the peer rings
-// there (a message on the control connection), so the doorbell costs no
-// file descriptor. Arm (or ArmDirect) sets the CQ's local armed value and
-// the sleeping value in the inbox of every attached QP to the doorbell
-// wanted; a peer that publishes an entry and finds the value set clears it
-// and rings that doorbell, as does a local completion finding the CQ
-// armed. A busy CQ (not armed) costs its peers no system call.
+// (WaitDirect) is woken by the notification, not by the goroutine that
+// Wait parks (rsock's event loop). Both are channels and cost no file
+// descriptor: a peer rings them through its link's bell page and eventfd,
+// whose dispatcher (link.go) signals the channel named. Arm (or
+// ArmDirect) sets the CQ's local armed value and the sleeping value in the
+// inbox of every attached QP to the doorbell wanted; a peer that publishes
+// an entry and finds the value set clears it and rings that doorbell, as
+// does a local completion finding the CQ armed. A busy CQ (not armed)
+// costs its peers no system call.
 type CQ struct {
 	dev   *Device
 	depth int
 
-	efile   *os.File      // the direct doorbell, an eventfd; closing it unblocks WaitDirect
+	direct  chan struct{} // WaitDirect's doorbell, capacity 1
 	bell    chan struct{} // Wait's doorbell, capacity 1
-	done    chan struct{} // closed by Close: unblocks Wait
+	done    chan struct{} // closed by Close: unblocks Wait and WaitDirect
 	closed  atomic.Bool
 	overrun atomic.Bool
 	armed   atomic.Uint32 // 0, armWait or armDirect (the inboxes' sleeping values too)
@@ -58,15 +51,13 @@ type CQ struct {
 	lhead  int
 	ln     int
 	lcount atomic.Int32 // ln, readable without lmu
-
-	rbuf [8]byte // WaitDirect's read buffer (one WaitDirect at a time)
 }
 
 // The values of CQ.armed and of an inbox's sleeping field: which doorbell
 // the next entry rings. A peer treats any other non-zero value as armWait.
 const (
-	armWait   = 1 // ring the control connection: Wait returns
-	armDirect = 2 // write the eventfd: WaitDirect returns
+	armWait   = 1 // Wait returns
+	armDirect = 2 // WaitDirect returns
 )
 
 // localEntry is a queued local completion and the work-queue slots its
@@ -90,17 +81,13 @@ var eventOne = func() (b [8]byte) {
 }()
 
 func newCQ(d *Device, depth int) (*CQ, error) {
-	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("shm: eventfd: %w", err)
-	}
 	return &CQ{
-		dev:   d,
-		depth: depth,
-		efile: os.NewFile(uintptr(efd), "rsock-shm-cq"),
-		bell:  make(chan struct{}, 1),
-		done:  make(chan struct{}),
-		local: make([]localEntry, min(depth, 64)),
+		dev:    d,
+		depth:  depth,
+		direct: make(chan struct{}, 1),
+		bell:   make(chan struct{}, 1),
+		done:   make(chan struct{}),
+		local:  make([]localEntry, min(depth, 64)),
 	}, nil
 }
 
@@ -193,25 +180,27 @@ func (cq *CQ) Wait() error {
 	return cq.waitErr()
 }
 
-// WaitDirect blocks until the eventfd is signalled (by a notification
-// ArmDirect asked for, by WakeDirect, or spuriously) and returns nil. It
-// parks the goroutine in the Go netpoller. Errors as Wait's.
+// WaitDirect blocks until its doorbell rings (a notification ArmDirect
+// asked for, WakeDirect, or spuriously) and returns nil. It parks the
+// goroutine on a channel. Errors as Wait's.
 func (cq *CQ) WaitDirect() error {
 	if err := cq.waitErr(); err != nil {
 		return err
 	}
-	_, err := cq.efile.Read(cq.rbuf[:])
-	switch {
-	case cq.closed.Load() || errors.Is(err, os.ErrClosed):
-		return verbs.ErrClosed
-	case err != nil:
-		return fmt.Errorf("shm: reading the completion eventfd: %w", err)
+	select {
+	case <-cq.direct:
+	case <-cq.done:
 	}
 	return cq.waitErr()
 }
 
 // WakeDirect makes the WaitDirect in progress, or the next one, return.
-func (cq *CQ) WakeDirect() { _, _ = cq.efile.Write(eventOne[:]) }
+func (cq *CQ) WakeDirect() {
+	select {
+	case cq.direct <- struct{}{}:
+	default:
+	}
+}
 
 func (cq *CQ) waitErr() error {
 	switch {
@@ -258,9 +247,8 @@ func (cq *CQ) Close() error {
 	cq.lcount.Store(0)
 	cq.lmu.Unlock()
 	close(cq.done)
-	err := cq.efile.Close()
 	cq.dev.forgetCQ(cq)
-	return err
+	return nil
 }
 
 // attach adds q to the QPs whose inboxes Poll reads; it fails once closed.
@@ -282,22 +270,6 @@ func (cq *CQ) detach(q *QP) {
 	if i := slices.Index(cq.qps, q); i >= 0 {
 		cq.qps = slices.Delete(cq.qps, i, i+1)
 	}
-}
-
-// dupEventFD returns a close-on-exec duplicate of the eventfd, for a peer.
-func (cq *CQ) dupEventFD() (int, error) {
-	rc, err := cq.efile.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	dup, derr := -1, error(nil)
-	if err := rc.Control(func(fd uintptr) { dup, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		return -1, fmt.Errorf("shm: completion queue: %w", verbs.ErrClosed)
-	}
-	if derr != nil {
-		return -1, fmt.Errorf("shm: dup eventfd: %w", derr)
-	}
-	return dup, nil
 }
 
 // push queues a local completion whose polling frees slots of used. The
