@@ -1351,11 +1351,13 @@ func TestShmThousandPingPong(t *testing.T) {
 // connections park goroutines, not threads), fds, mappings, resident memory
 // at the default 1 MiB ring, and CPU while idle.
 //
-// Each connection costs several fds in each process (measured first, on a
-// sample), so both processes raise RLIMIT_NOFILE. If the hard limit cannot
-// fit 10,000 and cannot be raised (no CAP_SYS_RESOURCE), the test holds
-// the most connections that fit, checks and reports the same things for
-// them, and then skips, saying why and with the numbers.
+// Each connection costs one fd in each process, its TCP bootstrap socket
+// (shm's Unix connection, eventfds and memfds are per process pair or
+// closed once mapped); the cost is measured first, on a sample, and both
+// processes raise RLIMIT_NOFILE as far as they can. If the hard limit
+// cannot fit 10,000 and cannot be raised (no CAP_SYS_RESOURCE), the test
+// holds the most connections that fit, checks and reports the same things
+// for them, and then skips, saying why and with the numbers.
 func TestShmTenThousandIdle(t *testing.T) {
 	const want, sample = 10000, 200
 	const threadBound = 64
