@@ -231,6 +231,18 @@ func (s *suite) testDirectWait(t *testing.T) {
 				}
 			}
 		}()
+		// directWoke expects the direct waiter to return, or fails with why.
+		directWoke := func(why string) {
+			t.Helper()
+			select {
+			case err := <-directc:
+				if err != nil {
+					t.Fatalf("WaitDirect: %v", err)
+				}
+			case <-pr.ctx.Done():
+				t.Fatal(why)
+			}
+		}
 		// Arm, then ArmDirect: the direct waiter gets the next one.
 		if err := pr.b.cq.Arm(); err != nil {
 			t.Fatalf("Arm: %v", err)
@@ -239,14 +251,7 @@ func (s *suite) testDirectWait(t *testing.T) {
 			t.Fatalf("ArmDirect: %v", err)
 		}
 		pr.postSend(pr.a, verbs.SendWR{ID: 1, Op: verbs.OpSend, Inline: []byte{1}})
-		select {
-		case err := <-directc:
-			if err != nil {
-				t.Fatalf("WaitDirect: %v", err)
-			}
-		case <-pr.ctx.Done():
-			t.Fatal("WaitDirect did not wake up for a completion after ArmDirect")
-		}
+		directWoke("WaitDirect did not wake up for a completion after ArmDirect")
 		if _, err := pollN(pr.ctx, pr.b.cq, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -283,27 +288,13 @@ func (s *suite) testDirectWait(t *testing.T) {
 		}
 		// WakeDirect wakes the direct waiter without a completion.
 		dw.WakeDirect()
-		select {
-		case err := <-directc:
-			if err != nil {
-				t.Fatalf("WaitDirect: %v", err)
-			}
-		case <-pr.ctx.Done():
-			t.Fatal("WakeDirect did not wake WaitDirect")
-		}
+		directWoke("WakeDirect did not wake WaitDirect")
 		// A WakeDirect is used up by the WaitDirect it woke: after it, a
 		// completion armed for still wakes the direct waiter, and a
 		// WakeDirect before WaitDirect is not lost.
 		for range 3 {
 			dw.WakeDirect()
-			select {
-			case err := <-directc:
-				if err != nil {
-					t.Fatalf("WaitDirect: %v", err)
-				}
-			case <-pr.ctx.Done():
-				t.Fatal("WakeDirect did not wake WaitDirect")
-			}
+			directWoke("WakeDirect did not wake WaitDirect")
 		}
 		for len(directc) > 0 { // spurious wake-ups so far
 			if err := <-directc; err != nil {
@@ -315,14 +306,7 @@ func (s *suite) testDirectWait(t *testing.T) {
 			t.Fatalf("ArmDirect: %v", err)
 		}
 		pr.postSend(pr.a, verbs.SendWR{ID: 3, Op: verbs.OpSend, Inline: []byte{3}})
-		select {
-		case err := <-directc:
-			if err != nil {
-				t.Fatalf("WaitDirect: %v", err)
-			}
-		case <-pr.ctx.Done():
-			t.Fatal("WaitDirect did not wake up for a completion after WakeDirects")
-		}
+		directWoke("WaitDirect did not wake up for a completion after WakeDirects")
 		if _, err := pollN(pr.ctx, pr.b.cq, 1); err != nil {
 			t.Fatal(err)
 		}
