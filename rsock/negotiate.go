@@ -156,7 +156,7 @@ func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, 
 		return nil, err
 	}
 	accept := &handshake.Accept{Transport: mustTransport(chosen), Ring: ringOf(ep.Ring()), Info: ep.Info()}
-	if err := writeAnswer(raw, accept); err != nil {
+	if err := handshake.WriteAfterMagic(raw, accept); err != nil {
 		return drop(fmt.Errorf("rsock: writing accept: %w", err))
 	}
 	msg, err := handshake.Read(raw)
@@ -206,7 +206,7 @@ func abort(raw *net.TCPConn, ep *stream.Endpoint, err error) error {
 
 func (s *settings) decline(network string, raw *net.TCPConn, code handshake.DeclineCode, reason string) (*Conn, error) {
 	reason = handshake.SanitizeReason(reason)
-	if err := writeAnswer(raw, &handshake.Decline{Code: code, Reason: reason}); err != nil {
+	if err := handshake.WriteAfterMagic(raw, &handshake.Decline{Code: code, Reason: reason}); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: writing decline: %w", err)
 	}
@@ -215,21 +215,6 @@ func (s *settings) decline(network string, raw *net.TCPConn, code handshake.Decl
 		return nil, fmt.Errorf("%w: declined: %s", ErrNoTransport, reason)
 	}
 	return plainConn(network, raw, nil, len(s.transports) > 0, "declined: "+reason), nil
-}
-
-// writeAnswer writes the listener's first frame (Accept or Decline) after
-// the magic, which the listener sent as soon as it had read the client's.
-func writeAnswer(w io.Writer, m handshake.Message) error {
-	frame, err := handshake.Append(make([]byte, 0, 256), m)
-	if err != nil {
-		return err
-	}
-	rest := frame[len(handshake.Magic):]
-	n, err := w.Write(rest)
-	if err == nil && n != len(rest) {
-		err = io.ErrShortWrite
-	}
-	return err
 }
 
 func indexOffer(offers []handshake.Offer, t handshake.Transport) int {

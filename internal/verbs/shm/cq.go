@@ -233,7 +233,13 @@ func (cq *CQ) WaitDirect() error {
 		case cq.closed.Load() || errors.Is(err, os.ErrClosed):
 			return verbs.ErrClosed
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			continue // WakeDirect: woken is set
+			// A WakeDirect set the deadline, but woken may be clear: a
+			// WakeDirect that stored woken before an earlier Swap can set
+			// its deadline after that WaitDirect's reset. Reset before
+			// the Swap: a WakeDirect whose store the Swap misses sets its
+			// deadline after this reset, so it is not lost.
+			_ = cq.efile.SetReadDeadline(time.Time{})
+			continue
 		case err != nil:
 			return fmt.Errorf("shm: reading the completion eventfd: %w", err)
 		}

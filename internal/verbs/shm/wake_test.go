@@ -73,3 +73,40 @@ func TestWakeDirectUsedUp(t *testing.T) {
 	}
 	e.cq = nil
 }
+
+// TestWaitDirectStaleDeadline: the interleaving in which a WakeDirect
+// stores woken before a WaitDirect takes it but sets its deadline after
+// that WaitDirect reset it leaves a past deadline with woken clear. The
+// next WaitDirect must park (not spin on the deadline) and still return
+// for a real notification. Before the fix it looped on
+// ErrDeadlineExceeded without ever reading the eventfd, which hung
+// nettest's ConcurrentMethods in CI.
+func TestWaitDirectStaleDeadline(t *testing.T) {
+	e := openEnd(t, 8)
+	if err := e.cq.efile.SetReadDeadline(aLongTimeAgo); err != nil {
+		t.Fatalf("SetReadDeadline: %v", err)
+	}
+	waits := make(chan error, 1)
+	before := cpuTime(t)
+	go func() { waits <- e.cq.WaitDirect() }()
+	const window = 200 * time.Millisecond
+	select {
+	case err := <-waits:
+		t.Fatalf("WaitDirect returned (%v) with nothing to wake it", err)
+	case <-time.After(window):
+	}
+	if used := cpuTime(t) - before; used > window/2 {
+		t.Fatalf("WaitDirect used %v of CPU in %v on a stale deadline: it spins", used, window)
+	}
+	if _, err := e.cq.efile.Write(eventOne[:]); err != nil {
+		t.Fatalf("signalling the eventfd: %v", err)
+	}
+	select {
+	case err := <-waits:
+		if err != nil {
+			t.Fatalf("WaitDirect: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitDirect missed the eventfd signal after a stale deadline")
+	}
+}
