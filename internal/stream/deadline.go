@@ -2,6 +2,7 @@ package stream
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,6 +15,7 @@ type deadline struct {
 	mu     sync.Mutex
 	timer  *time.Timer
 	cancel chan struct{} // closed when the deadline passes
+	passed atomic.Bool   // cancel is closed: read without mu on every Read and Write
 	expire func()        // called after cancel is closed, for waiters not on the channel
 }
 
@@ -34,21 +36,25 @@ func (d *deadline) set(t time.Time) {
 	if t.IsZero() {
 		if closed {
 			d.cancel = make(chan struct{})
+			d.passed.Store(false)
 		}
 		return
 	}
 	if dur := time.Until(t); dur > 0 {
 		if closed {
 			d.cancel = make(chan struct{})
+			d.passed.Store(false)
 		}
 		ch := d.cancel
 		d.timer = time.AfterFunc(dur, func() {
+			d.passed.Store(true)
 			close(ch)
 			d.expire()
 		})
 		return
 	}
 	if !closed {
+		d.passed.Store(true)
 		close(d.cancel)
 		d.expire()
 	}
@@ -62,7 +68,7 @@ func (d *deadline) wait() <-chan struct{} {
 }
 
 // expired reports whether the deadline has passed.
-func (d *deadline) expired() bool { return isClosed(d.wait()) }
+func (d *deadline) expired() bool { return d.passed.Load() }
 
 func isClosed(ch <-chan struct{}) bool {
 	select {

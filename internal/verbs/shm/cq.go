@@ -72,6 +72,7 @@ var (
 	_ verbs.CQ           = (*CQ)(nil)
 	_ verbs.Disarmer     = (*CQ)(nil)
 	_ verbs.DirectWaiter = (*CQ)(nil)
+	_ verbs.Peeker       = (*CQ)(nil)
 )
 
 // eventOne is the value written to an eventfd to signal it.
@@ -124,6 +125,24 @@ func (cq *CQ) Poll(wc []verbs.Completion) (int, error) {
 		n += cq.popLocal(wc[n:])
 	}
 	return n, nil
+}
+
+// Pending reports whether Poll would find a completion now: a queued
+// local one, or an entry (or a fault) in the inbox of an attached QP. It
+// takes only the CQ's mutex (which posters never take) and makes two loads
+// of shared memory per attached QP (verbs.Peeker).
+func (cq *CQ) Pending() bool {
+	if cq.lcount.Load() > 0 {
+		return true
+	}
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	for _, q := range cq.qps {
+		if q.in.hdr.tail.Load() != q.head.Load() || q.in.hdr.fault.Load() != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Arm requests a notification for the next completion: a local one, or an
