@@ -2,6 +2,7 @@ package shm
 
 import (
 	"encoding/binary"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -20,9 +21,10 @@ import (
 //
 // Notification has two doorbells, so that a caller waiting on the CQ itself
 // (WaitDirect) is woken by the notification, not by the goroutine that
-// Wait parks (rsock's event loop). Both are channels and cost no file
-// descriptor: a peer rings them through its link's bell page and eventfd,
-// whose dispatcher (link.go) signals the channel named. Arm (or
+// Wait parks (rsock's event loop). They cost no file descriptor: a peer
+// rings them through its link's bell page and eventfd, whose reader
+// signals the channel named; a CQ that owns its link (lead.go) has its
+// WaitDirect read the link's eventfd itself. Arm (or
 // ArmDirect) sets the CQ's local armed value and the sleeping value in the
 // inbox of every attached QP to the doorbell wanted; a peer that publishes
 // an entry and finds the value set clears it and rings that doorbell, as
@@ -51,6 +53,22 @@ type CQ struct {
 	lhead  int
 	ln     int
 	lcount atomic.Int32 // ln, readable without lmu
+
+	// Direct waits (lead.go). intent (under mu) is the last non-zero value
+	// armed: what the attached QPs count for on their links. lead is the
+	// link this CQ owns (its WaitDirect reads that link's eventfd),
+	// reading the link whose eventfd WaitDirect reads right now.
+	intent  uint32
+	lead    atomic.Pointer[link]
+	reading atomic.Pointer[link]
+	woken   atomic.Bool // WakeDirect was called; WaitDirect clears it
+
+	// Pending's view of qps, read without mu: a copy, replaced under mu,
+	// and two reader counts by parity of peekEpoch, so that detach can
+	// wait until no Pending still reads the inbox of a QP it removed.
+	peekQPs   atomic.Pointer[[]*QP]
+	peekEpoch atomic.Uint32
+	peekers   [2]atomic.Int32
 }
 
 // The values of CQ.armed and of an inbox's sleeping field: which doorbell
@@ -129,20 +147,49 @@ func (cq *CQ) Poll(wc []verbs.Completion) (int, error) {
 
 // Pending reports whether Poll would find a completion now: a queued
 // local one, or an entry (or a fault) in the inbox of an attached QP. It
-// takes only the CQ's mutex (which posters never take) and makes two loads
-// of shared memory per attached QP (verbs.Peeker).
+// takes no lock (verbs.Peeker): it reads a copy of the attached QPs,
+// counted as a reader of it (peekers), and makes two loads of shared
+// memory per QP.
 func (cq *CQ) Pending() bool {
 	if cq.lcount.Load() > 0 {
 		return true
 	}
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	for _, q := range cq.qps {
-		if q.in.hdr.tail.Load() != q.head.Load() || q.in.hdr.fault.Load() != 0 {
-			return true
+	e := cq.peekEpoch.Load()
+	for {
+		cq.peekers[e&1].Add(1)
+		e2 := cq.peekEpoch.Load()
+		if e2 == e {
+			break
+		}
+		cq.peekers[e&1].Add(-1) // a publish went by: count with the new parity
+		e = e2
+	}
+	pending := false
+	if qs := cq.peekQPs.Load(); qs != nil {
+		for _, q := range *qs {
+			if q.in.hdr.tail.Load() != q.head.Load() || q.in.hdr.fault.Load() != 0 {
+				pending = true
+				break
+			}
 		}
 	}
-	return false
+	cq.peekers[e&1].Add(-1)
+	return pending
+}
+
+// publishLocked gives Pending the current qps and waits until no Pending
+// reads the previous copy: a QP removed from qps may be unmapped once it
+// returns. A Pending that counted itself with the old parity and then saw
+// the epoch unchanged did so before the epoch moved (the atomics are
+// sequentially consistent), so the wait sees it; one that saw it move
+// counts itself again with the new parity and loads the new copy.
+func (cq *CQ) publishLocked() {
+	qs := slices.Clone(cq.qps)
+	cq.peekQPs.Store(&qs)
+	old := cq.peekEpoch.Add(1) - 1
+	for cq.peekers[old&1].Load() != 0 {
+		runtime.Gosched() // a Pending is a few loads: it leaves soon
+	}
 }
 
 // Arm requests a notification for the next completion: a local one, or an
@@ -163,6 +210,9 @@ func (cq *CQ) arm(v uint32) error {
 	}
 	if cq.overrun.Load() {
 		return ErrCQOverrun
+	}
+	if v != cq.intent {
+		cq.setIntentLocked(v) // a reader for the new doorbell first
 	}
 	// Each store is sequentially consistent: it is ordered before the loads
 	// of the Poll that must follow (see the package documentation).
@@ -200,21 +250,45 @@ func (cq *CQ) Wait() error {
 }
 
 // WaitDirect blocks until its doorbell rings (a notification ArmDirect
-// asked for, WakeDirect, or spuriously) and returns nil. It parks the
-// goroutine on a channel. Errors as Wait's.
+// asked for, WakeDirect, or spuriously) and returns nil. If the CQ owns
+// the link of its QPs (lead.go), it reads that link's eventfd itself,
+// parked in the Go netpoller, and returns from its own ring without a
+// goroutine hand-off; otherwise it parks on a channel that the link's
+// reader signals. One WaitDirect at a time. Errors as Wait's.
 func (cq *CQ) WaitDirect() error {
-	if err := cq.waitErr(); err != nil {
-		return err
+	for {
+		if err := cq.waitErr(); err != nil {
+			return err
+		}
+		if cq.woken.Swap(false) {
+			return cq.waitErr()
+		}
+		if l := cq.lead.Load(); l != nil {
+			if l.lead(cq) {
+				return cq.waitErr()
+			}
+			continue // woken, closed or no longer the owner: see which
+		}
+		select {
+		case <-cq.direct: // woken, or the CQ became an owner (or stale)
+		case <-cq.done:
+		}
 	}
-	select {
-	case <-cq.direct:
-	case <-cq.done:
-	}
-	return cq.waitErr()
 }
 
-// WakeDirect makes the WaitDirect in progress, or the next one, return.
+// WakeDirect makes the WaitDirect in progress, or the next one, return. It
+// makes no system call: it sets woken, then signals the channel, or, if
+// WaitDirect is reading a link's eventfd, sets a read deadline in the past
+// on that file, which the Go runtime delivers to the parked goroutine at
+// once (as it does net.Conn deadlines). WaitDirect looks at woken after
+// each such wake-up, and resets the deadline before it looks, so neither a
+// wake-up nor a stale deadline is missed (lead.go).
 func (cq *CQ) WakeDirect() {
+	cq.woken.Store(true)
+	if l := cq.reading.Load(); l != nil {
+		kick(l.lfile)
+		return
+	}
 	select {
 	case cq.direct <- struct{}{}:
 	default:
@@ -259,13 +333,21 @@ func (cq *CQ) Close() error {
 		cq.mu.Unlock()
 		return verbs.ErrClosed
 	}
+	cq.setIntentLocked(0) // gives up the links it owns
+	for _, q := range cq.qps {
+		q.clink = nil
+	}
 	cq.qps = nil
+	cq.publishLocked()
 	cq.mu.Unlock()
 	cq.lmu.Lock()
 	cq.local, cq.lhead, cq.ln = nil, 0, 0
 	cq.lcount.Store(0)
 	cq.lmu.Unlock()
 	close(cq.done)
+	if l := cq.reading.Load(); l != nil {
+		kick(l.lfile) // a leading WaitDirect sees closed
+	}
 	cq.dev.forgetCQ(cq)
 	return nil
 }
@@ -278,7 +360,33 @@ func (cq *CQ) attach(q *QP) bool {
 		return false
 	}
 	cq.qps = append(cq.qps, q)
+	cq.publishLocked()
 	return true
+}
+
+// linked counts q, connected on link l, for the CQ's doorbell on l (its
+// armed intent), unless q was detached meanwhile.
+func (cq *CQ) linked(q *QP, l *link) {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if q.clink != nil || !slices.Contains(cq.qps, q) {
+		return
+	}
+	q.clink = l
+	if cq.intent != 0 {
+		l.armChange(cq, 0, cq.intent)
+	}
+}
+
+// setIntentLocked moves the count of every linked QP from the CQ's intent
+// to v (0 when the CQ closes).
+func (cq *CQ) setIntentLocked(v uint32) {
+	for _, q := range cq.qps {
+		if q.clink != nil {
+			q.clink.armChange(cq, cq.intent, v)
+		}
+	}
+	cq.intent = v
 }
 
 // detach removes q. Once it returns, neither Poll nor Arm touches q's
@@ -287,7 +395,12 @@ func (cq *CQ) detach(q *QP) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if i := slices.Index(cq.qps, q); i >= 0 {
+		if q.clink != nil {
+			q.clink.armChange(cq, cq.intent, 0)
+			q.clink = nil
+		}
 		cq.qps = slices.Delete(cq.qps, i, i+1)
+		cq.publishLocked()
 	}
 }
 

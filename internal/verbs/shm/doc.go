@@ -69,44 +69,64 @@
 // (armWait) in the inbox of each attached QP, CQ.ArmDirect stores 2
 // (armDirect); then the caller polls once more, loading tail. The producer
 // stores tail, then loads sleeping and, if set, swaps it to 0 and rings
-// the doorbell it names. Both doorbells are channels of the CQ (WaitDirect
-// and Wait park on them), so a CQ costs no file descriptor; the peer
-// reaches them through its link's bell page and eventfd (bell.go):
+// the doorbell it names. A CQ owns no file descriptor; the peer reaches
+// it through its link's bell page and eventfd (bell.go):
 //
 //  1. The producer sets the bit of the consumer QP's link slot in the
 //     bell page's bitmap for that doorbell, then the bit of that word in
 //     the summary, with atomic ORs; then it loads the page's armed word
 //     and, if set, swaps it to 0 and writes the consumer's link eventfd.
-//  2. The consumer's link dispatcher (one goroutine per link, parked in
-//     the Go netpoller on the eventfd) stores armed=1, then swaps the
-//     summaries and the words they name to 0, and signals the doorbell
-//     channel of the CQ of each QP whose bit was set (the slot is looked
-//     up in the link: an empty slot is skipped); then it reads the
-//     eventfd, sleeping until the next write, and starts over.
+//  2. The consumer's reader of that eventfd, after each read that found
+//     it signalled, stores armed=1, then swaps the summaries and the
+//     words they name to 0 and rings the CQ of each QP whose bit was set
+//     (the slot is looked up in the link: an empty slot is skipped); then
+//     it reads again, parked in the Go netpoller until the next write.
+//
+// Who reads (lead.go): when the QPs of the link that are armed all belong
+// to one CQ, armed direct (rsock: the one connection to that process, its
+// blocked Read or Write waiting on the queue), that CQ owns the link and
+// its WaitDirect reads the eventfd itself: its own ring wakes it with no
+// goroutine hand-off, as a CQ's own eventfd did before links. Otherwise
+// the link's dispatcher goroutine reads it and rings the CQs' channels
+// (Wait and a WaitDirect that does not own its link park on those), at
+// the cost of one hand-off per wake-up. The role moves only when a CQ arms
+// for another doorbell than it last did or a QP joins or leaves the link,
+// never in rsock's steady states, and moving it wakes the reader that
+// loses it (a read deadline in the past on its file, no system call).
+// WakeDirect wakes a WaitDirect the same way, or through its channel.
 //
 // No wake-up is lost. Both levels are Dekker's pattern: each side stores
 // then loads, with sequentially consistent atomics (XCHG and LOCK OR are
 // full barriers), so at least one sees the other's store. QP level: either
 // the poll after Arm finds the entry, or the producer sees sleeping and
-// performs step 1. Link level: either the dispatcher's scan after its
-// store of armed sees the bit, or the producer's load sees armed and it
-// writes the eventfd, whose counter keeps the write until the dispatcher
-// reads it, then scans again. The channels have capacity 1 and are only
-// signalled, so a ring that arrives before the waiter parks is kept. The
-// swap of sleeping makes one ring per Arm, the swap of armed one eventfd
-// write per dispatcher sleep; rings of many QPs while the dispatcher runs
-// cost no system call. A busy receiver does not arm, so it costs the
+// performs step 1. Link level: the armed word starts set, and a reader
+// that reads the eventfd stores it and drains before it does anything
+// else, so at any time armed is set, the counter is non-zero or a reader
+// is about to drain; a reader that takes over reads before it parks.
+// While the owner's WaitDirect is not running nobody reads, but then only
+// the owner can be rung (nobody else is armed) and the counter keeps the
+// ring for its next WaitDirect; a CQ that arms moves the role back to
+// the dispatcher before its Arm returns. The channels have capacity 1 and
+// are only signalled, so a ring that arrives before the waiter parks is
+// kept. The swap of sleeping makes one ring per Arm, the swap of armed
+// one eventfd write per reader sleep; rings of many QPs while a reader
+// runs cost no system call. A busy receiver does not arm, so it costs the
 // sender nothing.
 //
 // Two doorbells let a caller that waits on the CQ itself (rsock's blocked
 // Read or Write) be woken without waking the goroutine that makes progress
-// in the background (parked in Wait). The price of sharing the eventfd is
-// one goroutine hand-off per wake-up (dispatcher, then waiter): in rsock's
-// event-only mode (busy-poll off) a 64-byte ping-pong round trip takes
-// about 4 us more than with an eventfd per CQ; the default mode, which
-// busy-polls before it sleeps, is not affected. A waiter that reads the
-// link's eventfd itself when its CQ has a single link (leader/follower)
-// would remove the hand-off; it is not done yet.
+// in the background (parked in Wait). In rsock's event-only mode
+// (busy-poll off) a 64-byte ping-pong on one connection takes the owner's
+// path: its round trip is what it was with an eventfd per CQ. Several
+// connections to one peer process that wait at once share the
+// dispatcher: one hand-off per wake-up (on the one-connection ping-pong,
+// before owners, it cost about 4 us per round trip in event-only mode);
+// the default mode, which busy-polls before it sleeps, is not affected.
+//
+// CQ.Pending (verbs.Peeker) takes no lock: it reads a copy of the
+// attached QPs, counted as a reader by epoch parity, and a QP's detach
+// waits for the readers of the copy it replaced before its inbox can be
+// unmapped.
 //
 // # Hostile shared memory
 //
@@ -151,8 +171,10 @@
 // slot). The dialing side closes the link with its last QP; the accepting
 // side closes it when it ends. A QP's close sends "gone" to its peer QP;
 // the link's end tells every QP on it that the peer process is gone. So a
-// connection costs no file descriptor of its own: each process holds one
-// Unix socket and two eventfds per peer process.
+// connection costs no file descriptor of its own: each process holds, per
+// peer process, one Unix socket, its own eventfd (twice: the dispatcher
+// and an owner's WaitDirect each park on a file of their own) and the
+// peer's eventfd.
 //
 // The secret travels only inside the Info exchanged over rsock's TCP
 // bootstrap connection, so only the process at the other end of that

@@ -166,7 +166,9 @@ func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) 
 		_ = unix.Close(efd)
 		return fmt.Errorf("%w: shm: sending to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
 	}
-	l.efile = os.NewFile(uintptr(efd), "rsock-shm-link")
+	if err := l.adoptEventfd(efd); err != nil {
+		return err
+	}
 	buf := make([]byte, maxMsgLen)
 	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
 	b, rfds, err := readMsg(c, buf, oob)

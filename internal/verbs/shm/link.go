@@ -9,6 +9,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -33,10 +34,19 @@ type link struct {
 	pid    int32  // SO_PEERCRED of the peer, checked at setup
 	uid    uint32
 
-	own     bellPage // rung by the peer, drained by dispatch
-	efile   *os.File // this side's eventfd, read by dispatch
-	peer    bellPage // the peer's bell page
-	peerEvt int      // the peer's eventfd, or -1
+	own     bellPage        // rung by the peer, drained by its reader (lead.go)
+	efile   *os.File        // this side's eventfd, read by dispatch
+	eraw    syscall.RawConn // efile's
+	lfile   *os.File        // a duplicate of it, read by the owner's WaitDirect
+	lraw    syscall.RawConn // lfile's
+	peer    bellPage        // the peer's bell page
+	peerEvt int             // the peer's eventfd, or -1
+
+	// The reader role (lead.go): owner is the CQ whose WaitDirect reads
+	// lfile, nil while dispatch reads efile. It changes under mu.
+	owner  atomic.Pointer[CQ]
+	resume chan struct{} // wakes dispatch when owner becomes nil; capacity 1
+	stop   chan struct{} // closed by release: dispatch returns
 
 	wmu sync.Mutex // serialises writes on c
 
@@ -51,7 +61,12 @@ type link struct {
 	ready     chan struct{}               // dialed: closed once the first exchange finished
 	readyErr  error
 	dispDone  chan struct{} // closed when dispatch returns (nil if it never ran)
-	wakeups   atomic.Uint64 // eventfd reads by dispatch
+	nWait     int           // QPs whose CQ last armed for Wait
+	direct    map[*CQ]int   // QPs whose CQ last armed for WaitDirect, by CQ
+
+	wakeups     atomic.Uint64 // eventfd reads that found it signalled
+	leadWakeups atomic.Uint64 // those made by an owner's WaitDirect
+	moves       atomic.Uint64 // changes of owner
 }
 
 type linkSlot struct {
@@ -181,7 +196,7 @@ var liveLinks atomic.Int64
 
 func newLink() *link {
 	liveLinks.Add(1)
-	return &link{peerEvt: -1}
+	return &link{peerEvt: -1, resume: make(chan struct{}, 1), stop: make(chan struct{})}
 }
 
 // release frees the link's resources; nothing uses them any more.
@@ -189,6 +204,13 @@ func (l *link) release() {
 	defer liveLinks.Add(-1)
 	if l.c != nil {
 		_ = l.c.Close()
+	}
+	l.mu.Lock()
+	l.retargetLocked() // freed: nobody owns it any more
+	l.mu.Unlock()
+	close(l.stop)
+	if l.lfile != nil {
+		_ = l.lfile.Close() // a leading WaitDirect returns
 	}
 	if l.efile != nil {
 		_ = l.efile.Close() // dispatch returns
@@ -212,31 +234,6 @@ func (l *link) start() {
 	l.mu.Unlock()
 	go l.dispatch()
 	go l.readLoop()
-}
-
-// dispatch rings the CQs of the QPs the peer rang in the bell page. It
-// stores armed before each scan and sleeps on the eventfd after it: a
-// producer that set a bit after the scan's load saw armed and wrote the
-// eventfd (bell.go), so no ring is lost.
-func (l *link) dispatch() {
-	defer close(l.dispDone)
-	var buf [8]byte
-	for {
-		l.own.hdr.armed.Store(1)
-		l.mu.Lock()
-		l.own.drain(func(slot, v uint32) {
-			if int(slot) < len(l.slots) {
-				if q := l.slots[slot].q; q != nil {
-					q.cq.ring(v)
-				}
-			}
-		})
-		l.mu.Unlock()
-		if _, err := l.efile.Read(buf[:]); err != nil {
-			return
-		}
-		l.wakeups.Add(1)
-	}
 }
 
 // readLoop serves the connection until it fails or is closed; then every
@@ -472,6 +469,24 @@ func (l *link) newLinkDoorbell() (efd, bellFD int, err error) {
 		return -1, -1, err
 	}
 	return efd, bellFD, nil
+}
+
+// adoptEventfd wraps this side's eventfd efd (sent to the peer) for the
+// Go netpoller, twice: efile for dispatch, and a duplicate, lfile, for an
+// owner's leading WaitDirect, so that each parks on a file of its own. It
+// takes ownership of efd on success and failure.
+func (l *link) adoptEventfd(efd int) error {
+	dup, err := unix.FcntlInt(uintptr(efd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		_ = unix.Close(efd)
+		return fmt.Errorf("shm: dup eventfd: %w", err)
+	}
+	l.efile = os.NewFile(uintptr(efd), "rsock-shm-link")
+	l.lfile = os.NewFile(uintptr(dup), "rsock-shm-link-lead")
+	if l.eraw, err = l.efile.SyscallConn(); err == nil {
+		l.lraw, err = l.lfile.SyscallConn()
+	}
+	return err
 }
 
 // mapPeerDoorbell validates and maps the peer's eventfd and bell page, the

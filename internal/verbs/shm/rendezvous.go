@@ -360,7 +360,7 @@ func (q *QP) acceptActive(l *link, x *exchange, fds []int, first bool) error {
 		_ = unix.Close(bellFD)
 	}
 	if err == nil && first {
-		l.efile = os.NewFile(uintptr(efd), "rsock-shm-link")
+		err = l.adoptEventfd(efd)
 	} else if efd >= 0 {
 		_ = unix.Close(efd)
 	}
