@@ -178,14 +178,7 @@ func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) 
 		}
 		return fmt.Errorf("%w: shm: the peer refused the exchange: %v", verbs.ErrPeerInfo, err)
 	}
-	kind, body, err := decodeHeader(b)
-	var x *exchange
-	if err == nil && kind != msgAccept {
-		err = fmt.Errorf("%w: kind %d", errMsgFormat, kind)
-	}
-	if err == nil {
-		x, err = decodeExchange(kind, body)
-	}
+	x, err := decodeExchangeMsg(b, msgAccept)
 	if err == nil && x.dst != id {
 		err = fmt.Errorf("%w: accept for %#x, want %#x", errMsgFormat, x.dst, id)
 	}

@@ -267,22 +267,17 @@ func leadStress(t *testing.T, conns, rounds int) {
 				if ctx.Err() != nil {
 					return errors.New("no message: a lost wake-up")
 				}
-				switch rng.IntN(3) {
-				case 0:
-					if err := s.e.cq.ArmDirect(); err != nil {
+				switch k := rng.IntN(3); k {
+				case 0, 1:
+					arm, wait := s.e.cq.ArmDirect, s.e.cq.WaitDirect
+					if k == 1 {
+						arm, wait = s.e.cq.Arm, s.e.cq.Wait
+					}
+					if err := arm(); err != nil {
 						return err
 					}
 					if !s.e.cq.Pending() {
-						if err := s.e.cq.WaitDirect(); err != nil {
-							return err
-						}
-					}
-				case 1:
-					if err := s.e.cq.Arm(); err != nil {
-						return err
-					}
-					if !s.e.cq.Pending() {
-						if err := s.e.cq.Wait(); err != nil {
+						if err := wait(); err != nil {
 							return err
 						}
 					}

@@ -281,14 +281,7 @@ func serveRendezvous(p pendingConn) {
 		return
 	}
 	_ = c.SetDeadline(time.Now().Add(rendezvousTimeout))
-	kind, body, err := decodeHeader(b)
-	var x *exchange
-	if err == nil && kind != msgConnect {
-		err = fmt.Errorf("%w: kind %d", errMsgFormat, kind)
-	}
-	if err == nil {
-		x, err = decodeExchange(kind, body)
-	}
+	x, err := decodeExchangeMsg(b, msgConnect)
 	if err != nil {
 		closeFDs(fds)
 		refuse(c, cred, err.Error())

@@ -307,3 +307,16 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	}
 	return cred, nil
 }
+
+// decodeExchangeMsg decodes a link's first exchange message, which must be
+// of kind want.
+func decodeExchangeMsg(b []byte, want byte) (*exchange, error) {
+	kind, body, err := decodeHeader(b)
+	if err != nil {
+		return nil, err
+	}
+	if kind != want {
+		return nil, fmt.Errorf("%w: kind %d", errMsgFormat, kind)
+	}
+	return decodeExchange(kind, body)
+}
