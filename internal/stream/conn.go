@@ -158,15 +158,24 @@ func (c *Conn) enter() error {
 
 // Read reads up to len(b) bytes. It returns io.EOF once the peer has closed
 // its writing side and every byte was read, and after CloseRead.
+//
+// Reads are often small (io.Copy into an io.ReaderFrom such as io.Discard
+// reads 8 KiB at a time; bufio 4 KiB), so the fixed cost of a Read counts
+// as much as its copy: a Read with bytes waiting takes mu twice (to find
+// them, and to announce them consumed) and otherwise only uncontended
+// atomics. The first critical section also registers the call (enter).
 func (c *Conn) Read(b []byte) (int, error) {
-	if err := c.enter(); err != nil {
-		return 0, err
-	}
-	defer c.calls.Done()
 	c.rdMu.Lock()
 	defer c.rdMu.Unlock()
+	c.mu.Lock()
+	// enter, under the lock this loop takes anyway.
+	if c.closed {
+		c.mu.Unlock()
+		return 0, net.ErrClosed
+	}
+	c.calls.Add(1)
+	defer c.calls.Done()
 	for {
-		c.mu.Lock()
 		// What this loop is about to check answers any wake-up sent so far
 		// (they are sent under mu): drop it, or the next wait would return
 		// for nothing.
@@ -183,14 +192,12 @@ func (c *Conn) Read(b []byte) (int, error) {
 			c.mu.Unlock()
 			return 0, os.ErrDeadlineExceeded
 		}
-		if n := c.st.Readable(); n > 0 {
+		if c.st.Readable() > 0 {
 			if len(b) == 0 {
 				c.mu.Unlock()
 				return 0, nil
 			}
-			k := min(n, uint64(len(b)))
-			c.mu.Unlock()
-			done, err := c.copyOut(b[:k])
+			done, err := c.copyOutLocked(b)
 			c.stats.BytesRead.Add(done)
 			switch {
 			case done > 0:
@@ -198,6 +205,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 			case err != nil:
 				return 0, err
 			}
+			c.mu.Lock()
 			continue // CloseRead or Close took the bytes: say so
 		}
 		if c.st.EOF() {
@@ -222,24 +230,24 @@ func (c *Conn) Read(b []byte) (int, error) {
 		if err := c.wait(dirRead); err != nil {
 			return 0, err
 		}
+		c.mu.Lock()
 	}
 }
 
-// copyOut copies len(b) readable bytes out of the ring, in pieces of at
-// most a quarter of the ring: each piece is announced consumed (which
-// sends the peer its space back once a quarter is free) before the next
-// is copied, so a large Read overlaps with the peer's writing instead of
+// copyOutLocked copies up to len(b) readable bytes out of the ring; it is
+// called with mu held and returns with mu released. It copies in pieces of
+// at most a quarter of the ring: each piece is announced consumed (which
+// sends the peer its space back once a quarter is free) before the next is
+// copied, so a large Read overlaps with the peer's writing instead of
 // holding the whole ring until it returns. It stops early if CloseRead or
 // Close came meanwhile.
-func (c *Conn) copyOut(b []byte) (uint64, error) {
+func (c *Conn) copyOutLocked(b []byte) (uint64, error) {
 	mem := c.ep.ring.Bytes()
 	chunk := max(uint64(len(mem))/4, 1)
 	var done uint64
 	for done < uint64(len(b)) {
-		c.mu.Lock()
 		piece := min(uint64(len(b))-done, chunk, c.st.Readable())
 		if c.closed || c.rdClosed || piece == 0 {
-			c.mu.Unlock()
 			break
 		}
 		s1, s2 := c.st.ReadSegments(piece)
@@ -250,13 +258,13 @@ func (c *Conn) copyOut(b []byte) (uint64, error) {
 		copy(b[done:], mem[s1.Off:s1.Off+s1.Len])
 		copy(b[done+s1.Len:], mem[s2.Off:s2.Off+s2.Len])
 		c.mu.Lock()
-		err := c.returnLentLocked(piece)
-		c.mu.Unlock()
-		if err != nil {
+		if err := c.returnLentLocked(piece); err != nil {
+			c.mu.Unlock()
 			return done, err
 		}
 		done += piece
 	}
+	c.mu.Unlock()
 	return done, nil
 }
 
