@@ -410,13 +410,18 @@ func (c *Conn) waitDirect(wake chan struct{}, dl *deadline, dir int32) (err erro
 // armLocked asks for the notification of the next completion, for whoever
 // waits: nobody while calls busy-poll a queue that can be disarmed (they
 // poll, and the last one arms again), the call waiting on the queue itself
-// if there is one or one has just stopped (sticky, see sticky.go), else
-// the event loop. Arming decisions and the state
+// if there is one or one has just stopped (sticky, see sticky.go; nobody
+// if the queue can be disarmed), else the event loop. Arming decisions and the state
 // they depend on (spinners, dirOwner) change only under mu, so the latest
 // decision is always the right one.
 func (c *Conn) armLocked() error {
 	switch {
 	case c.disarmable && c.spinners.Load() > 0:
+		return nil
+	case c.disarmable && c.sticky && c.dirOwner.Load() == 0:
+		// Sticky on a queue that can be disarmed: nobody is notified, and
+		// the next call polls before it waits (sticky.go).
+		c.ep.cq.(verbs.Disarmer).Disarm()
 		return nil
 	case c.dw != nil && (c.dirOwner.Load() != 0 || c.sticky):
 		return c.dw.ArmDirect()
