@@ -8,12 +8,16 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/nettest"
+
+	"github.com/rdmanet/rdmanet/internal/transport"
+	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
 // tcpOnly allows only the TCP fallback.
@@ -277,4 +281,46 @@ func TestBadNetworkAndConfig(t *testing.T) {
 	_, err = Dial("tcp", "127.0.0.1:1")
 	assert.True(t, errors.As(err, &ce), "%v", err)
 	assert.True(t, strings.Contains(err.Error(), "RSOCK_RING_SIZE") || strings.Contains(err.Error(), "RingSize"))
+}
+
+// slowOpen is a provider whose Opens after the first `fast` take `delay`:
+// a server that prepares its endpoint slowly (a host whose RDMA device
+// registers memory in software, under a burst of dials).
+type slowOpen struct {
+	verbs.Provider
+	fast  int32
+	delay time.Duration
+	opens atomic.Int32
+}
+
+func (p *slowOpen) Open(oo verbs.OpenOptions) (verbs.Device, error) {
+	if p.opens.Add(1) > p.fast {
+		time.Sleep(p.delay)
+	}
+	return p.Provider.Open(oo)
+}
+
+// TestDialSlowServerIsNotPlain: a server that takes longer than the
+// client's ProbeTimeout to prepare its endpoint is still an rsock server:
+// it answers the magic before it prepares anything, so the dial waits for
+// it (within HandshakeTimeout) instead of taking it for a plain server,
+// falling back and remembering that.
+func TestDialSlowServerIsNotPlain(t *testing.T) {
+	registerSim(t)
+	slow := &slowOpen{Provider: simProv, fast: 1, delay: 500 * time.Millisecond} // the client's Open is the first
+	transport.Register("sim", slow)
+	t.Cleanup(func() { transport.Register("sim", simProv) })
+	cfg := &Config{Transports: []string{"sim", "tcp"}, RingSize: 64 << 10, ProbeTimeout: 100 * time.Millisecond}
+	ln := listen(t, cfg)
+	key := "tcp " + ln.Addr().String()
+	t.Cleanup(func() { plainServers.forget(key) })
+	for i := range 2 { // two misreadings in a row would be remembered
+		c, s := pipe(t, ln, cfg)
+		assert.Equal(t, "sim", TransportOf(c), "dial %d: %s", i, c.Info().Reason)
+		assert.Equal(t, "sim", TransportOf(s), "dial %d: %s", i, s.Info().Reason)
+		c.Close()
+		s.Close()
+		slow.opens.Store(0)
+	}
+	assert.False(t, plainServers.known(key), "the slow rsock server was remembered as plain")
 }

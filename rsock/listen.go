@@ -262,10 +262,20 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	_ = raw.SetDeadline(time.Now().Add(s.handshake))
 	ctx, cancel := context.WithTimeout(l.ctx, s.handshake)
 	defer cancel()
+	// Answer with the magic at once, before reading the hello and
+	// preparing anything: the client's ProbeTimeout then measures whether
+	// an rsock server is there, not how long this one takes to prepare an
+	// endpoint (a burst of dials to a host that registers memory slowly
+	// would otherwise be taken for a plain server, and remembered as one).
+	// The first frame that follows leaves its magic out (handshake.WriteAfterMagic).
+	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
+		raw.Close()
+		return nil, err
+	}
 	msg, err := handshake.Read(io.MultiReader(bytes.NewReader(head[:]), raw))
 	if err != nil {
 		if errors.Is(err, handshake.ErrVersion) {
-			_ = handshake.Write(raw, &handshake.Decline{Code: handshake.DeclineVersion, Reason: fmt.Sprintf("server speaks version %d", handshake.Version)})
+			_ = handshake.WriteAfterMagic(raw, &handshake.Decline{Code: handshake.DeclineVersion, Reason: fmt.Sprintf("server speaks version %d", handshake.Version)})
 		}
 		raw.Close()
 		return nil, err

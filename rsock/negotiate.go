@@ -156,7 +156,7 @@ func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, 
 		return nil, err
 	}
 	accept := &handshake.Accept{Transport: mustTransport(chosen), Ring: ringOf(ep.Ring()), Info: ep.Info()}
-	if err := handshake.Write(raw, accept); err != nil {
+	if err := handshake.WriteAfterMagic(raw, accept); err != nil {
 		return drop(fmt.Errorf("rsock: writing accept: %w", err))
 	}
 	msg, err := handshake.Read(raw)
@@ -206,7 +206,7 @@ func abort(raw *net.TCPConn, ep *stream.Endpoint, err error) error {
 
 func (s *settings) decline(network string, raw *net.TCPConn, code handshake.DeclineCode, reason string) (*Conn, error) {
 	reason = handshake.SanitizeReason(reason)
-	if err := handshake.Write(raw, &handshake.Decline{Code: code, Reason: reason}); err != nil {
+	if err := handshake.WriteAfterMagic(raw, &handshake.Decline{Code: code, Reason: reason}); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: writing decline: %w", err)
 	}

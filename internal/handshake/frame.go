@@ -174,11 +174,20 @@ func isNil(m Message) bool {
 }
 
 // Write encodes m and writes the whole frame to w with a single Write call.
-func Write(w io.Writer, m Message) error {
+func Write(w io.Writer, m Message) error { return write(w, m, 0) }
+
+// WriteAfterMagic is Write without the leading Magic: for a side that has
+// already sent the magic on its own (the listener answers a client's magic
+// with its own at once, before it has a frame to send). The bytes on the
+// wire are the same as one Write's.
+func WriteAfterMagic(w io.Writer, m Message) error { return write(w, m, len(Magic)) }
+
+func write(w io.Writer, m Message, skip int) error {
 	frame, err := Append(make([]byte, 0, 256), m)
 	if err != nil {
 		return err
 	}
+	frame = frame[skip:]
 	n, err := w.Write(frame)
 	if err == nil && n != len(frame) {
 		err = io.ErrShortWrite

@@ -271,3 +271,18 @@ func TestReadAllocationBound(t *testing.T) {
 	})
 	assert.Less(t, perRun, float64(2*handshake.MaxBody+1024))
 }
+
+// TestWriteAfterMagic: the magic followed by WriteAfterMagic's bytes is
+// exactly one Write's frame, and Read takes it as one message.
+func TestWriteAfterMagic(t *testing.T) {
+	m := &handshake.Decline{Code: handshake.DeclineVersion, Reason: "server speaks version 1"}
+	var whole, split bytes.Buffer
+	require.NoError(t, handshake.Write(&whole, m))
+	split.WriteString(handshake.Magic)
+	require.NoError(t, handshake.WriteAfterMagic(&split, m))
+	require.Equal(t, whole.Bytes(), split.Bytes())
+	got, err := handshake.Read(&split)
+	require.NoError(t, err)
+	assert.Equal(t, m, got)
+	assert.ErrorIs(t, handshake.WriteAfterMagic(io.Discard, nil), handshake.ErrMalformed)
+}

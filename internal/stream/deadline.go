@@ -14,13 +14,14 @@ import (
 //
 // Every Read and Write checks its deadline (expired), often many times per
 // millisecond on a busy stream, so the check is one atomic load and no
-// lock: mu serialises only the setters. cur always holds the current
-// cancel channel.
+// lock, and so is wait: mu serialises only the setters. cur always holds
+// the current cancel channel; passed is set just before it is closed.
 type deadline struct {
 	mu     sync.Mutex
 	timer  *time.Timer
 	cancel chan struct{}                 // closed when the deadline passes; replaced under mu
 	cur    atomic.Pointer[chan struct{}] // &cancel's current value, for the lock-free readers
+	passed atomic.Bool                   // cancel is closed (or about to be)
 	expire func()                        // called after cancel is closed, for waiters not on the channel
 }
 
@@ -35,6 +36,7 @@ func newDeadline(expire func()) *deadline {
 func (d *deadline) replace() {
 	ch := make(chan struct{})
 	d.cancel = ch
+	d.passed.Store(false)
 	d.cur.Store(&ch)
 }
 
@@ -60,12 +62,14 @@ func (d *deadline) set(t time.Time) {
 		}
 		ch := d.cancel
 		d.timer = time.AfterFunc(dur, func() {
+			d.passed.Store(true)
 			close(ch)
 			d.expire()
 		})
 		return
 	}
 	if !closed {
+		d.passed.Store(true)
 		close(d.cancel)
 		d.expire()
 	}
@@ -75,7 +79,7 @@ func (d *deadline) set(t time.Time) {
 func (d *deadline) wait() <-chan struct{} { return *d.cur.Load() }
 
 // expired reports whether the deadline has passed.
-func (d *deadline) expired() bool { return isClosed(d.wait()) }
+func (d *deadline) expired() bool { return d.passed.Load() }
 
 func isClosed(ch <-chan struct{}) bool {
 	select {

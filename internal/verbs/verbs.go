@@ -347,3 +347,14 @@ type DirectWaiter interface {
 	WaitDirect() error
 	WakeDirect()
 }
+
+// Peeker is implemented by CQs that can tell cheaply (no system call, no
+// allocation, no lock a poster takes) whether Poll would find anything. A
+// busy-polling caller asks it before it takes its own locks to Poll, so
+// that its spinning does not contend with the goroutines posting on the
+// same connection. It is a hint: a completion that arrives as Pending
+// returns may be missed, and Pending may report true for a completion that
+// another caller then polls.
+type Peeker interface {
+	Pending() bool
+}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -59,7 +60,8 @@ type CQ struct {
 	ln     int
 	lcount atomic.Int32 // ln, readable without lmu
 
-	rbuf [8]byte // WaitDirect's read buffer (one WaitDirect at a time)
+	rbuf  [8]byte     // WaitDirect's read buffer (one WaitDirect at a time)
+	woken atomic.Bool // WakeDirect was called; WaitDirect clears it
 }
 
 // The values of CQ.armed and of an inbox's sleeping field: which doorbell
@@ -81,6 +83,7 @@ var (
 	_ verbs.CQ           = (*CQ)(nil)
 	_ verbs.Disarmer     = (*CQ)(nil)
 	_ verbs.DirectWaiter = (*CQ)(nil)
+	_ verbs.Peeker       = (*CQ)(nil)
 )
 
 // eventOne is the value written to an eventfd to signal it.
@@ -139,6 +142,24 @@ func (cq *CQ) Poll(wc []verbs.Completion) (int, error) {
 	return n, nil
 }
 
+// Pending reports whether Poll would find a completion now: a queued
+// local one, or an entry (or a fault) in the inbox of an attached QP. It
+// takes only the CQ's mutex (which posters never take) and makes two loads
+// of shared memory per attached QP (verbs.Peeker).
+func (cq *CQ) Pending() bool {
+	if cq.lcount.Load() > 0 {
+		return true
+	}
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	for _, q := range cq.qps {
+		if q.in.hdr.tail.Load() != q.head.Load() || q.in.hdr.fault.Load() != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Arm requests a notification for the next completion: a local one, or an
 // entry a peer publishes in the inbox of an attached QP; it makes Wait
 // return. Poll once more after Arm before Wait. It makes no system call.
@@ -194,24 +215,52 @@ func (cq *CQ) Wait() error {
 }
 
 // WaitDirect blocks until the eventfd is signalled (by a notification
-// ArmDirect asked for, by WakeDirect, or spuriously) and returns nil. It
-// parks the goroutine in the Go netpoller. Errors as Wait's.
+// ArmDirect asked for), WakeDirect is called, or spuriously, and returns
+// nil. It parks the goroutine in the Go netpoller. Errors as Wait's.
 func (cq *CQ) WaitDirect() error {
-	if err := cq.waitErr(); err != nil {
-		return err
+	for {
+		if err := cq.waitErr(); err != nil {
+			return err
+		}
+		if cq.woken.Swap(false) {
+			// A WakeDirect after the swap sets woken again: the next
+			// WaitDirect returns at once, whatever this reset undoes.
+			_ = cq.efile.SetReadDeadline(time.Time{})
+			return cq.waitErr()
+		}
+		_, err := cq.efile.Read(cq.rbuf[:])
+		switch {
+		case cq.closed.Load() || errors.Is(err, os.ErrClosed):
+			return verbs.ErrClosed
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// A WakeDirect set the deadline, but woken may be clear: a
+			// WakeDirect that stored woken before an earlier Swap can set
+			// its deadline after that WaitDirect's reset. Reset before
+			// the Swap: a WakeDirect whose store the Swap misses sets its
+			// deadline after this reset, so it is not lost.
+			_ = cq.efile.SetReadDeadline(time.Time{})
+			continue
+		case err != nil:
+			return fmt.Errorf("shm: reading the completion eventfd: %w", err)
+		}
+		return cq.waitErr()
 	}
-	_, err := cq.efile.Read(cq.rbuf[:])
-	switch {
-	case cq.closed.Load() || errors.Is(err, os.ErrClosed):
-		return verbs.ErrClosed
-	case err != nil:
-		return fmt.Errorf("shm: reading the completion eventfd: %w", err)
-	}
-	return cq.waitErr()
 }
 
-// WakeDirect makes the WaitDirect in progress, or the next one, return.
-func (cq *CQ) WakeDirect() { _, _ = cq.efile.Write(eventOne[:]) }
+// WakeDirect makes the WaitDirect in progress, or the next one, return. It
+// makes no system call: it sets a read deadline in the past on the
+// eventfd's file, which the Go runtime delivers to the parked WaitDirect
+// at once, as it does net.Conn deadlines (a write to the eventfd would
+// cost a system call and a trip through epoll).
+func (cq *CQ) WakeDirect() {
+	cq.woken.Store(true)
+	if cq.efile.SetReadDeadline(aLongTimeAgo) != nil {
+		_, _ = cq.efile.Write(eventOne[:]) // not pollable after all
+	}
+}
+
+// aLongTimeAgo is a deadline that has passed.
+var aLongTimeAgo = time.Unix(1, 0)
 
 func (cq *CQ) waitErr() error {
 	switch {

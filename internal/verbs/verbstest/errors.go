@@ -231,6 +231,18 @@ func (s *suite) testDirectWait(t *testing.T) {
 				}
 			}
 		}()
+		// directWoke expects the direct waiter to return, or fails with why.
+		directWoke := func(why string) {
+			t.Helper()
+			select {
+			case err := <-directc:
+				if err != nil {
+					t.Fatalf("WaitDirect: %v", err)
+				}
+			case <-pr.ctx.Done():
+				t.Fatal(why)
+			}
+		}
 		// Arm, then ArmDirect: the direct waiter gets the next one.
 		if err := pr.b.cq.Arm(); err != nil {
 			t.Fatalf("Arm: %v", err)
@@ -239,14 +251,7 @@ func (s *suite) testDirectWait(t *testing.T) {
 			t.Fatalf("ArmDirect: %v", err)
 		}
 		pr.postSend(pr.a, verbs.SendWR{ID: 1, Op: verbs.OpSend, Inline: []byte{1}})
-		select {
-		case err := <-directc:
-			if err != nil {
-				t.Fatalf("WaitDirect: %v", err)
-			}
-		case <-pr.ctx.Done():
-			t.Fatal("WaitDirect did not wake up for a completion after ArmDirect")
-		}
+		directWoke("WaitDirect did not wake up for a completion after ArmDirect")
 		if _, err := pollN(pr.ctx, pr.b.cq, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -283,13 +288,27 @@ func (s *suite) testDirectWait(t *testing.T) {
 		}
 		// WakeDirect wakes the direct waiter without a completion.
 		dw.WakeDirect()
-		select {
-		case err := <-directc:
-			if err != nil {
+		directWoke("WakeDirect did not wake WaitDirect")
+		// A WakeDirect is used up by the WaitDirect it woke: after it, a
+		// completion armed for still wakes the direct waiter, and a
+		// WakeDirect before WaitDirect is not lost.
+		for range 3 {
+			dw.WakeDirect()
+			directWoke("WakeDirect did not wake WaitDirect")
+		}
+		for len(directc) > 0 { // spurious wake-ups so far
+			if err := <-directc; err != nil {
 				t.Fatalf("WaitDirect: %v", err)
 			}
-		case <-pr.ctx.Done():
-			t.Fatal("WakeDirect did not wake WaitDirect")
+		}
+		pr.postRecv(pr.b, rbuf, 0, 64)
+		if err := dw.ArmDirect(); err != nil {
+			t.Fatalf("ArmDirect: %v", err)
+		}
+		pr.postSend(pr.a, verbs.SendWR{ID: 3, Op: verbs.OpSend, Inline: []byte{3}})
+		directWoke("WaitDirect did not wake up for a completion after WakeDirects")
+		if _, err := pollN(pr.ctx, pr.b.cq, 1); err != nil {
+			t.Fatal(err)
 		}
 	})
 	t.Run("Close", func(t *testing.T) {
@@ -331,6 +350,39 @@ func (s *suite) testDirectWait(t *testing.T) {
 		}
 		dw.WakeDirect() // must not panic
 	})
+}
+
+// testPeek: for a CQ that can tell whether a poll would find anything
+// (verbs.Peeker), Pending is false on an empty queue, true once a
+// completion is there (within the suite's timeout: it is a hint, but one
+// that must not stay wrong), and false again after Poll took it.
+func (s *suite) testPeek(t *testing.T) {
+	pr := s.newPair(t, defaultConfig)
+	pk, ok := pr.b.cq.(verbs.Peeker)
+	if !ok {
+		t.Skip("the provider's CQ does not implement verbs.Peeker")
+	}
+	if pk.Pending() {
+		t.Fatal("Pending on an empty queue")
+	}
+	rbuf := pr.alloc(pr.b, 64, localWrite)
+	pr.postRecv(pr.b, rbuf, 0, 64)
+	if pk.Pending() {
+		t.Fatal("Pending after PostRecv alone")
+	}
+	pr.postSend(pr.a, verbs.SendWR{ID: 1, Op: verbs.OpSend, Inline: []byte{1}})
+	for !pk.Pending() {
+		if pr.ctx.Err() != nil {
+			t.Fatal("Pending stayed false with a completion in the queue")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := pollN(pr.ctx, pr.b.cq, 1); err != nil {
+		t.Fatal(err)
+	}
+	if pk.Pending() {
+		t.Fatal("Pending after Poll took the only completion")
+	}
 }
 
 // testLimits: queue depths, local bounds and peer information are checked

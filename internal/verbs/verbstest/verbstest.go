@@ -56,6 +56,7 @@ func Run(t *testing.T, p verbs.Provider, opts verbs.OpenOptions) {
 	t.Run("CloseFlushesRecvs", s.testCloseFlushesRecvs)
 	t.Run("ArmWait", s.testArmWait)
 	t.Run("DirectWait", s.testDirectWait)
+	t.Run("Peek", s.testPeek)
 	t.Run("Limits", s.testLimits)
 	t.Run("Concurrent", s.testConcurrent)
 	t.Run("ClosedPeer", s.testClosedPeer)

@@ -1,0 +1,112 @@
+package shm
+
+import (
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// cpuTime is the CPU time this process has used.
+func cpuTime(t *testing.T) time.Duration {
+	t.Helper()
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		t.Fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestWakeDirectUsedUp: WakeDirect wakes one WaitDirect (the one in
+// progress or the next), and then WaitDirect parks again. WakeDirect works
+// through the eventfd file's read deadline; a deadline left in the past
+// would turn every later WaitDirect into a busy loop, which the contract's
+// "spurious wake-ups are allowed" would hide from the conformance suite.
+func TestWakeDirectUsedUp(t *testing.T) {
+	e := openEnd(t, 8)
+	waits := make(chan error, 16)
+	waitOnce := func() { waits <- e.cq.WaitDirect() }
+	expectWake := func(why string) {
+		t.Helper()
+		select {
+		case err := <-waits:
+			if err != nil {
+				t.Fatalf("WaitDirect: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("WaitDirect did not return %s", why)
+		}
+	}
+	// Parked, not returning and not spinning inside: over the window, the
+	// process uses far less CPU than a busy loop would (all of it).
+	const window = 200 * time.Millisecond
+	expectParked := func() {
+		t.Helper()
+		before := cpuTime(t)
+		select {
+		case err := <-waits:
+			t.Fatalf("WaitDirect returned (%v) with nothing to wake it", err)
+		case <-time.After(window):
+		}
+		if used := cpuTime(t) - before; used > window/2 {
+			t.Fatalf("WaitDirect used %v of CPU in %v while nothing woke it: it spins", used, window)
+		}
+	}
+	e.cq.WakeDirect() // before the wait: latched
+	go waitOnce()
+	expectWake("for a WakeDirect before it")
+	for range 3 {
+		go waitOnce()
+		expectParked()
+		e.cq.WakeDirect()
+		expectWake("for a WakeDirect")
+	}
+	go waitOnce()
+	expectParked()
+	if err := e.cq.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case <-waits:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not unblock WaitDirect")
+	}
+	e.cq = nil
+}
+
+// TestWaitDirectStaleDeadline: the interleaving in which a WakeDirect
+// stores woken before a WaitDirect takes it but sets its deadline after
+// that WaitDirect reset it leaves a past deadline with woken clear. The
+// next WaitDirect must park (not spin on the deadline) and still return
+// for a real notification. Before the fix it looped on
+// ErrDeadlineExceeded without ever reading the eventfd, which hung
+// nettest's ConcurrentMethods in CI.
+func TestWaitDirectStaleDeadline(t *testing.T) {
+	e := openEnd(t, 8)
+	if err := e.cq.efile.SetReadDeadline(aLongTimeAgo); err != nil {
+		t.Fatalf("SetReadDeadline: %v", err)
+	}
+	waits := make(chan error, 1)
+	before := cpuTime(t)
+	go func() { waits <- e.cq.WaitDirect() }()
+	const window = 200 * time.Millisecond
+	select {
+	case err := <-waits:
+		t.Fatalf("WaitDirect returned (%v) with nothing to wake it", err)
+	case <-time.After(window):
+	}
+	if used := cpuTime(t) - before; used > window/2 {
+		t.Fatalf("WaitDirect used %v of CPU in %v on a stale deadline: it spins", used, window)
+	}
+	if _, err := e.cq.efile.Write(eventOne[:]); err != nil {
+		t.Fatalf("signalling the eventfd: %v", err)
+	}
+	select {
+	case err := <-waits:
+		if err != nil {
+			t.Fatalf("WaitDirect: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitDirect missed the eventfd signal after a stale deadline")
+	}
+}
