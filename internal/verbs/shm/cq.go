@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -60,8 +61,10 @@ type CQ struct {
 	ln     int
 	lcount atomic.Int32 // ln, readable without lmu
 
-	rbuf  [8]byte     // WaitDirect's read buffer (one WaitDirect at a time)
-	woken atomic.Bool // WakeDirect was called; WaitDirect clears it
+	raw    syscall.RawConn    // efile's, for WaitDirect
+	rawFn  func(uintptr) bool // WaitDirect's callback (cq.rawReady), bound once
+	parked bool               // rawReady has been called once in this wait (one WaitDirect at a time)
+	woken  atomic.Bool        // WakeDirect was called; WaitDirect clears it
 }
 
 // The values of CQ.armed and of an inbox's sleeping field: which doorbell
@@ -97,14 +100,20 @@ func newCQ(d *Device, depth int) (*CQ, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: eventfd: %w", err)
 	}
-	return &CQ{
+	cq := &CQ{
 		dev:   d,
 		depth: depth,
 		efile: os.NewFile(uintptr(efd), "rsock-shm-cq"),
 		bell:  make(chan struct{}, 1),
 		done:  make(chan struct{}),
 		local: make([]localEntry, min(depth, 64)),
-	}, nil
+	}
+	if cq.raw, err = cq.efile.SyscallConn(); err != nil {
+		cq.efile.Close()
+		return nil, fmt.Errorf("shm: eventfd: %w", err)
+	}
+	cq.rawFn = cq.rawReady
+	return cq, nil
 }
 
 // Poll moves up to len(wc) completions into wc without blocking and returns
@@ -217,6 +226,16 @@ func (cq *CQ) Wait() error {
 // WaitDirect blocks until the eventfd is signalled (by a notification
 // ArmDirect asked for), WakeDirect is called, or spuriously, and returns
 // nil. It parks the goroutine in the Go netpoller. Errors as Wait's.
+//
+// It never reads the eventfd: the netpoller is edge-triggered and every
+// write to an eventfd is an edge, so the counter is left to grow (it
+// would take centuries of notifications to fill), and a wait costs no
+// system call at all, where a read would cost two (one that finds nothing
+// before parking, one after). The runtime forgets readiness it saw before
+// the wait began, so a notification whose edge came between ArmDirect and
+// the wait would be lost; a peer clears the inbox's sleeping value before
+// it writes the eventfd, so rawReady checks those values after the runtime
+// has forgotten and does not park if one was cleared.
 func (cq *CQ) WaitDirect() error {
 	for {
 		if err := cq.waitErr(); err != nil {
@@ -228,7 +247,8 @@ func (cq *CQ) WaitDirect() error {
 			_ = cq.efile.SetReadDeadline(time.Time{})
 			return cq.waitErr()
 		}
-		_, err := cq.efile.Read(cq.rbuf[:])
+		cq.parked = false
+		err := cq.raw.Read(cq.rawFn)
 		switch {
 		case cq.closed.Load() || errors.Is(err, os.ErrClosed):
 			return verbs.ErrClosed
@@ -241,10 +261,41 @@ func (cq *CQ) WaitDirect() error {
 			_ = cq.efile.SetReadDeadline(time.Time{})
 			continue
 		case err != nil:
-			return fmt.Errorf("shm: reading the completion eventfd: %w", err)
+			return fmt.Errorf("shm: waiting on the completion eventfd: %w", err)
 		}
 		return cq.waitErr()
 	}
+}
+
+// rawReady is WaitDirect's callback to the runtime: true ends the wait. It
+// is called once before parking (after the runtime forgot earlier
+// readiness) and once after each wake-up.
+func (cq *CQ) rawReady(uintptr) bool {
+	if cq.parked {
+		return true
+	}
+	cq.parked = true
+	return cq.rang()
+}
+
+// rang reports whether a notification may have been sent since ArmDirect:
+// a local completion is queued, or a peer cleared an inbox's sleeping
+// value (it does so before writing the eventfd).
+func (cq *CQ) rang() bool {
+	if cq.lcount.Load() > 0 {
+		return true
+	}
+	if cq.armed.Load() != armDirect {
+		return false
+	}
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	for _, q := range cq.qps {
+		if q.in.hdr.sleeping.Load() != armDirect {
+			return true
+		}
+	}
+	return false
 }
 
 // WakeDirect makes the WaitDirect in progress, or the next one, return. It

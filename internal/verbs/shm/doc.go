@@ -58,7 +58,8 @@
 // stores 2 (armDirect); then the caller polls once more, loading tail. The
 // producer stores tail, then loads sleeping and, if set, swaps it to 0 and
 // rings the doorbell it names: for 2 it writes the eventfd of the peer's CQ
-// (WaitDirect reads it, parked in the Go netpoller), for any other value it
+// (WaitDirect waits for its edge in the Go netpoller without reading it:
+// each write is an edge, and the counter may grow), for any other value it
 // sends a ring message on the control connection (whose reader signals the
 // channel Wait parks on). This is Dekker's pattern: both sides store then
 // load, and with sequentially consistent atomics (the XCHG is a full
