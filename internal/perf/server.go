@@ -190,7 +190,7 @@ func (s *Server) handle(c net.Conn) error {
 			}
 		}
 	case opSink:
-		n, err := io.CopyBuffer(io.Discard, readerOnly{c}, make([]byte, clampBuf(h.Param)))
+		n, err := discard(c, clampBuf(h.Param))
 		if err != nil {
 			return err
 		}
@@ -211,7 +211,7 @@ func (s *Server) handle(c net.Conn) error {
 			}
 			werr <- closeWrite(c)
 		}()
-		_, err := io.CopyBuffer(io.Discard, readerOnly{c}, make([]byte, clampBuf(h.Param)))
+		_, err := discard(c, clampBuf(h.Param))
 		done.Store(true)
 		if err != nil {
 			c.Close()
@@ -243,9 +243,25 @@ func (s *Server) handle(c net.Conn) error {
 	return fmt.Errorf("unknown op %q", h.Op)
 }
 
-// readerOnly hides a conn's WriteTo, so io.CopyBuffer uses its buffer
-// (the same read size on every transport).
-type readerOnly struct{ io.Reader }
+// discard reads r until EOF with Reads of size bytes, and returns how many
+// it read. It is io.Copy(io.Discard, r) with the read size fixed: io.Copy
+// would use r's WriteTo, and io.Discard's ReadFrom reads 8 KiB at a time
+// whatever buffer is given, so the read size would differ by transport
+// and could not follow the write size.
+func discard(r io.Reader, size int) (int64, error) {
+	buf := make([]byte, size)
+	var n int64
+	for {
+		k, err := r.Read(buf)
+		n += int64(k)
+		switch {
+		case err == io.EOF:
+			return n, nil
+		case err != nil:
+			return n, err
+		}
+	}
+}
 
 func closeWrite(c net.Conn) error {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {

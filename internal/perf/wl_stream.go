@@ -156,7 +156,7 @@ func bidir(ctx context.Context, t *Target, size int, d time.Duration) (Measureme
 	got := make(chan result, 1)
 	start := time.Now()
 	go func() {
-		n, err := io.CopyBuffer(io.Discard, readerOnly{c}, make([]byte, clampBuf(uint64(size))))
+		n, err := discard(c, clampBuf(uint64(size)))
 		got <- result{n, err}
 	}()
 	sent, werr := writeFor(c, buf, start.Add(d))

@@ -261,6 +261,9 @@ func (s *State) Next(extra Flags) (Msg, error) {
 
 // ---- Receive half ----
 
+// Cons is our consumer cursor: all bytes consumed.
+func (s *State) Cons() uint64 { return s.cons }
+
 // Readable is how many bytes the peer has written that we have not consumed.
 func (s *State) Readable() uint64 { return s.peerProd - s.cons }
 

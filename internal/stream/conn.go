@@ -1,9 +1,7 @@
 package stream
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -40,6 +38,8 @@ type Conn struct {
 	inline int      // QP's MaxInline
 
 	rdMu, wrMu     sync.Mutex   // serialise Reads and Writes
+	rdLease                     // bytes lent to Reads between calls (read.go); guarded by rdMu
+	rdStop         atomic.Bool  // Close or CloseRead was called: no more Reads from a lease; set under mu
 	spinners       atomic.Int32 // callers busy-polling (the CQ is disarmed meanwhile); changed under mu
 	rdSpin, wrSpin spinCtl      // each direction's adaptive busy-poll window
 
@@ -57,7 +57,7 @@ type Conn struct {
 	suspect   error // a transport failure awaiting its verdict (suspectLocked)
 	closed    bool  // Close was called
 	rdClosed  bool  // CloseRead was called
-	lent      bool  // a Read or CopyTo is using readable bytes outside mu: CloseRead leaves them to it
+	lent      bool  // readable bytes are lent outside mu (a lease, a CopyTo piece): CloseRead leaves them to their holder
 	wrClosed  bool  // CloseWrite was called
 	peerGone  bool  // the peer said goodbye (orderly close) on the bootstrap
 	sqPosted  uint64
@@ -157,210 +157,6 @@ func (c *Conn) enter() error {
 	c.calls.Add(1)
 	return nil
 }
-
-// Read reads up to len(b) bytes. It returns io.EOF once the peer has closed
-// its writing side and every byte was read, and after CloseRead.
-func (c *Conn) Read(b []byte) (int, error) {
-	if err := c.enter(); err != nil {
-		return 0, err
-	}
-	defer c.calls.Done()
-	c.rdMu.Lock()
-	defer c.rdMu.Unlock()
-	for {
-		c.mu.Lock()
-		// What this loop is about to check answers any wake-up sent so far
-		// (they are sent under mu): drop it, or the next wait would return
-		// for nothing.
-		drain(c.rdWake)
-		if c.closed {
-			c.mu.Unlock()
-			return 0, net.ErrClosed
-		}
-		if c.rdClosed {
-			c.mu.Unlock()
-			return 0, io.EOF
-		}
-		if c.rdDeadline.expired() {
-			c.mu.Unlock()
-			return 0, os.ErrDeadlineExceeded
-		}
-		if n := c.st.Readable(); n > 0 {
-			if len(b) == 0 {
-				c.mu.Unlock()
-				return 0, nil
-			}
-			k := min(n, uint64(len(b)))
-			c.mu.Unlock()
-			done, err := c.copyOut(b[:k])
-			c.stats.BytesRead.Add(done)
-			switch {
-			case done > 0:
-				return int(done), nil
-			case err != nil:
-				return 0, err
-			}
-			continue // CloseRead or Close took the bytes: say so
-		}
-		if c.st.EOF() {
-			c.mu.Unlock()
-			return 0, io.EOF
-		}
-		if c.err != nil {
-			err := c.err
-			c.mu.Unlock()
-			return 0, err
-		}
-		if c.peerGone {
-			// The peer closed and everything it wrote was read, but its
-			// final message never came: treat its goodbye as the FIN.
-			c.mu.Unlock()
-			return 0, io.EOF
-		}
-		c.mu.Unlock()
-		if len(b) == 0 {
-			return 0, nil
-		}
-		if err := c.wait(dirRead); err != nil {
-			return 0, err
-		}
-	}
-}
-
-// copyOut copies len(b) readable bytes out of the ring, in pieces of at
-// most a quarter of the ring: each piece is announced consumed (which
-// sends the peer its space back once a quarter is free) before the next
-// is copied, so a large Read overlaps with the peer's writing instead of
-// holding the whole ring until it returns. It stops early if CloseRead or
-// Close came meanwhile.
-func (c *Conn) copyOut(b []byte) (uint64, error) {
-	mem := c.ep.ring.Bytes()
-	chunk := max(uint64(len(mem))/4, 1)
-	var done uint64
-	for done < uint64(len(b)) {
-		c.mu.Lock()
-		piece := min(uint64(len(b))-done, chunk, c.st.Readable())
-		if c.closed || c.rdClosed || piece == 0 {
-			c.mu.Unlock()
-			break
-		}
-		s1, s2 := c.st.ReadSegments(piece)
-		c.lent = true
-		c.mu.Unlock()
-		// The peer does not write these bytes again until we announce
-		// them consumed, so the copy needs no lock.
-		copy(b[done:], mem[s1.Off:s1.Off+s1.Len])
-		copy(b[done+s1.Len:], mem[s2.Off:s2.Off+s2.Len])
-		c.mu.Lock()
-		err := c.returnLentLocked(piece)
-		c.mu.Unlock()
-		if err != nil {
-			return done, err
-		}
-		done += piece
-	}
-	return done, nil
-}
-
-// returnLentLocked ends a use of readable bytes outside mu: n of them are
-// consumed, and if CloseRead came meanwhile the rest is discarded.
-func (c *Conn) returnLentLocked(n uint64) error {
-	c.lent = false
-	err := c.st.Consumed(n)
-	if c.rdClosed {
-		_ = c.st.Consumed(c.st.Readable())
-	}
-	if err == nil {
-		c.flushLocked()
-	}
-	return err
-}
-
-// CopyTo hands the stream to w until EOF (both errors nil), an error of
-// the stream (readErr, as Read would return it) or of w (writeErr). The
-// bytes go to w.Write straight from the ring, with no copy here (w must not
-// keep the slice, as io.Writer's contract says), in pieces of at most a
-// quarter of the ring, each announced consumed once w took it. It blocks
-// and honours the read deadline as Read does.
-func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
-	if err := c.enter(); err != nil {
-		return 0, err, nil
-	}
-	defer c.calls.Done()
-	c.rdMu.Lock()
-	defer c.rdMu.Unlock()
-	mem := c.ep.ring.Bytes()
-	chunk := max(uint64(len(mem))/4, 1)
-	for {
-		c.mu.Lock()
-		drain(c.rdWake) // as in Read
-		switch {
-		case c.closed:
-			c.mu.Unlock()
-			return n, net.ErrClosed, nil
-		case c.rdClosed:
-			c.mu.Unlock()
-			return n, nil, nil
-		case c.rdDeadline.expired():
-			c.mu.Unlock()
-			return n, os.ErrDeadlineExceeded, nil
-		}
-		if avail := c.st.Readable(); avail > 0 {
-			s1, s2 := c.st.ReadSegments(min(avail, chunk))
-			c.lent = true
-			c.mu.Unlock()
-			k, werr := writeSegs(w, mem[s1.Off:s1.Off+s1.Len], mem[s2.Off:s2.Off+s2.Len])
-			c.mu.Lock()
-			err := c.returnLentLocked(uint64(k))
-			c.mu.Unlock()
-			n += int64(k)
-			c.stats.BytesRead.Add(uint64(k))
-			switch {
-			case werr != nil:
-				return n, nil, werr
-			case err != nil:
-				return n, err, nil
-			}
-			continue
-		}
-		eof, err := c.st.EOF() || c.peerGone, c.err
-		c.mu.Unlock()
-		switch {
-		case eof:
-			return n, nil, nil
-		case err != nil:
-			return n, err, nil
-		}
-		if err := c.wait(dirRead); err != nil {
-			return n, err, nil
-		}
-	}
-}
-
-// writeSegs writes a, then b, to w; it returns how many bytes w took.
-func writeSegs(w io.Writer, a, b []byte) (int, error) {
-	n := 0
-	for _, seg := range [][]byte{a, b} {
-		if len(seg) == 0 {
-			continue
-		}
-		k, err := w.Write(seg)
-		if k < 0 || k > len(seg) {
-			k, err = 0, errInvalidWrite
-		} else if err == nil && k < len(seg) {
-			err = io.ErrShortWrite
-		}
-		n += k
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
-}
-
-// errInvalidWrite is io's errInvalidWrite: a writer returned an impossible
-// count.
-var errInvalidWrite = errors.New("invalid write result")
 
 // Write writes all of b unless an error stops it first; it returns how many
 // bytes were placed in the peer's ring. The bytes are copied before Write
@@ -616,13 +412,18 @@ func (c *Conn) waitDirect(wake chan struct{}, dl *deadline, dir int32) (err erro
 // armLocked asks for the notification of the next completion, for whoever
 // waits: nobody while calls busy-poll a queue that can be disarmed (they
 // poll, and the last one arms again), the call waiting on the queue itself
-// if there is one or one has just stopped (sticky, see sticky.go), else
-// the event loop. Arming decisions and the state
+// if there is one or one has just stopped (sticky, see sticky.go; nobody
+// if the queue can be disarmed), else the event loop. Arming decisions and the state
 // they depend on (spinners, dirOwner) change only under mu, so the latest
 // decision is always the right one.
 func (c *Conn) armLocked() error {
 	switch {
 	case c.disarmable && c.spinners.Load() > 0:
+		return nil
+	case c.disarmable && c.sticky && c.dirOwner.Load() == 0:
+		// Sticky on a queue that can be disarmed: nobody is notified, and
+		// the next call polls before it waits (sticky.go).
+		c.ep.cq.(verbs.Disarmer).Disarm()
 		return nil
 	case c.dw != nil && (c.dirOwner.Load() != 0 || c.sticky):
 		return c.dw.ArmDirect()

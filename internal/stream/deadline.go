@@ -11,16 +11,33 @@ import (
 // deadline replaces the channel, so a waiter re-reads it on every wait. The
 // design follows the net package's pipe: moving a deadline while an
 // operation blocks takes effect at once.
+//
+// Every Read and Write checks its deadline (expired), often many times per
+// millisecond on a busy stream, so the check is one atomic load and no
+// lock, and so is wait: mu serialises only the setters. cur always holds
+// the current cancel channel; passed is set just before it is closed.
 type deadline struct {
 	mu     sync.Mutex
 	timer  *time.Timer
-	cancel chan struct{} // closed when the deadline passes
-	passed atomic.Bool   // cancel is closed: read without mu on every Read and Write
-	expire func()        // called after cancel is closed, for waiters not on the channel
+	cancel chan struct{}                 // closed when the deadline passes; replaced under mu
+	cur    atomic.Pointer[chan struct{}] // &cancel's current value, for the lock-free readers
+	passed atomic.Bool                   // cancel is closed (or about to be)
+	expire func()                        // called after cancel is closed, for waiters not on the channel
 }
 
 func newDeadline(expire func()) *deadline {
-	return &deadline{cancel: make(chan struct{}), expire: expire}
+	d := &deadline{expire: expire}
+	d.replace()
+	return d
+}
+
+// replace installs a fresh cancel channel; called under mu (or before d is
+// shared).
+func (d *deadline) replace() {
+	ch := make(chan struct{})
+	d.cancel = ch
+	d.passed.Store(false)
+	d.cur.Store(&ch)
 }
 
 // set arms the deadline for t; the zero time disarms it. A t in the past
@@ -35,15 +52,13 @@ func (d *deadline) set(t time.Time) {
 	closed := isClosed(d.cancel)
 	if t.IsZero() {
 		if closed {
-			d.cancel = make(chan struct{})
-			d.passed.Store(false)
+			d.replace()
 		}
 		return
 	}
 	if dur := time.Until(t); dur > 0 {
 		if closed {
-			d.cancel = make(chan struct{})
-			d.passed.Store(false)
+			d.replace()
 		}
 		ch := d.cancel
 		d.timer = time.AfterFunc(dur, func() {
@@ -61,11 +76,7 @@ func (d *deadline) set(t time.Time) {
 }
 
 // wait returns a channel that is closed when the deadline passes.
-func (d *deadline) wait() <-chan struct{} {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.cancel
-}
+func (d *deadline) wait() <-chan struct{} { return *d.cur.Load() }
 
 // expired reports whether the deadline has passed.
 func (d *deadline) expired() bool { return d.passed.Load() }

@@ -388,16 +388,20 @@ func (c *Conn) CloseRead() error {
 	}
 	defer c.calls.Done()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.err != nil {
-		return c.err
+		err := c.err
+		c.mu.Unlock()
+		return err
 	}
 	c.rdClosed = true
-	if !c.lent { // else returnLentLocked discards them
+	c.rdStop.Store(true)
+	if !c.lent { // else their holder discards them (returnLentLocked, dropLease)
 		_ = c.st.Consumed(c.st.Readable())
 		c.flushLocked()
 	}
 	c.wakeLocked(dirRead)
+	c.mu.Unlock()
+	c.dropLease() // a lease no call holds (read.go)
 	return nil
 }
 
@@ -412,6 +416,7 @@ func (c *Conn) Close() error {
 		return net.ErrClosed
 	}
 	c.closed = true
+	c.rdStop.Store(true)
 	close(c.done)
 	c.wakeDirect(dirRead)
 	c.wakeDirect(dirWrite)
@@ -421,6 +426,12 @@ func (c *Conn) Close() error {
 	// Calls blocked in wait return at once; a call in the middle of a copy
 	// finishes it. Only then may memory go away.
 	c.calls.Wait()
+	// Reads from a lease are not among the calls (read.go): one may still
+	// be copying out of the ring; later ones see rdStop.
+	// Taking rdMu waits for such a Read: an empty critical section.
+	c.rdMu.Lock()
+	//lint:ignore SA2001 the empty critical section is the barrier
+	c.rdMu.Unlock()
 	c.sayGoodbye()
 
 	// Release: the QP first (outstanding work flushes), drain, then the

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
 // cpuTime is the CPU time this process has used.
@@ -139,5 +141,36 @@ func TestWaitDirectStaleDeadline(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("WaitDirect missed its ring after a stale deadline")
+	}
+}
+
+// TestWaitDirectNotificationBeforeWait: a peer's notification that the
+// runtime saw before WaitDirect began (the runtime forgets such readiness
+// when a wait starts, and WaitDirect never reads the eventfd) still ends
+// the wait: WaitDirect sees that the peer cleared the sleeping value.
+func TestWaitDirectNotificationBeforeWait(t *testing.T) {
+	a, b := pair(t, 8)
+	b.postRecvs(t, 1, 64)
+	if err := b.cq.ArmDirect(); err != nil {
+		t.Fatalf("ArmDirect: %v", err)
+	}
+	sendInline(t, a, 1, []byte("ring"))
+	// Idle Ps wait in the netpoller, which takes the eventfd's edge at
+	// once; give it time anyway.
+	time.Sleep(50 * time.Millisecond)
+	waits := make(chan error, 1)
+	go func() { waits <- b.cq.WaitDirect() }()
+	select {
+	case err := <-waits:
+		if err != nil {
+			t.Fatalf("WaitDirect: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		b.cq.WakeDirect()
+		<-waits
+		t.Fatal("WaitDirect missed a notification sent between ArmDirect and the wait")
+	}
+	if got := pollN(t, b.cq, 1); got[0].Status != verbs.StatusSuccess {
+		t.Fatalf("completion: %+v", got[0])
 	}
 }

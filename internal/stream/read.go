@@ -1,0 +1,329 @@
+package stream
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+)
+
+// Reading and the read lease.
+//
+// Reads are often small: io.Copy into an io.ReaderFrom such as io.Discard
+// reads 8 KiB at a time, bufio 4 KiB. Their fixed cost then counts as much
+// as their copy, and on the receiving side of a bulk stream the copy out of
+// the ring is what limits throughput (measured two-process over shm: the
+// reader busy all the time, the writer idle a third of it). Each atomic
+// read-modify-write after a copy costs tens of nanoseconds (it waits for
+// the copy's memory traffic), against about 500 ns to copy 8 KiB; a Read
+// that takes the connection lock twice, registers itself and checks its
+// state under that lock spends a quarter of its time outside the copy.
+//
+// So readable bytes are lent to the reading side for longer than one call:
+// a Read that finds bytes takes all that are readable as a lease (under
+// mu, marking them lent, so that nothing else consumes them), and later
+// Reads copy from the lease holding only rdMu, with no other lock. What
+// they copy is reported consumed (ring.State.Consumed, which may send the
+// peer its space back) under mu once leaseReport bytes were taken, and
+// when the lease runs out, when the next Read has to wait anyway: so a
+// drained ring is always reported at once (the peer's BLOCKED rule needs
+// that), and bytes a stalled application has taken but not reported are
+// fewer than leaseReport, a small addition to the quarter-ring update
+// threshold. A large Read copies in pieces of at most a quarter ring, each
+// reported before the next, so the peer refills the ring while it copies.
+//
+// What ends a lease: CopyTo takes it back first (it reads from the ring
+// directly); CloseRead and Close set rdStop, which Reads check before
+// using a lease. CloseRead gives the lease back itself if no call holds
+// rdMu, else the call that holds it does when it unlocks (rdUnlock): the
+// store of rdStop comes before CloseRead's TryLock, the Unlock before the
+// holder's load of rdStop, so one of them sees the other. Close does not
+// count lease Reads among its in-flight calls (registering costs the
+// atomics the lease saves); it sets rdStop, then takes and drops rdMu
+// after the registered calls returned, so a lease Read still copying
+// finishes before the ring is unmapped and a later one sees rdStop.
+type rdLease struct {
+	base  uint64 // consumer cursor (ring.State.Cons) when the lease was taken or last reported
+	lease uint64 // bytes from base lent to Reads
+	taken uint64 // bytes of the lease copied out, not yet reported
+}
+
+// leaseReport is how many bytes, as a fraction of the ring, lease Reads
+// take before they report them consumed.
+const leaseReportShift = 4 // 1/16
+
+// Read reads up to len(b) bytes. It returns io.EOF once the peer has closed
+// its writing side and every byte was read, and after CloseRead.
+func (c *Conn) Read(b []byte) (int, error) {
+	c.rdMu.Lock()
+	defer c.rdUnlock()
+	if c.lease > c.taken && len(b) > 0 && !c.rdStop.Load() && !c.rdDeadline.expired() {
+		n, err := c.readLease(b)
+		c.stats.BytesRead.Add(n)
+		return int(n), err
+	}
+	c.mu.Lock()
+	// enter, under the lock this loop takes anyway.
+	if c.closed {
+		c.mu.Unlock()
+		return 0, net.ErrClosed
+	}
+	c.calls.Add(1)
+	defer c.calls.Done()
+	for {
+		// What this loop is about to check answers any wake-up sent so far
+		// (they are sent under mu): drop it, or the next wait would return
+		// for nothing.
+		drain(c.rdWake)
+		if c.closed {
+			c.mu.Unlock()
+			return 0, net.ErrClosed
+		}
+		if c.rdClosed {
+			c.mu.Unlock()
+			return 0, io.EOF
+		}
+		if c.rdDeadline.expired() {
+			c.mu.Unlock()
+			return 0, os.ErrDeadlineExceeded
+		}
+		if err := c.syncLeaseLocked(); err != nil {
+			c.mu.Unlock()
+			return 0, err
+		}
+		if c.lease > 0 {
+			c.mu.Unlock()
+			if len(b) == 0 {
+				return 0, nil
+			}
+			n, err := c.readLease(b)
+			c.stats.BytesRead.Add(n)
+			switch {
+			case n > 0:
+				return int(n), nil
+			case err != nil:
+				return 0, err
+			}
+			c.mu.Lock()
+			continue // CloseRead or Close took the bytes: say so
+		}
+		if c.st.EOF() {
+			c.mu.Unlock()
+			return 0, io.EOF
+		}
+		if c.err != nil {
+			err := c.err
+			c.mu.Unlock()
+			return 0, err
+		}
+		if c.peerGone {
+			// The peer closed and everything it wrote was read, but its
+			// final message never came: treat its goodbye as the FIN.
+			c.mu.Unlock()
+			return 0, io.EOF
+		}
+		c.mu.Unlock()
+		if len(b) == 0 {
+			return 0, nil
+		}
+		if err := c.wait(dirRead); err != nil {
+			return 0, err
+		}
+		c.mu.Lock()
+	}
+}
+
+// readLease copies up to len(b) bytes of the lease into b; rdMu is held.
+// Pieces are at most a quarter of the ring; after each, what was taken is
+// reported under mu if it reaches leaseReport or ends the lease (which
+// takes what became readable since as the new lease). It stops early once
+// rdStop is set.
+func (c *Conn) readLease(b []byte) (uint64, error) {
+	mem := c.ep.ring.Bytes()
+	size := uint64(len(mem))
+	chunk := max(size/4, 1)
+	report := max(size>>leaseReportShift, 1)
+	var done uint64
+	for done < uint64(len(b)) && c.lease > c.taken {
+		n := min(uint64(len(b))-done, c.lease-c.taken, chunk)
+		// The peer does not write these bytes again until we report them
+		// consumed, and nothing else consumes them while lent, so the copy
+		// needs no lock.
+		off := (c.base + c.taken) & (size - 1)
+		k := copy(b[done:done+n], mem[off:])
+		copy(b[done+uint64(k):done+n], mem)
+		c.taken += n
+		done += n
+		if c.taken >= report || c.taken == c.lease {
+			c.mu.Lock()
+			err := c.syncLeaseLocked()
+			c.mu.Unlock()
+			if err != nil {
+				return done, err
+			}
+			if c.rdStop.Load() {
+				break
+			}
+		}
+	}
+	return done, nil
+}
+
+// syncLeaseLocked reports the bytes taken from the lease consumed and lends
+// everything readable as the new lease; after CloseRead or Close it
+// discards the readable bytes instead and lends nothing. Called with rdMu
+// and mu held; it sends the peer what it is owed (flushLocked).
+func (c *Conn) syncLeaseLocked() error {
+	if c.taken > 0 {
+		if err := c.st.Consumed(c.taken); err != nil {
+			return err
+		}
+		c.base += c.taken
+		c.taken = 0
+	}
+	if c.rdClosed || c.closed {
+		_ = c.st.Consumed(c.st.Readable())
+		c.lease = 0
+	} else {
+		c.lease = c.st.Readable()
+	}
+	c.base = c.st.Cons()
+	c.lent = c.lease > 0
+	if !c.closed {
+		c.flushLocked()
+	}
+	return nil
+}
+
+// rdUnlock releases rdMu, and gives a lease back if CloseRead or Close
+// came meanwhile (see rdLease).
+func (c *Conn) rdUnlock() {
+	c.rdMu.Unlock()
+	if c.rdStop.Load() {
+		c.dropLease()
+	}
+}
+
+// dropLease gives the lease back unless a call holds rdMu (that call does
+// it when it unlocks).
+func (c *Conn) dropLease() {
+	if !c.rdMu.TryLock() {
+		return
+	}
+	c.mu.Lock()
+	if c.lent && !c.closed {
+		_ = c.syncLeaseLocked()
+	}
+	c.mu.Unlock()
+	c.rdMu.Unlock()
+}
+
+// returnLentLocked ends a CopyTo's use of readable bytes outside mu: n of
+// them are consumed, and if CloseRead came meanwhile the rest is
+// discarded.
+func (c *Conn) returnLentLocked(n uint64) error {
+	c.lent = false
+	err := c.st.Consumed(n)
+	if c.rdClosed {
+		_ = c.st.Consumed(c.st.Readable())
+	}
+	if err == nil {
+		c.flushLocked()
+	}
+	return err
+}
+
+// CopyTo hands the stream to w until EOF (both errors nil), an error of
+// the stream (readErr, as Read would return it) or of w (writeErr). The
+// bytes go to w.Write straight from the ring, with no copy here (w must not
+// keep the slice, as io.Writer's contract says), in pieces of at most a
+// quarter of the ring, each announced consumed once w took it. It blocks
+// and honours the read deadline as Read does.
+func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
+	if err := c.enter(); err != nil {
+		return 0, err, nil
+	}
+	defer c.calls.Done()
+	c.rdMu.Lock()
+	defer c.rdUnlock()
+	mem := c.ep.ring.Bytes()
+	chunk := max(uint64(len(mem))/4, 1)
+	c.mu.Lock()
+	// A lease of earlier Reads comes back first: this reads the ring
+	// directly, from the consumer cursor.
+	err := c.syncLeaseLocked()
+	c.lease, c.lent = 0, false
+	c.mu.Unlock()
+	if err != nil {
+		return 0, err, nil
+	}
+	for {
+		c.mu.Lock()
+		drain(c.rdWake) // as in Read
+		switch {
+		case c.closed:
+			c.mu.Unlock()
+			return n, net.ErrClosed, nil
+		case c.rdClosed:
+			c.mu.Unlock()
+			return n, nil, nil
+		case c.rdDeadline.expired():
+			c.mu.Unlock()
+			return n, os.ErrDeadlineExceeded, nil
+		}
+		if avail := c.st.Readable(); avail > 0 {
+			s1, s2 := c.st.ReadSegments(min(avail, chunk))
+			c.lent = true
+			c.mu.Unlock()
+			k, werr := writeSegs(w, mem[s1.Off:s1.Off+s1.Len], mem[s2.Off:s2.Off+s2.Len])
+			c.mu.Lock()
+			err := c.returnLentLocked(uint64(k))
+			c.mu.Unlock()
+			n += int64(k)
+			c.stats.BytesRead.Add(uint64(k))
+			switch {
+			case werr != nil:
+				return n, nil, werr
+			case err != nil:
+				return n, err, nil
+			}
+			continue
+		}
+		eof, err := c.st.EOF() || c.peerGone, c.err
+		c.mu.Unlock()
+		switch {
+		case eof:
+			return n, nil, nil
+		case err != nil:
+			return n, err, nil
+		}
+		if err := c.wait(dirRead); err != nil {
+			return n, err, nil
+		}
+	}
+}
+
+// writeSegs writes a, then b, to w; it returns how many bytes w took.
+func writeSegs(w io.Writer, a, b []byte) (int, error) {
+	n := 0
+	for _, seg := range [][]byte{a, b} {
+		if len(seg) == 0 {
+			continue
+		}
+		k, err := w.Write(seg)
+		if k < 0 || k > len(seg) {
+			k, err = 0, errInvalidWrite
+		} else if err == nil && k < len(seg) {
+			err = io.ErrShortWrite
+		}
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// errInvalidWrite is io's errInvalidWrite: a writer returned an impossible
+// count.
+var errInvalidWrite = errors.New("invalid write result")
