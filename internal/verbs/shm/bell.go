@@ -79,7 +79,7 @@ func newBell() (int, bellPage, error) {
 	}
 	b := makeBell(mem)
 	b.hdr.magic, b.hdr.version = bellMagic, bellVersion
-	b.hdr.armed.Store(1) // nobody has read the eventfd yet: ring it
+	b.hdr.armed.Store(1) // nobody has drained the page yet: ring the eventfd
 	return fd, b, nil
 }
 

@@ -76,16 +76,18 @@
 //     bell page's bitmap for that doorbell, then the bit of that word in
 //     the summary, with atomic ORs; then it loads the page's armed word
 //     and, if set, swaps it to 0 and writes the consumer's link eventfd.
-//  2. The consumer's reader of that eventfd, after each read that found
-//     it signalled, stores armed=1, then swaps the summaries and the
-//     words they name to 0 and rings the CQ of each QP whose bit was set
-//     (the slot is looked up in the link: an empty slot is skipped); then
-//     it reads again, parked in the Go netpoller until the next write.
+//  2. The consumer's reader of that eventfd, when its wait starts and
+//     each time it wakes, stores armed=1, then swaps the summaries and
+//     the words they name to 0 and rings the CQ of each QP whose bit was
+//     set (the slot is looked up in the link: an empty slot is skipped);
+//     then it parks in the Go netpoller until the next write. It never
+//     reads the counter: every write is an edge of the netpoller's
+//     epoll, so a wait and a wake-up cost no system call.
 //
 // Who reads (lead.go): when the QPs of the link that are armed all belong
 // to one CQ, armed direct (rsock: the one connection to that process, its
 // blocked Read or Write waiting on the queue), that CQ owns the link and
-// its WaitDirect reads the eventfd itself: its own ring wakes it with no
+// its WaitDirect waits on the eventfd itself: its own ring wakes it with no
 // goroutine hand-off, as a CQ's own eventfd did before links. Otherwise
 // the link's dispatcher goroutine reads it and rings the CQs' channels
 // (Wait and a WaitDirect that does not own its link park on those), at
@@ -99,17 +101,18 @@
 // then loads, with sequentially consistent atomics (XCHG and LOCK OR are
 // full barriers), so at least one sees the other's store. QP level: either
 // the poll after Arm finds the entry, or the producer sees sleeping and
-// performs step 1. Link level: the armed word starts set, and a reader
-// that reads the eventfd stores it and drains before it does anything
-// else, so at any time armed is set, the counter is non-zero or a reader
-// is about to drain; a reader that takes over reads before it parks.
-// While the owner's WaitDirect is not running nobody reads, but then only
-// the owner can be rung (nobody else is armed) and the counter keeps the
-// ring for its next WaitDirect; a CQ that arms moves the role back to
-// the dispatcher before its Arm returns. The channels have capacity 1 and
+// performs step 1. Link level: the armed word starts set; either the
+// reader's drain after it stored armed sees the bit, or the producer's
+// load sees armed and it writes the eventfd, whose edge wakes the parked
+// reader or is remembered for one about to park (an edge the runtime
+// forgets when a wait starts belongs to a bit that wait's first drain
+// sees). While the owner's WaitDirect is not running nobody waits, but
+// then only the owner can be rung (nobody else is armed) and its next
+// WaitDirect drains first; a CQ that arms moves the role back to the
+// dispatcher before its Arm returns. The channels have capacity 1 and
 // are only signalled, so a ring that arrives before the waiter parks is
 // kept. The swap of sleeping makes one ring per Arm, the swap of armed
-// one eventfd write per reader sleep; rings of many QPs while a reader
+// one eventfd write per reader wake-up; rings of many QPs while a reader
 // runs cost no system call. A busy receiver does not arm, so it costs the
 // sender nothing.
 //

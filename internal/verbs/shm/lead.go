@@ -4,14 +4,12 @@ import (
 	"errors"
 	"os"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Who reads a link's eventfd (leader/follower).
 //
 // The peer rings this side's CQs through the link's bell page and eventfd
-// (bell.go). Whoever reads the eventfd drains the page and rings the CQs it
+// (bell.go). Whoever waits on the eventfd drains the page and rings the CQs it
 // names; a CQ's waiter that is rung by another goroutine pays a goroutine
 // hand-off (eventfd, reader, channel, waiter). That is the cost only when
 // the reader is not the waiter itself, so the reader is chosen by what the
@@ -20,11 +18,11 @@ import (
 //   - When every QP of the link that is armed belongs to one CQ, armed for
 //     WaitDirect (rsock: one connection to that peer process, its blocked
 //     call waiting on the queue itself), that CQ owns the link: its
-//     WaitDirect reads the eventfd (a duplicate, lfile, so that it parks in
+//     WaitDirect waits on the eventfd (a duplicate, lfile, so that it parks in
 //     the Go netpoller independently of the dispatcher) and returns from
 //     its own ring without a hand-off. Rings for other CQs that it drains
 //     meanwhile it rings on their channels.
-//   - Otherwise the link's dispatcher goroutine reads the eventfd (efile)
+//   - Otherwise the link's dispatcher goroutine waits on the eventfd (efile)
 //     and rings every CQ through its channels.
 //
 // A CQ's arming counts for the link with the last value it armed
@@ -38,18 +36,26 @@ import (
 // netpoller, so it costs nothing while an owner leads), an owner's leading
 // WaitDirect goes back to its channel.
 //
-// No ring is lost. Every reader, when it starts reading, reads the eventfd
-// before it parks and, after every successful read, stores the page's
-// armed word and drains before it does anything else (even step aside).
-// So at any time the armed word is set, or the eventfd's counter is
-// non-zero, or a reader is between its read and the end of its drain; in
-// each case a bit a producer sets is seen by a reader that reads or will
-// read. The reader that leaves does so only after its drain; the one that
-// takes over reads first. While the owner's WaitDirect is not running
-// nobody reads: only rings of the owner itself can come then (no other
-// CQ is armed), and the counter keeps them for its next WaitDirect, as a
-// CQ's own eventfd did. A CQ that arms then moves the role before its
-// Arm returns, and the new reader drains what was left.
+// Readers never read the eventfd's counter (as main's 410c045 did for a
+// CQ's own eventfd): the netpoller is edge-triggered and every write to an
+// eventfd is an edge, so a reader parks on its file through the RawConn
+// and makes no system call to wait or to wake; the counter only grows (it
+// would take centuries of rings to fill), and since it never drops back
+// to zero, epoll reports every write to every file of the eventfd (a
+// reader that read the counter could make epoll report nothing to
+// another: see TestLeadStress).
+//
+// No ring is lost. The page's armed word starts set. A reader stores it
+// and drains each time its wait starts (after the runtime forgot earlier
+// readiness) and each time it wakes. A producer sets its bit, then loads
+// armed: if set, it clears it and writes the eventfd. So a bit set after
+// a drain's scan is followed by an edge, which wakes a parked reader or
+// is remembered for one about to park; an edge that came before a wait
+// started belongs to a bit that the wait's first drain finds. While the
+// owner's WaitDirect is not running nobody waits: only rings of the owner
+// itself can come then (no other CQ is armed), and its next WaitDirect
+// drains them first. A CQ that arms moves the role before its Arm
+// returns, and the new reader drains what was left.
 //
 // Kicking a reader out of the netpoller uses a read deadline in the past
 // on its file (no system call); the flag that tells it why (the link's
@@ -137,20 +143,9 @@ func kick(f *os.File) {
 // aLongTimeAgo is a deadline that has passed.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// readEvent reads the eventfd fd: true if it was signalled, false if not
-// (EAGAIN) or it failed.
-func readEvent(fd int) bool {
-	var b [8]byte
-	for {
-		_, err := unix.Read(fd, b[:])
-		if err != unix.EINTR {
-			return err == nil
-		}
-	}
-}
-
 // drainLocked stores the bell page's armed word, then rings the CQ of
-// every QP the peer rang. A direct ring of self (the leading CQ, or nil)
+// every QP the peer rang (bits set before the store; a later one is
+// followed by an eventfd write). A direct ring of self (the leading CQ, or nil)
 // is not rung but reported.
 func (l *link) drainLocked(self *CQ) (own bool) {
 	l.own.hdr.armed.Store(1)
@@ -170,7 +165,7 @@ func (l *link) drainLocked(self *CQ) (own bool) {
 	return own
 }
 
-// dispatch reads the eventfd while no CQ owns the link, and waits on
+// dispatch waits on the eventfd while no CQ owns the link, and waits on
 // resume while one does.
 func (l *link) dispatch() {
 	defer close(l.dispDone)
@@ -182,17 +177,19 @@ func (l *link) dispatch() {
 				return
 			}
 		}
-		err := l.eraw.Read(func(fd uintptr) bool {
-			for l.owner.Load() == nil {
-				if !readEvent(int(fd)) {
-					return false // EAGAIN: park in the netpoller
-				}
+		woke := false
+		err := l.eraw.Read(func(uintptr) bool {
+			if woke {
 				l.wakeups.Add(1)
-				l.mu.Lock()
-				l.drainLocked(nil)
-				l.mu.Unlock()
 			}
-			return true // an owner took over
+			woke = true
+			if l.owner.Load() != nil {
+				return true // an owner took over
+			}
+			l.mu.Lock()
+			l.drainLocked(nil)
+			l.mu.Unlock()
+			return false // park until the next edge
 		})
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
@@ -203,27 +200,28 @@ func (l *link) dispatch() {
 	}
 }
 
-// lead is WaitDirect of cq while cq owns l: it reads the link's eventfd
-// itself until cq's own direct doorbell rings (true), or until it is woken
-// (WakeDirect), cq closes or cq no longer owns l (false: the caller looks
-// at why).
+// lead is WaitDirect of cq while cq owns l: it waits on the link's
+// eventfd itself until cq's own direct doorbell rings (true), or until it
+// is woken (WakeDirect), cq closes or cq no longer owns l (false: the
+// caller looks at why).
 func (l *link) lead(cq *CQ) bool {
 	cq.reading.Store(l)
 	defer cq.reading.Store(nil)
-	own := false
+	own, woke := false, false
 	for {
-		err := l.lraw.Read(func(fd uintptr) bool {
-			for !own && !cq.woken.Load() && !cq.closed.Load() && l.owner.Load() == cq {
-				if !readEvent(int(fd)) {
-					return false // EAGAIN: park in the netpoller
-				}
+		err := l.lraw.Read(func(uintptr) bool {
+			if woke {
 				l.wakeups.Add(1)
 				l.leadWakeups.Add(1)
-				l.mu.Lock()
-				own = l.drainLocked(cq)
-				l.mu.Unlock()
 			}
-			return true
+			woke = true
+			if cq.woken.Load() || cq.closed.Load() || l.owner.Load() != cq {
+				return true
+			}
+			l.mu.Lock()
+			own = l.drainLocked(cq)
+			l.mu.Unlock()
+			return own // else park until the next edge
 		})
 		switch {
 		case own:
@@ -231,7 +229,7 @@ func (l *link) lead(cq *CQ) bool {
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			_ = l.lfile.SetReadDeadline(time.Time{}) // then look at the flags again
 		case err != nil:
-			cq.lead.CompareAndSwap(l, nil) // released: never read it again
+			cq.lead.CompareAndSwap(l, nil) // released: never wait on it again
 			return false
 		default:
 			return false

@@ -64,8 +64,8 @@ type link struct {
 	nWait     int           // QPs whose CQ last armed for Wait
 	direct    map[*CQ]int   // QPs whose CQ last armed for WaitDirect, by CQ
 
-	wakeups     atomic.Uint64 // eventfd reads that found it signalled
-	leadWakeups atomic.Uint64 // those made by an owner's WaitDirect
+	wakeups     atomic.Uint64 // wake-ups of its readers by an eventfd edge
+	leadWakeups atomic.Uint64 // those of an owner's WaitDirect
 	moves       atomic.Uint64 // changes of owner
 }
 

@@ -147,7 +147,7 @@ func TestWaitDirectStaleDeadline(t *testing.T) {
 // TestWaitDirectNotificationBeforeWait: a peer's notification that the
 // runtime saw before WaitDirect began (the runtime forgets such readiness
 // when a wait starts, and WaitDirect never reads the eventfd) still ends
-// the wait: WaitDirect sees that the peer cleared the sleeping value.
+// the wait: the owner's WaitDirect drains the bell page before it parks.
 func TestWaitDirectNotificationBeforeWait(t *testing.T) {
 	a, b := pair(t, 8)
 	b.postRecvs(t, 1, 64)
