@@ -11,29 +11,31 @@ import (
 
 // Bell page layout. Each side of a link owns one bell page (a memfd it
 // creates, passes to the peer at link setup and then closes): the peer's
-// QPs set bits in it to ring this side's CQs, and this side's dispatcher
-// clears them. It replaces an eventfd per CQ (plus a duplicate per peer)
-// with one eventfd per link and direction:
+// QPs set bits in it to ring this side's CQs, and this side's readers
+// (lead.go) clear them. It replaces an eventfd per CQ (plus a duplicate
+// per peer) with two eventfds per link and direction, one per doorbell,
+// so that the owner of the link who waits on the direct one is not woken
+// for the event loops' rings, nor the dispatcher for the owner's:
 //
 //	offset   writer     field
 //	0        creator    magic, version (at creation)
-//	128      both       armed: set by the dispatcher before it sleeps,
-//	                    swapped to 0 by the producer that then writes the
-//	                    creator's eventfd
+//	128      both       armed[direct], armed[wait]: set by the reader of
+//	                    that doorbell's eventfd before it sleeps, swapped
+//	                    to 0 by the producer that then writes it
 //	256      producer   summary of the direct bitmap: bit w = word w non-zero
 //	384      producer   summary of the wait bitmap
 //	4096     producer   direct bitmap: bit s = ring WaitDirect of slot s's CQ
 //	12288    producer   wait bitmap: bit s = ring Wait of slot s's CQ
 //
 // A slot is the low 16 bits of a QP's link id (see link.go). The producer
-// sets the bitmap bit, then the summary bit, then loads armed; the
-// dispatcher stores armed, then swaps the summaries and the words they
-// name. Everything the peer writes here is only a hint: a bit names a slot
+// sets the bitmap bit, then the summary bit, then loads that doorbell's
+// armed; its reader stores armed, then swaps the summaries and the words
+// they name. Everything the peer writes here is only a hint: a bit names a slot
 // of this link, which is looked up (and may be empty) before anything is
 // rung, so a hostile peer can cause spurious wake-ups of its own QPs only.
 const (
 	bellMagic     = 0x6c656272 // "rbel", little-endian
-	bellVersion   = 1
+	bellVersion   = 2          // 1 had one armed word and one eventfd
 	maxLinkSlots  = 1 << 16
 	bellWords     = maxLinkSlots / 64
 	bellSumWords  = bellWords / 64
@@ -47,8 +49,8 @@ type bellHeader struct {
 	magic   uint32
 	version uint32
 	_       [128 - 8]byte
-	armed   atomic.Uint32
-	_       [128 - 4]byte
+	armed   [2]atomic.Uint32 // [direct, wait]
+	_       [128 - 8]byte
 	sum     [2][bellSumWords]atomic.Uint64 // [direct, wait]
 }
 
@@ -79,7 +81,9 @@ func newBell() (int, bellPage, error) {
 	}
 	b := makeBell(mem)
 	b.hdr.magic, b.hdr.version = bellMagic, bellVersion
-	b.hdr.armed.Store(1) // nobody has drained the page yet: ring the eventfd
+	for k := range b.hdr.armed {
+		b.hdr.armed[k].Store(1) // nobody has drained the page yet: ring the eventfds
+	}
 	return fd, b, nil
 }
 
@@ -105,52 +109,58 @@ func (b *bellPage) release() {
 	*b = bellPage{}
 }
 
-// bellKind is the bitmap a doorbell value v (an inbox's sleeping value)
-// rings: 0 for WaitDirect, 1 for Wait (anything but armDirect).
+// bellKind is the doorbell a value v (an inbox's sleeping value) rings:
+// 0 for WaitDirect, 1 for Wait (anything but armDirect). It indexes the
+// bitmaps, the armed words and the eventfds.
 func bellKind(v uint32) int {
 	if v == armDirect {
-		return 0
+		return bellDirect
 	}
-	return 1
+	return bellWait
 }
 
+const (
+	bellDirect = 0
+	bellWait   = 1
+)
+
 // ring sets slot's bit for doorbell v in the peer's bell page and writes
-// the peer's eventfd if its dispatcher sleeps. The Or operations and the
-// load of armed are sequentially consistent: either the dispatcher's scan
-// after it stored armed sees the bit, or this load sees armed set.
-func (b *bellPage) ring(slot uint32, v uint32, efd int) {
+// the peer's eventfd of that doorbell (efds) if its reader sleeps. The Or
+// operations and the load of armed are sequentially consistent: either the
+// reader's scan after it stored armed sees the bit, or this load sees
+// armed set.
+func (b *bellPage) ring(slot uint32, v uint32, efds *[2]int) {
 	k := bellKind(v)
 	w := (slot % maxLinkSlots) / 64
 	b.bits[k][w].Or(1 << (slot % 64))
 	b.hdr.sum[k][w/64].Or(1 << (w % 64))
-	if b.hdr.armed.Load() != 0 && b.hdr.armed.Swap(0) != 0 {
-		_, _ = unix.Write(efd, eventOne[:])
+	if b.hdr.armed[k].Load() != 0 && b.hdr.armed[k].Swap(0) != 0 {
+		_, _ = unix.Write(efds[k], eventOne[:])
 	}
 }
 
-// drain clears every bit set in this side's bell page and calls fn for
-// each (slot, doorbell value). The caller stored armed before.
-func (b *bellPage) drain(fn func(slot uint32, v uint32)) {
-	for k := range 2 {
-		v := uint32(armDirect)
-		if k == 1 {
-			v = armWait
+// drain stores doorbell k's armed word, then clears every bit set in this
+// side's bitmap k and calls fn for each (slot, doorbell value).
+func (b *bellPage) drain(k int, fn func(slot uint32, v uint32)) {
+	b.hdr.armed[k].Store(1)
+	v := uint32(armDirect)
+	if k == bellWait {
+		v = armWait
+	}
+	for i := range bellSumWords {
+		if b.hdr.sum[k][i].Load() == 0 {
+			continue
 		}
-		for i := range bellSumWords {
-			if b.hdr.sum[k][i].Load() == 0 {
-				continue
-			}
-			s := b.hdr.sum[k][i].Swap(0)
-			for s != 0 {
-				j := bits.TrailingZeros64(s)
-				s &= s - 1
-				w := i*64 + j
-				x := b.bits[k][w].Swap(0)
-				for x != 0 {
-					c := bits.TrailingZeros64(x)
-					x &= x - 1
-					fn(uint32(w*64+c), v)
-				}
+		s := b.hdr.sum[k][i].Swap(0)
+		for s != 0 {
+			j := bits.TrailingZeros64(s)
+			s &= s - 1
+			w := i*64 + j
+			x := b.bits[k][w].Swap(0)
+			for x != 0 {
+				c := bits.TrailingZeros64(x)
+				x &= x - 1
+				fn(uint32(w*64+c), v)
 			}
 		}
 	}

@@ -70,61 +70,67 @@
 // (armDirect); then the caller polls once more, loading tail. The producer
 // stores tail, then loads sleeping and, if set, swaps it to 0 and rings
 // the doorbell it names. A CQ owns no file descriptor; the peer reaches
-// it through its link's bell page and eventfd (bell.go):
+// it through its link's bell page and the link's eventfd of that doorbell
+// (bell.go):
 //
 //  1. The producer sets the bit of the consumer QP's link slot in the
 //     bell page's bitmap for that doorbell, then the bit of that word in
-//     the summary, with atomic ORs; then it loads the page's armed word
-//     and, if set, swaps it to 0 and writes the consumer's link eventfd.
-//  2. The consumer's reader of that eventfd, when its wait starts and
-//     each time it wakes, stores armed=1, then swaps the summaries and
-//     the words they name to 0 and rings the CQ of each QP whose bit was
-//     set (the slot is looked up in the link: an empty slot is skipped);
-//     then it parks in the Go netpoller until the next write. It never
-//     reads the counter: every write is an edge of the netpoller's
-//     epoll, so a wait and a wake-up cost no system call.
+//     the summary, with atomic ORs; then it loads the doorbell's armed
+//     word and, if set, swaps it to 0 and writes the doorbell's eventfd.
+//  2. The reader of that eventfd, when its wait starts and each time it
+//     wakes, stores armed=1, then swaps the summaries and the words they
+//     name to 0 and rings the CQ of each QP whose bit was set (the slot
+//     is looked up in the link: an empty slot is skipped); then it parks
+//     in the Go netpoller until the next write. It never reads the
+//     counter: every write is an edge of the netpoller's epoll, so a
+//     wait and a wake-up cost no system call.
 //
-// Who reads (lead.go): when the QPs of the link that are armed all belong
-// to one CQ, armed direct (rsock: the one connection to that process, its
-// blocked Read or Write waiting on the queue), that CQ owns the link and
-// its WaitDirect waits on the eventfd itself: its own ring wakes it with no
-// goroutine hand-off, as a CQ's own eventfd did before links. Otherwise
-// the link's dispatcher goroutine reads it and rings the CQs' channels
-// (Wait and a WaitDirect that does not own its link park on those), at
-// the cost of one hand-off per wake-up. The role moves only when a CQ arms
-// for another doorbell than it last did or a QP joins or leaves the link,
-// never in rsock's steady states, and moving it wakes the reader that
-// loses it (a read deadline in the past on its file, no system call).
-// WakeDirect wakes a WaitDirect the same way, or through its channel.
+// Who reads (lead.go): the wait doorbell's eventfd has a dispatcher
+// goroutine per link that rings the channels Wait parks on. For the
+// direct doorbell, when exactly one CQ of the link is armed direct (rsock:
+// one connection to that peer process whose blocked call waits on the
+// queue; any number may be armed for their event loops), that CQ owns the
+// link and its WaitDirect waits on the eventfd itself: its own ring wakes
+// it with no goroutine hand-off, as a CQ's own eventfd did before links.
+// Otherwise a second dispatcher waits on it and rings the CQs' channels,
+// at the cost of one hand-off per wake-up. The role moves only when a CQ
+// arms for another doorbell than it last did or a QP joins or leaves the
+// link, never in rsock's steady states, and moving it wakes the reader
+// that loses it (a read deadline in the past on its file, no system
+// call). WakeDirect wakes a WaitDirect the same way, or through its
+// channel.
 //
 // No wake-up is lost. Both levels are Dekker's pattern: each side stores
 // then loads, with sequentially consistent atomics (XCHG and LOCK OR are
 // full barriers), so at least one sees the other's store. QP level: either
 // the poll after Arm finds the entry, or the producer sees sleeping and
-// performs step 1. Link level: the armed word starts set; either the
-// reader's drain after it stored armed sees the bit, or the producer's
-// load sees armed and it writes the eventfd, whose edge wakes the parked
-// reader or is remembered for one about to park (an edge the runtime
-// forgets when a wait starts belongs to a bit that wait's first drain
-// sees). While the owner's WaitDirect is not running nobody waits, but
-// then only the owner can be rung (nobody else is armed) and its next
-// WaitDirect drains first; a CQ that arms moves the role back to the
-// dispatcher before its Arm returns. The channels have capacity 1 and
-// are only signalled, so a ring that arrives before the waiter parks is
-// kept. The swap of sleeping makes one ring per Arm, the swap of armed
-// one eventfd write per reader wake-up; rings of many QPs while a reader
-// runs cost no system call. A busy receiver does not arm, so it costs the
+// performs step 1. Link level: armed starts set; either the reader's
+// drain after it stored armed sees the bit, or the producer's load sees
+// armed and it writes the eventfd, whose edge wakes the parked reader or
+// is remembered for one about to park (an edge the runtime forgets when a
+// wait starts belongs to a bit that wait's first drain sees). While the
+// owner's WaitDirect is not running nobody waits on the direct eventfd,
+// but then only the owner is armed direct and its next WaitDirect drains
+// first (a direct ring of a CQ that has armed otherwise since is stale:
+// the poll after its Arm finds the entry); a CQ that arms direct moves
+// the role before its Arm returns. The channels have capacity 1 and are
+// only signalled, so a ring that arrives before the waiter parks is kept.
+// The swap of sleeping makes one ring per Arm, the swap of armed one
+// eventfd write per reader wake-up; rings of many QPs while a reader runs
+// cost no system call. A busy receiver does not arm, so it costs the
 // sender nothing.
 //
 // Two doorbells let a caller that waits on the CQ itself (rsock's blocked
 // Read or Write) be woken without waking the goroutine that makes progress
 // in the background (parked in Wait). In rsock's event-only mode
-// (busy-poll off) a 64-byte ping-pong on one connection takes the owner's
-// path: its round trip is what it was with an eventfd per CQ. Several
-// connections to one peer process that wait at once share the
-// dispatcher: one hand-off per wake-up (on the one-connection ping-pong,
-// before owners, it cost about 4 us per round trip in event-only mode);
-// the default mode, which busy-polls before it sleeps, is not affected.
+// (busy-poll off) a 64-byte ping-pong takes the owner's path as long as
+// its connection is the only one to that peer process whose call waits
+// on the queue (idle connections whose event loops wait do not count):
+// its round trip is what it was with an eventfd per CQ. Several
+// connections to one peer process with blocked calls at once share the
+// direct dispatcher: one hand-off per wake-up (about 4 us per round trip
+// in event-only mode, measured before owners); the default mode, which
+// busy-polls before it sleeps, is not affected.
 //
 // CQ.Pending (verbs.Peeker) takes no lock: it reads a copy of the
 // attached QPs, counted as a reader by epoch parity, and a QP's detach
@@ -175,9 +181,9 @@
 // side closes it when it ends. A QP's close sends "gone" to its peer QP;
 // the link's end tells every QP on it that the peer process is gone. So a
 // connection costs no file descriptor of its own: each process holds, per
-// peer process, one Unix socket, its own eventfd (twice: the dispatcher
-// and an owner's WaitDirect each park on a file of their own) and the
-// peer's eventfd.
+// peer process, one Unix socket, its own two eventfds (the direct one
+// twice: the dispatcher and an owner's WaitDirect each park on a file of
+// their own) and the peer's two.
 //
 // The secret travels only inside the Info exchanged over rsock's TCP
 // bootstrap connection, so only the process at the other end of that

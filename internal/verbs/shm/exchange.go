@@ -152,21 +152,20 @@ func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) 
 		return fmt.Errorf("%w: shm: the peer's rendezvous runs as uid %d (pid %d)", verbs.ErrPeerInfo, cred.Uid, cred.Pid)
 	}
 	l.pid, l.uid = cred.Pid, cred.Uid
-	efd, bellFD, err := l.newLinkDoorbell()
+	lfds, err := l.newLinkDoorbell()
 	if err != nil {
 		return err
 	}
-	msg, fds, exported, err := q.exportLocal(msgConnect, &exchange{secret: info.secret, src: id}, []int{efd, bellFD})
+	msg, fds, exported, err := q.exportLocal(msgConnect, &exchange{secret: info.secret, src: id}, lfds)
 	if err == nil {
 		err = writeMsg(c, msg, fds)
-		closeFDs(fds[2:])
+		closeFDs(fds[linkFDs:])
 	}
-	_ = unix.Close(bellFD)
 	if err != nil {
-		_ = unix.Close(efd)
+		closeFDs(lfds)
 		return fmt.Errorf("%w: shm: sending to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
 	}
-	if err := l.adoptEventfd(efd); err != nil {
+	if err := l.adoptDoorbell(lfds); err != nil {
 		return err
 	}
 	buf := make([]byte, maxMsgLen)
@@ -189,7 +188,7 @@ func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) 
 		closeFDs(rfds)
 		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
 	}
-	p, err := mapPeerSide(x, rfds[2:])
+	p, err := mapPeerSide(x, rfds[linkFDs:])
 	if err != nil {
 		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
 	}

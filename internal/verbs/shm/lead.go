@@ -6,64 +6,80 @@ import (
 	"time"
 )
 
-// Who reads a link's eventfd (leader/follower).
+// Who waits on a link's eventfds (leader/follower).
 //
-// The peer rings this side's CQs through the link's bell page and eventfd
-// (bell.go). Whoever waits on the eventfd drains the page and rings the CQs it
-// names; a CQ's waiter that is rung by another goroutine pays a goroutine
-// hand-off (eventfd, reader, channel, waiter). That is the cost only when
-// the reader is not the waiter itself, so the reader is chosen by what the
-// link's CQs are armed for:
+// The peer rings this side's CQs through the link's bell page and two
+// eventfds, one per doorbell (bell.go): direct (WaitDirect: rsock's
+// blocked Read or Write) and wait (Wait: rsock's event loops). Whoever
+// waits on an eventfd drains that doorbell's bitmap and rings the CQs it
+// names; a waiter rung by another goroutine pays a goroutine hand-off
+// (eventfd, reader, channel, waiter). For the direct doorbell that costs a
+// blocked call's latency, so its reader is chosen by what the link's CQs
+// are armed for:
 //
-//   - When every QP of the link that is armed belongs to one CQ, armed for
-//     WaitDirect (rsock: one connection to that peer process, its blocked
-//     call waiting on the queue itself), that CQ owns the link: its
-//     WaitDirect waits on the eventfd (a duplicate, lfile, so that it parks in
-//     the Go netpoller independently of the dispatcher) and returns from
-//     its own ring without a hand-off. Rings for other CQs that it drains
-//     meanwhile it rings on their channels.
-//   - Otherwise the link's dispatcher goroutine waits on the eventfd (efile)
-//     and rings every CQ through its channels.
+//   - When exactly one CQ of the link is armed for WaitDirect (rsock: the
+//     one connection to that peer process whose blocked call waits on the
+//     queue itself; any number of others may be armed for their event
+//     loops), that CQ owns the link: its WaitDirect waits on the direct
+//     eventfd (a duplicate, lfile, so that it parks in the Go netpoller on
+//     a file of its own) and returns from its own ring without a hand-off.
+//     A direct ring it drains for another CQ (one that armed direct
+//     before, whose ring was on its way) it rings on that CQ's channel.
+//   - Otherwise the link's direct dispatcher goroutine waits on the direct
+//     eventfd (efile[bellDirect]) and rings the CQs' channels. While there
+//     is an owner, it waits on resume instead, out of the netpoller, and
+//     costs nothing.
+//
+// The wait doorbell always has its own dispatcher (efile[bellWait]): the
+// event loops of idle connections (rsockperf's control connection, an
+// HTTP server's idle keep-alive connections) are rung through it, and
+// neither wake the owner nor are woken by the owner's rings. (With one
+// eventfd for both, the dispatcher had to keep waiting beside an owner for
+// the idle connections and woke with it for each of its rings: in
+// rsockperf's event-only ping-pong that cost as much as the hand-off it
+// saved.)
 //
 // A CQ's arming counts for the link with the last value it armed
 // (Disarm does not change it: a CQ that busy-polls keeps its place, so
 // that a spinning call does not move the role back and forth on every
-// round trip). The role moves (retarget, under the link's mu) only when
-// a CQ arms for another doorbell than it last did, or a QP joins or leaves
-// the link: rsock's steady states (event loops armed, or one connection's
-// calls armed direct) move it never. Moving it wakes the reader that
-// loses it: the dispatcher parks on the resume channel (not in the
-// netpoller, so it costs nothing while an owner leads), an owner's leading
-// WaitDirect goes back to its channel.
+// round trip). The role moves (retarget, under the link's mu) only when a
+// CQ arms for another doorbell than it last did, or a QP joins or leaves
+// the link: rsock's steady states move it never. Moving it wakes the
+// reader that loses it: the direct dispatcher parks on resume, an owner's
+// leading WaitDirect goes back to its channel.
 //
-// Readers never read the eventfd's counter (as main's 410c045 did for a
+// Readers never read an eventfd's counter (as main's 410c045 did for a
 // CQ's own eventfd): the netpoller is edge-triggered and every write to an
 // eventfd is an edge, so a reader parks on its file through the RawConn
 // and makes no system call to wait or to wake; the counter only grows (it
 // would take centuries of rings to fill), and since it never drops back
 // to zero, epoll reports every write to every file of the eventfd (a
-// reader that read the counter could make epoll report nothing to
-// another: see TestLeadStress).
+// reader that read the counter could make epoll report nothing to another
+// file of the same eventfd: see TestLeadStress).
 //
-// No ring is lost. The page's armed word starts set. A reader stores it
-// and drains each time its wait starts (after the runtime forgot earlier
-// readiness) and each time it wakes. A producer sets its bit, then loads
-// armed: if set, it clears it and writes the eventfd. So a bit set after
-// a drain's scan is followed by an edge, which wakes a parked reader or
-// is remembered for one about to park; an edge that came before a wait
-// started belongs to a bit that the wait's first drain finds. While the
-// owner's WaitDirect is not running nobody waits: only rings of the owner
-// itself can come then (no other CQ is armed), and its next WaitDirect
-// drains them first. A CQ that arms moves the role before its Arm
+// No ring is lost. A doorbell's armed word starts set. Its reader stores
+// it and drains each time its wait starts (after the runtime forgot
+// earlier readiness) and each time it wakes. A producer sets its bit,
+// then loads armed: if set, it clears it and writes the eventfd. So a bit
+// set after a drain's scan is followed by an edge, which wakes a parked
+// reader or is remembered for one about to park; an edge that came before
+// a wait started belongs to a bit that the wait's first drain finds.
+// While the owner's WaitDirect is not running nobody waits on the direct
+// eventfd: only the owner is armed direct then, and its next WaitDirect
+// drains first. A direct ring of a CQ that has since armed for Wait or
+// disarmed may wait there too; it is stale: the producer published the
+// entry before it loaded sleeping, so the poll that follows the CQ's new
+// Arm finds it. A CQ that arms direct moves the role before its Arm
 // returns, and the new reader drains what was left.
 //
 // Kicking a reader out of the netpoller uses a read deadline in the past
 // on its file (no system call); the flag that tells it why (the link's
-// owner, the CQ's woken and closed) is stored first, and a reader that
-// times out resets the deadline before it looks at the flags, so a kick
-// whose flag it misses sets its deadline after the reset and is seen on
-// the next turn. A deadline left in the past by a kick that came too late
-// costs the next reader one turn, never a spin (TestLeadStaleDeadline).
+// owner and disp, the CQ's woken and closed) is stored first, and a reader
+// that times out resets the deadline before it looks at the flags, so a
+// kick whose flag it misses sets its deadline after the reset and is seen
+// on the next turn. A deadline left in the past by a kick that came too
+// late costs the next reader one turn, never a spin
+// (TestWaitDirectStaleDeadline).
 
 // armChange moves one QP of cq from doorbell old to doorbell v (0: not
 // counted) and moves the reader role if that changes who should read.
@@ -92,38 +108,46 @@ func (l *link) armChange(cq *CQ, old, v uint32) {
 	l.retargetLocked()
 }
 
-// retargetLocked gives the reader role to the CQ that should own the link,
-// or to the dispatcher, and wakes the reader that loses it.
+// retargetLocked gives the owner's role to the one CQ armed direct, if
+// there is one, and the dispatcher's to the dispatcher if it is needed,
+// and wakes the readers whose role changed.
 func (l *link) retargetLocked() {
 	var want *CQ
-	if l.nWait == 0 && len(l.direct) == 1 && !l.freed {
+	if len(l.direct) == 1 && !l.freed {
 		for c := range l.direct {
 			want = c
 		}
 		// A CQ leads one link at a time; on its other links the
-		// dispatcher reads.
+		// dispatcher waits.
 		if !want.lead.CompareAndSwap(nil, l) && want.lead.Load() != l {
 			want = nil
 		}
 	}
-	old := l.owner.Load()
-	if want == old {
+	if old := l.owner.Load(); want != old {
+		if old != nil {
+			old.lead.CompareAndSwap(l, nil)
+		}
+		l.owner.Store(want)
+		l.moves.Add(1)
+		if old != nil {
+			kick(l.lfile) // its leading WaitDirect goes back to its channel
+		}
+		if want != nil {
+			// A WaitDirect of want that parked on its channel (it did not
+			// own the link then) must come and wait on the eventfd.
+			select {
+			case want.direct <- struct{}{}:
+			default:
+			}
+		}
+	}
+	disp := want == nil && !l.freed
+	if disp == l.disp.Load() {
 		return
 	}
-	l.owner.Store(want)
-	l.moves.Add(1)
-	if old != nil {
-		old.lead.CompareAndSwap(l, nil)
-		kick(l.lfile) // its leading WaitDirect goes back to its channel
-	}
-	if want != nil {
-		kick(l.efile) // the dispatcher steps aside
-		// A WaitDirect of want that parked on its channel (it did not own
-		// the link then) must come and read: nobody else will.
-		select {
-		case want.direct <- struct{}{}:
-		default:
-		}
+	l.disp.Store(disp)
+	if !disp {
+		kick(l.efile[bellDirect]) // the direct dispatcher steps aside
 		return
 	}
 	select {
@@ -143,13 +167,12 @@ func kick(f *os.File) {
 // aLongTimeAgo is a deadline that has passed.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// drainLocked stores the bell page's armed word, then rings the CQ of
-// every QP the peer rang (bits set before the store; a later one is
-// followed by an eventfd write). A direct ring of self (the leading CQ, or nil)
-// is not rung but reported.
-func (l *link) drainLocked(self *CQ) (own bool) {
-	l.own.hdr.armed.Store(1)
-	l.own.drain(func(slot, v uint32) {
+// drainLocked drains doorbell k of the bell page (storing its armed word
+// first) and rings the CQ of every QP the peer rang. A direct ring of self
+// (the leading CQ, or nil) is not rung but reported.
+func (l *link) drainLocked(k int, self *CQ) (own bool) {
+	owner := l.owner.Load()
+	l.own.drain(k, func(slot, v uint32) {
 		if int(slot) >= len(l.slots) {
 			return
 		}
@@ -159,18 +182,23 @@ func (l *link) drainLocked(self *CQ) (own bool) {
 		case q.cq == self && v == armDirect:
 			own = true
 		default:
+			if q.cq == owner && v == armDirect {
+				l.handoffs.Add(1) // the owner's ring, taken by another
+			}
 			q.cq.ring(v)
 		}
 	})
 	return own
 }
 
-// dispatch waits on the eventfd while no CQ owns the link, and waits on
-// resume while one does.
-func (l *link) dispatch() {
-	defer close(l.dispDone)
+// dispatch waits on doorbell k's eventfd: always for the wait doorbell,
+// while there is no owner for the direct one (and on resume while there
+// is).
+func (l *link) dispatch(k int) {
+	defer l.dispWG.Done()
+	needed := func() bool { return k == bellWait || l.disp.Load() }
 	for {
-		for l.owner.Load() != nil {
+		for !needed() {
 			select {
 			case <-l.resume:
 			case <-l.stop:
@@ -178,29 +206,29 @@ func (l *link) dispatch() {
 			}
 		}
 		woke := false
-		err := l.eraw.Read(func(uintptr) bool {
+		err := l.eraw[k].Read(func(uintptr) bool {
 			if woke {
 				l.wakeups.Add(1)
 			}
 			woke = true
-			if l.owner.Load() != nil {
+			if !needed() {
 				return true // an owner took over
 			}
 			l.mu.Lock()
-			l.drainLocked(nil)
+			l.drainLocked(k, nil)
 			l.mu.Unlock()
 			return false // park until the next edge
 		})
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			_ = l.efile.SetReadDeadline(time.Time{}) // then look at owner again
+			_ = l.efile[k].SetReadDeadline(time.Time{}) // then look at disp again
 		case err != nil:
 			return // released
 		}
 	}
 }
 
-// lead is WaitDirect of cq while cq owns l: it waits on the link's
+// lead is WaitDirect of cq while cq owns l: it waits on the link's direct
 // eventfd itself until cq's own direct doorbell rings (true), or until it
 // is woken (WakeDirect), cq closes or cq no longer owns l (false: the
 // caller looks at why).
@@ -219,7 +247,7 @@ func (l *link) lead(cq *CQ) bool {
 				return true
 			}
 			l.mu.Lock()
-			own = l.drainLocked(cq)
+			own = l.drainLocked(bellDirect, cq)
 			l.mu.Unlock()
 			return own // else park until the next edge
 		})

@@ -98,70 +98,130 @@ func TestLeadOwnRing(t *testing.T) {
 }
 
 // TestLeadRevoked: while b owns the link (and whether or not its
-// WaitDirect runs), another CQ on the link that arms for Wait gets its
-// ring: its Arm hands the eventfd back to the dispatcher (which had
-// stepped aside) before it returns. And b, no longer the owner, is still
-// woken for its own ring, now through its channel.
+// WaitDirect runs), another CQ on the link arms: for Wait, b keeps the link
+// and the other is rung through the wait doorbell's dispatcher; for
+// WaitDirect, b loses it (two CQs armed direct) and the direct dispatcher
+// comes back for both. Each Arm makes its changes before it returns, so the ring
+// that follows it is not lost, and b is still woken for its own ring.
 func TestLeadRevoked(t *testing.T) {
-	for _, running := range []bool{false, true} {
-		name := "Idle"
-		if running {
-			name = "Leading"
-		}
-		t.Run(name, func(t *testing.T) {
-			a, b := pair(t, 8)
-			a2, b2 := pair(t, 8)
-			b.postRecvs(t, 8, 64)
-			b2.postRecvs(t, 8, 64)
-			l := b.link()
-			if b2.link() != l {
-				t.Fatal("the two pairs do not share a link")
-			}
-			var ch chan error
-			if running {
-				ch = leading(t, b)
-			} else {
-				if err := b.cq.ArmDirect(); err != nil {
+	for _, direct := range []bool{false, true} {
+		for _, running := range []bool{false, true} {
+			t.Run(fmt.Sprintf("direct=%v,leading=%v", direct, running), func(t *testing.T) {
+				a, b := pair(t, 8)
+				a2, b2 := pair(t, 8)
+				b.postRecvs(t, 8, 64)
+				b2.postRecvs(t, 8, 64)
+				l := b.link()
+				if b2.link() != l {
+					t.Fatal("the two pairs do not share a link")
+				}
+				var ch chan error
+				if running {
+					ch = leading(t, b)
+				} else {
+					if err := b.cq.ArmDirect(); err != nil {
+						t.Fatal(err)
+					}
+					waitFor(t, "b owns its link", func() bool { return l.owner.Load() == b.cq })
+				}
+				if l.disp.Load() {
+					t.Fatal("the dispatcher waits though only b is armed")
+				}
+				arm, wait := b2.cq.Arm, b2.cq.Wait
+				if direct {
+					arm, wait = b2.cq.ArmDirect, b2.cq.WaitDirect
+				}
+				if err := arm(); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, "b owns its link", func() bool { return l.owner.Load() == b.cq })
-			}
-			if err := b2.cq.Arm(); err != nil {
-				t.Fatal(err)
-			}
-			if o := l.owner.Load(); o != nil {
-				t.Fatalf("b still owns the link after another CQ armed")
-			}
-			woke := make(chan error, 1)
-			go func() { woke <- b2.cq.Wait() }()
-			sendInline(t, a2, 1, []byte{1})
-			if err := returned(t, woke, "Wait of the CQ that armed after b owned the link"); err != nil {
-				t.Fatalf("Wait: %v", err)
-			}
-			pollN(t, b2.cq, 1)
-			if !running {
-				ch = make(chan error, 1)
-				go func() { ch <- b.cq.WaitDirect() }()
-			}
-			sendInline(t, a, 2, []byte{2})
-			if err := returned(t, ch, "WaitDirect of the former owner"); err != nil {
-				t.Fatalf("WaitDirect: %v", err)
-			}
-			pollN(t, b.cq, 1)
-		})
+				if o := l.owner.Load(); direct != (o == nil) {
+					t.Fatalf("owner %p after another CQ armed (direct %v); b is %p", o, direct, b.cq)
+				}
+				if l.disp.Load() != direct {
+					t.Fatalf("the direct dispatcher waits: %v, with another CQ armed direct: %v", l.disp.Load(), direct)
+				}
+				woke := make(chan error, 1)
+				go func() { woke <- wait() }()
+				sendInline(t, a2, 1, []byte{1})
+				if err := returned(t, woke, "the wait of the CQ that armed after b owned the link"); err != nil {
+					t.Fatalf("wait: %v", err)
+				}
+				pollN(t, b2.cq, 1)
+				if !running {
+					ch = make(chan error, 1)
+					go func() { ch <- b.cq.WaitDirect() }()
+				}
+				sendInline(t, a, 2, []byte{2})
+				if err := returned(t, ch, "WaitDirect of b"); err != nil {
+					t.Fatalf("WaitDirect: %v", err)
+				}
+				pollN(t, b.cq, 1)
+			})
+		}
+	}
+}
+
+// TestLeadOthersArmed: an owner shares its link with an idle connection
+// armed for Wait (rsockperf's control connection, an HTTP server's idle
+// keep-alive connections): the owner's rings wake the owner alone (no
+// hand-off, and no dispatcher wakes for them), and a ring of the idle one
+// still wakes it.
+func TestLeadOthersArmed(t *testing.T) {
+	a, b := pair(t, 8)
+	a2, b2 := pair(t, 8)
+	b.postRecvs(t, 8, 64)
+	b2.postRecvs(t, 8, 64)
+	l := b.link()
+	if err := b2.cq.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	idle := make(chan error, 1)
+	go func() { idle <- b2.cq.Wait() }()
+	ch := leading(t, b)
+	handoffs, all, led := l.handoffs.Load(), l.wakeups.Load(), l.leadWakeups.Load()
+	const rounds = 50
+	for i := range rounds {
+		sendInline(t, a, uint64(i), []byte{byte(i)})
+		if err := returned(t, ch, "WaitDirect for its own ring"); err != nil {
+			t.Fatalf("WaitDirect: %v", err)
+		}
+		c := pollN(t, b.cq, 1)[0]
+		if err := b.qp.PostRecv(&verbs.RecvWR{ID: c.ID, Local: verbs.SGE{MR: b.mrs[0], Offset: int(c.ID) * 64, Length: 64}}); err != nil {
+			t.Fatal(err)
+		}
+		drain(t, a.cq)
+		ch = leading(t, b)
+	}
+	if n := l.handoffs.Load() - handoffs; n != 0 {
+		t.Errorf("%d of %d rings of the owner were taken by the dispatcher", n, rounds)
+	}
+	if got := l.leadWakeups.Load() - led; got < rounds {
+		t.Errorf("the owner woke %d times for %d rings", got, rounds)
+	}
+	if d := (l.wakeups.Load() - all) - (l.leadWakeups.Load() - led); d != 0 {
+		t.Errorf("dispatchers woke %d times for the owner's %d rings", d, rounds)
+	}
+	sendInline(t, a2, 1, []byte{1})
+	if err := returned(t, idle, "Wait of the idle connection while the owner waits"); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	b.cq.WakeDirect()
+	if err := returned(t, ch, "WaitDirect for WakeDirect"); err != nil {
+		t.Fatalf("WaitDirect: %v", err)
 	}
 }
 
 // TestLeadBecomesOwnerParked: b's WaitDirect parks on its channel while
-// another CQ on the link is armed; when that one leaves, b owns the link
-// and nobody else reads the eventfd, so the parked WaitDirect must come
-// and read it. (It was found missing by the conformance suite's Route.)
+// another CQ on the link is armed direct too; when that one leaves, b owns
+// the link and nobody else waits on the eventfd, so the parked WaitDirect
+// must come and wait on it. (It was found missing by the conformance
+// suite's Route.)
 func TestLeadBecomesOwnerParked(t *testing.T) {
 	a, b := pair(t, 8)
 	_, b2 := pair(t, 8)
 	b.postRecvs(t, 8, 64)
 	l := b.link()
-	if err := b2.cq.Arm(); err != nil {
+	if err := b2.cq.ArmDirect(); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.cq.ArmDirect(); err != nil {
@@ -242,9 +302,11 @@ func leadStress(t *testing.T, conns, rounds int) {
 	}
 	var wg sync.WaitGroup
 	errc := make(chan error, 2*conns)
+	var sides []side
 	for c := range conns {
 		a, b := pair(t, 16)
 		sa, sb := side{a, a.postRecvs(t, 16, 64)}, side{b, b.postRecvs(t, 16, 64)}
+		sides = append(sides, sa, sb)
 		// await waits for one received message on s.
 		await := func(rng *rand.Rand, s side) error {
 			wc := make([]verbs.Completion, 4)
@@ -317,6 +379,9 @@ func leadStress(t *testing.T, conns, rounds int) {
 	select {
 	case <-done:
 	case <-ctx.Done():
+		for i, s := range sides {
+			logLeadState(t, fmt.Sprintf("side %d", i), s.e)
+		}
 		t.Fatal("a connection hung: a lost wake-up")
 	}
 	close(errc)
@@ -392,4 +457,16 @@ func TestPendingChurn(t *testing.T) {
 			_ = mr.Close()
 		}
 	}
+}
+
+// logLeadState logs what a hung wait was waiting for.
+func logLeadState(t *testing.T, name string, e *end) {
+	l := e.link()
+	l.mu.Lock()
+	nWait, direct := l.nWait, len(l.direct)
+	l.mu.Unlock()
+	t.Logf("%s: cq %p intent %d armed %d woken %v lead %v reading %v chan %d; inbox sleeping %d tail %d head %d; link owner %p disp %v nWait %d direct %d armed %d sums %x %x",
+		name, e.cq, e.cq.intent, e.cq.armed.Load(), e.cq.woken.Load(), e.cq.lead.Load() != nil, e.cq.reading.Load() != nil, len(e.cq.direct),
+		e.qp.in.hdr.sleeping.Load(), e.qp.in.hdr.tail.Load(), e.qp.head.Load(),
+		l.owner.Load(), l.disp.Load(), nWait, direct, l.own.hdr.armed[bellDirect].Load()<<1|l.own.hdr.armed[bellWait].Load(), l.own.hdr.sum[0][0].Load(), l.own.hdr.sum[1][0].Load())
 }

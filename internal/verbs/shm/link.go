@@ -34,18 +34,20 @@ type link struct {
 	pid    int32  // SO_PEERCRED of the peer, checked at setup
 	uid    uint32
 
-	own     bellPage        // rung by the peer, drained by its reader (lead.go)
-	efile   *os.File        // this side's eventfd, read by dispatch
-	eraw    syscall.RawConn // efile's
-	lfile   *os.File        // a duplicate of it, read by the owner's WaitDirect
-	lraw    syscall.RawConn // lfile's
-	peer    bellPage        // the peer's bell page
-	peerEvt int             // the peer's eventfd, or -1
+	own     bellPage           // rung by the peer, drained by its readers (lead.go)
+	efile   [2]*os.File        // this side's eventfds [direct, wait], waited on by dispatch
+	eraw    [2]syscall.RawConn // efile's
+	lfile   *os.File           // a duplicate of efile[bellDirect], waited on by the owner's WaitDirect
+	lraw    syscall.RawConn    // lfile's
+	peer    bellPage           // the peer's bell page
+	peerEvt [2]int             // the peer's eventfds, or -1
 
-	// The reader role (lead.go): owner is the CQ whose WaitDirect reads
-	// lfile, nil while dispatch reads efile. It changes under mu.
+	// The readers of the direct doorbell (lead.go): owner is the CQ whose
+	// WaitDirect waits on lfile (nil: none), disp whether dispatch waits on
+	// efile[bellDirect] (while there is no owner). They change under mu.
 	owner  atomic.Pointer[CQ]
-	resume chan struct{} // wakes dispatch when owner becomes nil; capacity 1
+	disp   atomic.Bool
+	resume chan struct{} // wakes dispatch when disp is set; capacity 1
 	stop   chan struct{} // closed by release: dispatch returns
 
 	wmu sync.Mutex // serialises writes on c
@@ -60,13 +62,14 @@ type link struct {
 	attaching map[uint32]chan attachReply // active attaches waiting, by our id
 	ready     chan struct{}               // dialed: closed once the first exchange finished
 	readyErr  error
-	dispDone  chan struct{} // closed when dispatch returns (nil if it never ran)
-	nWait     int           // QPs whose CQ last armed for Wait
-	direct    map[*CQ]int   // QPs whose CQ last armed for WaitDirect, by CQ
+	dispWG    sync.WaitGroup // the dispatchers, once started
+	nWait     int            // QPs whose CQ last armed for Wait
+	direct    map[*CQ]int    // QPs whose CQ last armed for WaitDirect, by CQ
 
 	wakeups     atomic.Uint64 // wake-ups of its readers by an eventfd edge
 	leadWakeups atomic.Uint64 // those of an owner's WaitDirect
 	moves       atomic.Uint64 // changes of owner
+	handoffs    atomic.Uint64 // owner's direct rings drained by another reader
 }
 
 type linkSlot struct {
@@ -196,7 +199,9 @@ var liveLinks atomic.Int64
 
 func newLink() *link {
 	liveLinks.Add(1)
-	return &link{peerEvt: -1, resume: make(chan struct{}, 1), stop: make(chan struct{})}
+	l := &link{peerEvt: [2]int{-1, -1}, resume: make(chan struct{}, 1), stop: make(chan struct{})}
+	l.disp.Store(true) // no owner yet
+	return l
 }
 
 // release frees the link's resources; nothing uses them any more.
@@ -212,27 +217,26 @@ func (l *link) release() {
 	if l.lfile != nil {
 		_ = l.lfile.Close() // a leading WaitDirect returns
 	}
-	if l.efile != nil {
-		_ = l.efile.Close() // dispatch returns
-		if l.dispDone != nil {
-			<-l.dispDone
+	for _, f := range l.efile {
+		if f != nil {
+			_ = f.Close() // dispatch returns
 		}
 	}
+	l.dispWG.Wait()
 	l.own.release()
 	l.peer.release()
-	if l.peerEvt >= 0 {
-		_ = unix.Close(l.peerEvt)
-		l.peerEvt = -1
-	}
+	closeFDs(l.peerEvt[:])
+	l.peerEvt = [2]int{-1, -1}
 }
 
 // start runs the reader and the dispatcher of an established link.
 func (l *link) start() {
 	l.mu.Lock()
 	l.reader = true
-	l.dispDone = make(chan struct{})
 	l.mu.Unlock()
-	go l.dispatch()
+	l.dispWG.Add(2)
+	go l.dispatch(bellDirect)
+	go l.dispatch(bellWait)
 	go l.readLoop()
 }
 
@@ -389,7 +393,7 @@ func (l *link) write(b []byte, fds []int) error {
 }
 
 // ringPeer rings the peer QP peerID for doorbell v.
-func (l *link) ringPeer(peerID, v uint32) { l.peer.ring(peerID&0xffff, v, l.peerEvt) }
+func (l *link) ringPeer(peerID, v uint32) { l.peer.ring(peerID&0xffff, v, &l.peerEvt) }
 
 // getLink returns the established link to the peer whose rendezvous is
 // name, with q bound to it (id) and wait registered for the answer to its
@@ -455,62 +459,73 @@ func (l *link) finishSetup(err error) {
 	close(l.ready)
 }
 
-// newLinkDoorbell makes this side's eventfd and bell page for a link. The
-// caller sends the fds, then closes the bell's memfd and wraps the eventfd
-// (adoptEventfd).
-func (l *link) newLinkDoorbell() (efd, bellFD int, err error) {
-	efd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		return -1, -1, fmt.Errorf("shm: eventfd: %w", err)
+// linkFDs is how many fds a link's first message carries before the
+// QP's: the sender's direct and wait eventfds, and its bell page.
+const linkFDs = 3
+
+// newLinkDoorbell makes this side's eventfds and bell page for a link and
+// returns them in the order they are sent. The caller sends them, then
+// calls adoptDoorbell (or closes them).
+func (l *link) newLinkDoorbell() ([]int, error) {
+	fds := []int{-1, -1, -1}
+	for k := range 2 {
+		efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+		if err != nil {
+			closeFDs(fds)
+			return nil, fmt.Errorf("shm: eventfd: %w", err)
+		}
+		fds[k] = efd
 	}
-	bellFD, l.own, err = newBell()
-	if err != nil {
-		_ = unix.Close(efd)
-		return -1, -1, err
+	var err error
+	if fds[2], l.own, err = newBell(); err != nil {
+		closeFDs(fds)
+		return nil, err
 	}
-	return efd, bellFD, nil
+	return fds, nil
 }
 
-// adoptEventfd wraps this side's eventfd efd (sent to the peer) for the
-// Go netpoller, twice: efile for dispatch, and a duplicate, lfile, for an
-// owner's leading WaitDirect, so that each parks on a file of its own. It
-// takes ownership of efd on success and failure.
-func (l *link) adoptEventfd(efd int) error {
-	dup, err := unix.FcntlInt(uintptr(efd), unix.F_DUPFD_CLOEXEC, 0)
+// adoptDoorbell closes the bell page's memfd (the peer has it now) and
+// wraps this side's eventfds for the Go netpoller: efile for dispatch,
+// and a duplicate of the direct one, lfile, for an owner's leading
+// WaitDirect, so that each waiter parks on a file of its own. It takes
+// ownership of fds on success and failure.
+func (l *link) adoptDoorbell(fds []int) error {
+	_ = unix.Close(fds[2])
+	dup, err := unix.FcntlInt(uintptr(fds[bellDirect]), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		_ = unix.Close(efd)
+		closeFDs(fds[:2])
 		return fmt.Errorf("shm: dup eventfd: %w", err)
 	}
-	l.efile = os.NewFile(uintptr(efd), "rsock-shm-link")
+	l.efile[bellDirect] = os.NewFile(uintptr(fds[bellDirect]), "rsock-shm-link-direct")
+	l.efile[bellWait] = os.NewFile(uintptr(fds[bellWait]), "rsock-shm-link-wait")
 	l.lfile = os.NewFile(uintptr(dup), "rsock-shm-link-lead")
-	if l.eraw, err = l.efile.SyscallConn(); err == nil {
-		l.lraw, err = l.lfile.SyscallConn()
+	for k, f := range l.efile {
+		if l.eraw[k], err = f.SyscallConn(); err != nil {
+			return err
+		}
 	}
+	l.lraw, err = l.lfile.SyscallConn()
 	return err
 }
 
-// mapPeerDoorbell validates and maps the peer's eventfd and bell page, the
-// first two of fds; it takes ownership of those two on success and
+// mapPeerDoorbell validates and maps the peer's eventfds and bell page,
+// the first linkFDs of fds; it takes ownership of those on success and
 // failure.
 func (l *link) mapPeerDoorbell(fds []int) error {
-	if len(fds) < 2 {
-		return fmt.Errorf("shm: %d file descriptors, want the link's two first", len(fds))
+	if len(fds) < linkFDs {
+		return fmt.Errorf("shm: %d file descriptors, want the link's %d first", len(fds), linkFDs)
 	}
-	defer func() { fds[1] = -1 }()
-	b, err := mapPeerBell(fds[1])
-	_ = unix.Close(fds[1])
+	defer func() { fds[0], fds[1], fds[2] = -1, -1, -1 }()
+	b, err := mapPeerBell(fds[2])
+	_ = unix.Close(fds[2])
+	for k := 0; err == nil && k < 2; k++ {
+		err = checkEventfd(fds[k])
+	}
 	if err != nil {
-		_ = unix.Close(fds[0])
-		fds[0] = -1
-		return err
-	}
-	if err := checkEventfd(fds[0]); err != nil {
 		b.release()
-		_ = unix.Close(fds[0])
-		fds[0] = -1
+		closeFDs(fds[:2])
 		return err
 	}
-	l.peer, l.peerEvt = b, fds[0]
-	fds[0] = -1
+	l.peer, l.peerEvt = b, [2]int{fds[0], fds[1]}
 	return nil
 }

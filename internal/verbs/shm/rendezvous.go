@@ -298,7 +298,7 @@ func serveRendezvous(p pendingConn) {
 	l.c, l.pid, l.uid, l.qps = c, cred.Pid, cred.Uid, 1
 	err = l.mapPeerDoorbell(fds)
 	if err == nil {
-		err = q.acceptActive(l, x, fds[2:], true)
+		err = q.acceptActive(l, x, fds[linkFDs:], true)
 	} else {
 		closeFDs(fds)
 	}
@@ -332,30 +332,24 @@ func (q *QP) acceptActive(l *link, x *exchange, fds []int, first bool) error {
 		l.drop()
 		return fmt.Errorf("shm: the link has %d queue pairs", maxLinkSlots)
 	}
-	var linkFDs []int
-	efd, bellFD := -1, -1
+	var lfds []int
 	if first {
-		if efd, bellFD, err = l.newLinkDoorbell(); err == nil {
-			linkFDs = []int{efd, bellFD}
-		}
+		lfds, err = l.newLinkDoorbell()
 	}
 	var reply []byte
 	var rfds []int
 	var exported []uint32
 	if err == nil {
-		reply, rfds, exported, err = q.exportLocal(msgAccept, &exchange{dst: x.src, src: id}, linkFDs)
+		reply, rfds, exported, err = q.exportLocal(msgAccept, &exchange{dst: x.src, src: id}, lfds)
 	}
 	if err == nil {
 		err = l.write(reply, rfds)
-		closeFDs(rfds[len(linkFDs):])
-	}
-	if bellFD >= 0 {
-		_ = unix.Close(bellFD)
+		closeFDs(rfds[len(lfds):])
 	}
 	if err == nil && first {
-		err = l.adoptEventfd(efd)
-	} else if efd >= 0 {
-		_ = unix.Close(efd)
+		err = l.adoptDoorbell(lfds)
+	} else {
+		closeFDs(lfds)
 	}
 	if err != nil {
 		p.release()
