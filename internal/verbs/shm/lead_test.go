@@ -58,17 +58,10 @@ func leading(t *testing.T, b *end) chan error {
 	return ch
 }
 
-// TestLeadOwnRing: a CQ armed direct, alone armed on its link, reads the
-// link's eventfd in WaitDirect and is woken by its own ring without the
-// dispatcher: every eventfd read of the round trips is the leader's, and
-// the role does not move while the CQ keeps arming direct.
-func TestLeadOwnRing(t *testing.T) {
-	a, b := pair(t, 8)
-	b.postRecvs(t, 8, 64)
-	l := b.link()
-	ch := leading(t, b)
-	all, led, moves := l.wakeups.Load(), l.leadWakeups.Load(), l.moves.Load()
-	const rounds = 50
+// ownerRounds makes rounds round trips a -> b with b's WaitDirect
+// leading (ch is the one in progress) and returns the next one, leading.
+func ownerRounds(t *testing.T, a, b *end, ch chan error, rounds int) chan error {
+	t.Helper()
 	for i := range rounds {
 		sendInline(t, a, uint64(i), []byte{byte(i)})
 		if err := returned(t, ch, "WaitDirect for its own ring"); err != nil {
@@ -82,10 +75,23 @@ func TestLeadOwnRing(t *testing.T) {
 			t.Fatal(err)
 		}
 		drain(t, a.cq)
-		if i < rounds-1 {
-			ch = leading(t, b)
-		}
+		ch = leading(t, b)
 	}
+	return ch
+}
+
+// TestLeadOwnRing: a CQ armed direct, alone armed on its link, waits on the
+// link's direct eventfd in WaitDirect and is woken by its own ring without the
+// dispatcher: every wake-up of the round trips is the leader's, and
+// the role does not move while the CQ keeps arming direct.
+func TestLeadOwnRing(t *testing.T) {
+	a, b := pair(t, 8)
+	b.postRecvs(t, 8, 64)
+	l := b.link()
+	ch := leading(t, b)
+	all, led, moves := l.wakeups.Load(), l.leadWakeups.Load(), l.moves.Load()
+	const rounds = 50
+	ownerRounds(t, a, b, ch, rounds)
 	if got := l.leadWakeups.Load() - led; got < rounds {
 		t.Errorf("the leader read the eventfd %d times for %d rings", got, rounds)
 	}
@@ -180,18 +186,7 @@ func TestLeadOthersArmed(t *testing.T) {
 	ch := leading(t, b)
 	handoffs, all, led := l.handoffs.Load(), l.wakeups.Load(), l.leadWakeups.Load()
 	const rounds = 50
-	for i := range rounds {
-		sendInline(t, a, uint64(i), []byte{byte(i)})
-		if err := returned(t, ch, "WaitDirect for its own ring"); err != nil {
-			t.Fatalf("WaitDirect: %v", err)
-		}
-		c := pollN(t, b.cq, 1)[0]
-		if err := b.qp.PostRecv(&verbs.RecvWR{ID: c.ID, Local: verbs.SGE{MR: b.mrs[0], Offset: int(c.ID) * 64, Length: 64}}); err != nil {
-			t.Fatal(err)
-		}
-		drain(t, a.cq)
-		ch = leading(t, b)
-	}
+	ch = ownerRounds(t, a, b, ch, rounds)
 	if n := l.handoffs.Load() - handoffs; n != 0 {
 		t.Errorf("%d of %d rings of the owner were taken by the dispatcher", n, rounds)
 	}
