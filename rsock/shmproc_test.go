@@ -465,12 +465,12 @@ func (p *svcProc) lastInfo(t testing.TB) (name string, secret []byte) {
 }
 
 // parseShmInfo reads an shm QP Info (internal/verbs/shm/wire.go): magic
-// "rshm", version 2, name length at 5, secret at 40..72, name from 72.
+// "rshm", version 3, name length at 5, secret at 40..72, name from 72.
 func parseShmInfo(t testing.TB, info []byte) (name string, secret []byte) {
 	t.Helper()
 	require.GreaterOrEqual(t, len(info), 72, "shm info %x", info)
 	require.Equal(t, "rshm", string(info[:4]))
-	require.Equal(t, byte(2), info[4], "shm info version")
+	require.Equal(t, byte(3), info[4], "shm info version")
 	require.Len(t, info, 72+int(info[5]))
 	return string(info[72:]), info[40:72]
 }
@@ -1046,11 +1046,13 @@ func runShmIntruder() {
 }
 
 // connectMsg is a well-formed shm rendezvous connect message (see
-// internal/verbs/shm/wire.go): header "rsrv", version 2, kind 1; the
-// secret; an exchange with inbox capacity 64 and no regions.
+// internal/verbs/shm/wire.go): header "rsrv", version 3, kind 1; the
+// secret; the sender's link id; an exchange with inbox capacity 64 and no
+// regions.
 func connectMsg(secret []byte) []byte {
-	b := append([]byte("rsrv"), 2, 1, 0, 0)
+	b := append([]byte("rsrv"), 3, 1, 0, 0)
 	b = append(b, secret...)
+	b = binary.LittleEndian.AppendUint32(b, 0)
 	b = binary.LittleEndian.AppendUint32(b, 64)
 	return append(b, 0, 0, 0, 0)
 }
@@ -1349,11 +1351,13 @@ func TestShmThousandPingPong(t *testing.T) {
 // connections park goroutines, not threads), fds, mappings, resident memory
 // at the default 1 MiB ring, and CPU while idle.
 //
-// Each connection costs several fds in each process (measured first, on a
-// sample), so both processes raise RLIMIT_NOFILE. If the hard limit cannot
-// fit 10,000 and cannot be raised (no CAP_SYS_RESOURCE), the test holds
-// the most connections that fit, checks and reports the same things for
-// them, and then skips, saying why and with the numbers.
+// Each connection costs one fd in each process, its TCP bootstrap socket
+// (shm's Unix connection, eventfds and memfds are per process pair or
+// closed once mapped); the cost is measured first, on a sample, and both
+// processes raise RLIMIT_NOFILE as far as they can. If the hard limit
+// cannot fit 10,000 and cannot be raised (no CAP_SYS_RESOURCE), the test
+// holds the most connections that fit, checks and reports the same things
+// for them, and then skips, saying why and with the numbers.
 func TestShmTenThousandIdle(t *testing.T) {
 	const want, sample = 10000, 200
 	const threadBound = 64

@@ -96,12 +96,15 @@ func TestCompareSmoke(t *testing.T) {
 			}
 		}
 	}
-	// shm passes descriptors (memfd rings, eventfd): more fds per idle
-	// connection than a TCP socket. A structural fact, not a timing.
+	// An shm connection keeps only its TCP bootstrap socket open: its
+	// memfds are closed once mapped, and its doorbells and control
+	// messages go through the link its process shares with the peer
+	// process (a Unix socket and two eventfds per process pair, spread
+	// over the n connections). A structural fact, not a timing.
 	shmFDs, ok := rep.Find(WIdle, "n=20", MetricFDsClient, "rsock-shm")
 	require.True(t, ok)
 	tcpFDs, _ := rep.Find(WIdle, "n=20", MetricFDsClient, "plain-tcp")
-	assert.Greater(t, shmFDs.Spread.Median, tcpFDs.Spread.Median)
+	assert.LessOrEqual(t, shmFDs.Spread.Median, tcpFDs.Spread.Median+0.25)
 
 	var cdfModes []string
 	for _, c := range rep.CDFs {

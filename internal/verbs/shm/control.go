@@ -2,7 +2,6 @@ package shm
 
 import (
 	"encoding/binary"
-	"net"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -10,13 +9,12 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// After the exchange, the rendezvous connection stays open as the QP's
-// control connection. It carries what RC hardware does without asking the
-// peer's CPU: resolving a remote key the peer registered after the exchange
-// (pull), dropping the mapping of a region the peer deregistered (revoke),
-// and the doorbell of the peer CQ's Wait (ring, see CQ). Its end (EOF) means the peer's QP or process is gone, after
-// which sends fail with StatusRetryExceeded. One goroutine per QP reads it,
-// parked in the netpoller.
+// After the exchange, the link's connection (link.go) carries for each QP
+// what RC hardware does without asking the peer's CPU: resolving a remote
+// key the peer registered after the exchange (pull), dropping the mapping
+// of a region the peer deregistered (revoke), and the peer QP's end (gone;
+// the link's end means the peer process is gone), after which sends fail
+// with StatusRetryExceeded. The link's reader serves them.
 const (
 	// pullTimeout bounds how long a post waits for the peer to answer a
 	// remote-key fetch.
@@ -43,84 +41,41 @@ type pullReply struct {
 	fd    int // -1 unless found
 }
 
-// readLoop serves the control connection until it fails or is closed.
-func (q *QP) readLoop(c *net.UnixConn, done chan struct{}) {
-	defer close(done)
-	buf := make([]byte, 256)
-	oob := make([]byte, unix.CmsgSpace(4*4))
-	for {
-		b, fds, err := readMsg(c, buf, oob)
-		if err != nil {
-			q.peerGone.Store(true)
-			return
-		}
-		kind, body, err := decodeHeader(b)
-		if err == nil {
-			switch {
-			case kind == msgPull && len(body) == 8 && len(fds) == 0:
-				q.answerPull(c, binary.LittleEndian.Uint32(body), binary.LittleEndian.Uint32(body[4:]))
-				continue
-			case kind == msgPullReply && len(body) == 8+recordLen:
-				q.deliverPull(body, fds)
-				continue
-			case kind == msgRevoke && len(body) == 4 && len(fds) == 0:
-				q.queueRevoke(binary.LittleEndian.Uint32(body))
-				continue
-			case kind == msgRing && len(body) == 0 && len(fds) == 0:
-				q.cq.ringBell()
-				continue
-			}
-		}
-		// A protocol violation: treat the peer as gone.
-		closeFDs(fds)
-		q.peerGone.Store(true)
-		_ = c.Close()
-		return
+// ctlWrite sends a control message for the peer QP on the link (fds stay
+// the caller's). It fails if the QP has no link.
+func (q *QP) ctlWrite(b []byte, fds []int) error {
+	q.cmu.Lock()
+	l := q.link
+	q.cmu.Unlock()
+	if l == nil {
+		return verbs.ErrClosed
 	}
+	return l.write(b, fds)
 }
 
-// ringMsg rings the peer CQ's Wait doorbell (see CQ).
-var ringMsg = appendHeader(nil, msgRing)
-
-// ringPeerLocked sends ringMsg without blocking (smu held). If the peer's
-// socket buffer is full, rings are pending there already.
-func (q *QP) ringPeerLocked() {
-	if q.ctlRaw == nil {
-		return
-	}
-	_ = q.ctlRaw.Write(func(fd uintptr) bool {
-		_ = unix.Sendmsg(int(fd), ringMsg, nil, nil, unix.MSG_DONTWAIT)
-		return true
-	})
-}
-
-// ctlWrite sends a control message (fds stay the caller's).
-func (q *QP) ctlWrite(c *net.UnixConn, b []byte, fds []int) error {
-	q.wmu.Lock()
-	defer q.wmu.Unlock()
-	_ = c.SetWriteDeadline(time.Now().Add(ctlWriteTimeout))
-	return writeMsg(c, b, fds)
+// ctlHeader starts a control message of kind for the peer QP.
+func (q *QP) ctlHeader(kind byte) []byte {
+	q.cmu.Lock()
+	defer q.cmu.Unlock()
+	return appendID(appendHeader(make([]byte, 0, 64), kind), q.peerID)
 }
 
 // answerPull answers the peer's fetch of rkey with the region's memfd if it
 // is an open remote-writable region of this QP's device.
-func (q *QP) answerPull(c *net.UnixConn, id, rkey uint32) {
-	b := binary.LittleEndian.AppendUint32(appendHeader(nil, msgPullReply), id)
-	var fds []int
+func (q *QP) answerPull(id, rkey uint32) {
+	b := binary.LittleEndian.AppendUint32(q.ctlHeader(msgPullReply), id)
 	rec := mrRecord{rkey: rkey}
-	if mr := q.dev.lookupKey(rkey); mr != nil {
-		if fd := mr.dupFD(); fd >= 0 {
-			fds = []int{fd}
-			rec.addr, rec.size = mr.addr, uint64(len(mr.buf))
-		}
-	}
+	fd := q.dev.exportKey(&rec)
 	found := byte(0)
-	if len(fds) > 0 {
-		found = 1
+	var fds []int
+	if fd >= 0 {
+		found, fds = 1, []int{fd}
 	}
 	b = append(b, found, 0, 0, 0)
 	b = appendRecord(b, rec)
-	_ = q.ctlWrite(c, b, fds)
+	if q.ctlWrite(b, fds) == nil && fd >= 0 {
+		q.dev.passedTo(q, []uint32{rkey})
+	}
 	closeFDs(fds)
 }
 
@@ -158,20 +113,15 @@ func (q *QP) pullLocked(rkey uint32) (*peerMR, verbs.Status) {
 		return nil, verbs.StatusRemoteAccess
 	}
 	q.cmu.Lock()
-	c := q.ctl
-	if c == nil {
-		q.cmu.Unlock()
-		return nil, verbs.StatusRetryExceeded
-	}
 	q.pullSeq++
 	w := &pullWait{id: q.pullSeq, ch: make(chan pullReply, 1)}
 	q.pend = w
 	q.cmu.Unlock()
 
-	b := binary.LittleEndian.AppendUint32(appendHeader(nil, msgPull), w.id)
+	b := binary.LittleEndian.AppendUint32(q.ctlHeader(msgPull), w.id)
 	b = binary.LittleEndian.AppendUint32(b, rkey)
 	var r pullReply
-	ok := q.ctlWrite(c, b, nil) == nil
+	ok := q.ctlWrite(b, nil) == nil
 	if ok {
 		timer := time.NewTimer(pullTimeout)
 		select {
@@ -262,12 +212,6 @@ func (q *QP) applyRevokesLocked() {
 
 // sendRevoke tells the peer that rkey is gone (best effort).
 func (q *QP) sendRevoke(rkey uint32) {
-	q.cmu.Lock()
-	c := q.ctl
-	q.cmu.Unlock()
-	if c == nil {
-		return
-	}
-	b := binary.LittleEndian.AppendUint32(appendHeader(nil, msgRevoke), rkey)
-	_ = q.ctlWrite(c, b, nil)
+	b := binary.LittleEndian.AppendUint32(q.ctlHeader(msgRevoke), rkey)
+	_ = q.ctlWrite(b, nil)
 }

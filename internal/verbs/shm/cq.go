@@ -2,16 +2,10 @@ package shm
 
 import (
 	"encoding/binary"
-	"errors"
-	"fmt"
-	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -26,24 +20,23 @@ import (
 // attached QP, two loads of shared memory when nothing arrived.
 //
 // Notification has two doorbells, so that a caller waiting on the CQ itself
-// (WaitDirect) is woken by the notification, not by a goroutine that was
-// woken by it. Direct: the CQ owns one eventfd (non-blocking, wrapped in an
-// os.File so that WaitDirect parks in the Go netpoller); each connected
-// peer has a duplicate of it. Wait: a channel, which the control
-// connection's reader of each attached QP signals when the peer rings
-// there (a message on the control connection), so the doorbell costs no
-// file descriptor. Arm (or ArmDirect) sets the CQ's local armed value and
-// the sleeping value in the inbox of every attached QP to the doorbell
-// wanted; a peer that publishes an entry and finds the value set clears it
-// and rings that doorbell, as does a local completion finding the CQ
-// armed. A busy CQ (not armed) costs its peers no system call.
+// (WaitDirect) is woken by the notification, not by the goroutine that
+// Wait parks (rsock's event loop). They cost no file descriptor: a peer
+// rings them through its link's bell page and eventfd, whose reader
+// signals the channel named; a CQ that owns its link (lead.go) has its
+// WaitDirect read the link's eventfd itself. Arm (or
+// ArmDirect) sets the CQ's local armed value and the sleeping value in the
+// inbox of every attached QP to the doorbell wanted; a peer that publishes
+// an entry and finds the value set clears it and rings that doorbell, as
+// does a local completion finding the CQ armed. A busy CQ (not armed)
+// costs its peers no system call.
 type CQ struct {
 	dev   *Device
 	depth int
 
-	efile   *os.File      // the direct doorbell, an eventfd; closing it unblocks WaitDirect
+	direct  chan struct{} // WaitDirect's doorbell, capacity 1
 	bell    chan struct{} // Wait's doorbell, capacity 1
-	done    chan struct{} // closed by Close: unblocks Wait
+	done    chan struct{} // closed by Close: unblocks Wait and WaitDirect
 	closed  atomic.Bool
 	overrun atomic.Bool
 	armed   atomic.Uint32 // 0, armWait or armDirect (the inboxes' sleeping values too)
@@ -61,17 +54,28 @@ type CQ struct {
 	ln     int
 	lcount atomic.Int32 // ln, readable without lmu
 
-	raw    syscall.RawConn    // efile's, for WaitDirect
-	rawFn  func(uintptr) bool // WaitDirect's callback (cq.rawReady), bound once
-	parked bool               // rawReady has been called once in this wait (one WaitDirect at a time)
-	woken  atomic.Bool        // WakeDirect was called; WaitDirect clears it
+	// Direct waits (lead.go). intent (under mu) is the last non-zero value
+	// armed: what the attached QPs count for on their links. lead is the
+	// link this CQ owns (its WaitDirect reads that link's eventfd),
+	// reading the link whose eventfd WaitDirect reads right now.
+	intent  uint32
+	lead    atomic.Pointer[link]
+	reading atomic.Pointer[link]
+	woken   atomic.Bool // WakeDirect was called; WaitDirect clears it
+
+	// Pending's view of qps, read without mu: a copy, replaced under mu,
+	// and two reader counts by parity of peekEpoch, so that detach can
+	// wait until no Pending still reads the inbox of a QP it removed.
+	peekQPs   atomic.Pointer[[]*QP]
+	peekEpoch atomic.Uint32
+	peekers   [2]atomic.Int32
 }
 
 // The values of CQ.armed and of an inbox's sleeping field: which doorbell
 // the next entry rings. A peer treats any other non-zero value as armWait.
 const (
-	armWait   = 1 // ring the control connection: Wait returns
-	armDirect = 2 // write the eventfd: WaitDirect returns
+	armWait   = 1 // Wait returns
+	armDirect = 2 // WaitDirect returns
 )
 
 // localEntry is a queued local completion and the work-queue slots its
@@ -96,24 +100,14 @@ var eventOne = func() (b [8]byte) {
 }()
 
 func newCQ(d *Device, depth int) (*CQ, error) {
-	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("shm: eventfd: %w", err)
-	}
-	cq := &CQ{
-		dev:   d,
-		depth: depth,
-		efile: os.NewFile(uintptr(efd), "rsock-shm-cq"),
-		bell:  make(chan struct{}, 1),
-		done:  make(chan struct{}),
-		local: make([]localEntry, min(depth, 64)),
-	}
-	if cq.raw, err = cq.efile.SyscallConn(); err != nil {
-		cq.efile.Close()
-		return nil, fmt.Errorf("shm: eventfd: %w", err)
-	}
-	cq.rawFn = cq.rawReady
-	return cq, nil
+	return &CQ{
+		dev:    d,
+		depth:  depth,
+		direct: make(chan struct{}, 1),
+		bell:   make(chan struct{}, 1),
+		done:   make(chan struct{}),
+		local:  make([]localEntry, min(depth, 64)),
+	}, nil
 }
 
 // Poll moves up to len(wc) completions into wc without blocking and returns
@@ -153,20 +147,49 @@ func (cq *CQ) Poll(wc []verbs.Completion) (int, error) {
 
 // Pending reports whether Poll would find a completion now: a queued
 // local one, or an entry (or a fault) in the inbox of an attached QP. It
-// takes only the CQ's mutex (which posters never take) and makes two loads
-// of shared memory per attached QP (verbs.Peeker).
+// takes no lock (verbs.Peeker): it reads a copy of the attached QPs,
+// counted as a reader of it (peekers), and makes two loads of shared
+// memory per QP.
 func (cq *CQ) Pending() bool {
 	if cq.lcount.Load() > 0 {
 		return true
 	}
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	for _, q := range cq.qps {
-		if q.in.hdr.tail.Load() != q.head.Load() || q.in.hdr.fault.Load() != 0 {
-			return true
+	e := cq.peekEpoch.Load()
+	for {
+		cq.peekers[e&1].Add(1)
+		e2 := cq.peekEpoch.Load()
+		if e2 == e {
+			break
+		}
+		cq.peekers[e&1].Add(-1) // a publish went by: count with the new parity
+		e = e2
+	}
+	pending := false
+	if qs := cq.peekQPs.Load(); qs != nil {
+		for _, q := range *qs {
+			if q.in.hdr.tail.Load() != q.head.Load() || q.in.hdr.fault.Load() != 0 {
+				pending = true
+				break
+			}
 		}
 	}
-	return false
+	cq.peekers[e&1].Add(-1)
+	return pending
+}
+
+// publishLocked gives Pending the current qps and waits until no Pending
+// reads the previous copy: a QP removed from qps may be unmapped once it
+// returns. A Pending that counted itself with the old parity and then saw
+// the epoch unchanged did so before the epoch moved (the atomics are
+// sequentially consistent), so the wait sees it; one that saw it move
+// counts itself again with the new parity and loads the new copy.
+func (cq *CQ) publishLocked() {
+	qs := slices.Clone(cq.qps)
+	cq.peekQPs.Store(&qs)
+	old := cq.peekEpoch.Add(1) - 1
+	for cq.peekers[old&1].Load() != 0 {
+		runtime.Gosched() // a Pending is a few loads: it leaves soon
+	}
 }
 
 // Arm requests a notification for the next completion: a local one, or an
@@ -187,6 +210,9 @@ func (cq *CQ) arm(v uint32) error {
 	}
 	if cq.overrun.Load() {
 		return ErrCQOverrun
+	}
+	if v != cq.intent {
+		cq.setIntentLocked(v) // a reader for the new doorbell first
 	}
 	// Each store is sequentially consistent: it is ordered before the loads
 	// of the Poll that must follow (see the package documentation).
@@ -223,95 +249,51 @@ func (cq *CQ) Wait() error {
 	return cq.waitErr()
 }
 
-// WaitDirect blocks until the eventfd is signalled (by a notification
-// ArmDirect asked for), WakeDirect is called, or spuriously, and returns
-// nil. It parks the goroutine in the Go netpoller. Errors as Wait's.
-//
-// It never reads the eventfd: the netpoller is edge-triggered and every
-// write to an eventfd is an edge, so the counter is left to grow (it
-// would take centuries of notifications to fill), and a wait costs no
-// system call at all, where a read would cost two (one that finds nothing
-// before parking, one after). The runtime forgets readiness it saw before
-// the wait began, so a notification whose edge came between ArmDirect and
-// the wait would be lost; a peer clears the inbox's sleeping value before
-// it writes the eventfd, so rawReady checks those values after the runtime
-// has forgotten and does not park if one was cleared.
+// WaitDirect blocks until its doorbell rings (a notification ArmDirect
+// asked for, WakeDirect, or spuriously) and returns nil. If the CQ owns
+// the link of its QPs (lead.go), it reads that link's eventfd itself,
+// parked in the Go netpoller, and returns from its own ring without a
+// goroutine hand-off; otherwise it parks on a channel that the link's
+// reader signals. One WaitDirect at a time. Errors as Wait's.
 func (cq *CQ) WaitDirect() error {
 	for {
 		if err := cq.waitErr(); err != nil {
 			return err
 		}
 		if cq.woken.Swap(false) {
-			// A WakeDirect after the swap sets woken again: the next
-			// WaitDirect returns at once, whatever this reset undoes.
-			_ = cq.efile.SetReadDeadline(time.Time{})
 			return cq.waitErr()
 		}
-		cq.parked = false
-		err := cq.raw.Read(cq.rawFn)
-		switch {
-		case cq.closed.Load() || errors.Is(err, os.ErrClosed):
-			return verbs.ErrClosed
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			// A WakeDirect set the deadline, but woken may be clear: a
-			// WakeDirect that stored woken before an earlier Swap can set
-			// its deadline after that WaitDirect's reset. Reset before
-			// the Swap: a WakeDirect whose store the Swap misses sets its
-			// deadline after this reset, so it is not lost.
-			_ = cq.efile.SetReadDeadline(time.Time{})
-			continue
-		case err != nil:
-			return fmt.Errorf("shm: waiting on the completion eventfd: %w", err)
+		if l := cq.lead.Load(); l != nil {
+			if l.lead(cq) {
+				return cq.waitErr()
+			}
+			continue // woken, closed or no longer the owner: see which
 		}
-		return cq.waitErr()
-	}
-}
-
-// rawReady is WaitDirect's callback to the runtime: true ends the wait. It
-// is called once before parking (after the runtime forgot earlier
-// readiness) and once after each wake-up.
-func (cq *CQ) rawReady(uintptr) bool {
-	if cq.parked {
-		return true
-	}
-	cq.parked = true
-	return cq.rang()
-}
-
-// rang reports whether a notification may have been sent since ArmDirect:
-// a local completion is queued, or a peer cleared an inbox's sleeping
-// value (it does so before writing the eventfd).
-func (cq *CQ) rang() bool {
-	if cq.lcount.Load() > 0 {
-		return true
-	}
-	if cq.armed.Load() != armDirect {
-		return false
-	}
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	for _, q := range cq.qps {
-		if q.in.hdr.sleeping.Load() != armDirect {
-			return true
+		select {
+		case <-cq.direct: // woken, or the CQ became an owner (or stale)
+		case <-cq.done:
 		}
 	}
-	return false
 }
 
 // WakeDirect makes the WaitDirect in progress, or the next one, return. It
-// makes no system call: it sets a read deadline in the past on the
-// eventfd's file, which the Go runtime delivers to the parked WaitDirect
-// at once, as it does net.Conn deadlines (a write to the eventfd would
-// cost a system call and a trip through epoll).
+// makes no system call: it sets woken, then signals the channel, or, if
+// WaitDirect is reading a link's eventfd, sets a read deadline in the past
+// on that file, which the Go runtime delivers to the parked goroutine at
+// once (as it does net.Conn deadlines). WaitDirect looks at woken after
+// each such wake-up, and resets the deadline before it looks, so neither a
+// wake-up nor a stale deadline is missed (lead.go).
 func (cq *CQ) WakeDirect() {
 	cq.woken.Store(true)
-	if cq.efile.SetReadDeadline(aLongTimeAgo) != nil {
-		_, _ = cq.efile.Write(eventOne[:]) // not pollable after all
+	if l := cq.reading.Load(); l != nil {
+		kick(l.lfile)
+		return
+	}
+	select {
+	case cq.direct <- struct{}{}:
+	default:
 	}
 }
-
-// aLongTimeAgo is a deadline that has passed.
-var aLongTimeAgo = time.Unix(1, 0)
 
 func (cq *CQ) waitErr() error {
 	switch {
@@ -351,16 +333,23 @@ func (cq *CQ) Close() error {
 		cq.mu.Unlock()
 		return verbs.ErrClosed
 	}
+	cq.setIntentLocked(0) // gives up the links it owns
+	for _, q := range cq.qps {
+		q.clink = nil
+	}
 	cq.qps = nil
+	cq.publishLocked()
 	cq.mu.Unlock()
 	cq.lmu.Lock()
 	cq.local, cq.lhead, cq.ln = nil, 0, 0
 	cq.lcount.Store(0)
 	cq.lmu.Unlock()
 	close(cq.done)
-	err := cq.efile.Close()
+	if l := cq.reading.Load(); l != nil {
+		kick(l.lfile) // a leading WaitDirect sees closed
+	}
 	cq.dev.forgetCQ(cq)
-	return err
+	return nil
 }
 
 // attach adds q to the QPs whose inboxes Poll reads; it fails once closed.
@@ -371,7 +360,33 @@ func (cq *CQ) attach(q *QP) bool {
 		return false
 	}
 	cq.qps = append(cq.qps, q)
+	cq.publishLocked()
 	return true
+}
+
+// linked counts q, connected on link l, for the CQ's doorbell on l (its
+// armed intent), unless q was detached meanwhile.
+func (cq *CQ) linked(q *QP, l *link) {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if q.clink != nil || !slices.Contains(cq.qps, q) {
+		return
+	}
+	q.clink = l
+	if cq.intent != 0 {
+		l.armChange(cq, 0, cq.intent)
+	}
+}
+
+// setIntentLocked moves the count of every linked QP from the CQ's intent
+// to v (0 when the CQ closes).
+func (cq *CQ) setIntentLocked(v uint32) {
+	for _, q := range cq.qps {
+		if q.clink != nil {
+			q.clink.armChange(cq, cq.intent, v)
+		}
+	}
+	cq.intent = v
 }
 
 // detach removes q. Once it returns, neither Poll nor Arm touches q's
@@ -380,24 +395,13 @@ func (cq *CQ) detach(q *QP) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if i := slices.Index(cq.qps, q); i >= 0 {
+		if q.clink != nil {
+			q.clink.armChange(cq, cq.intent, 0)
+			q.clink = nil
+		}
 		cq.qps = slices.Delete(cq.qps, i, i+1)
+		cq.publishLocked()
 	}
-}
-
-// dupEventFD returns a close-on-exec duplicate of the eventfd, for a peer.
-func (cq *CQ) dupEventFD() (int, error) {
-	rc, err := cq.efile.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	dup, derr := -1, error(nil)
-	if err := rc.Control(func(fd uintptr) { dup, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		return -1, fmt.Errorf("shm: completion queue: %w", verbs.ErrClosed)
-	}
-	if derr != nil {
-		return -1, fmt.Errorf("shm: dup eventfd: %w", derr)
-	}
-	return dup, nil
 }
 
 // push queues a local completion whose polling frees slots of used. The

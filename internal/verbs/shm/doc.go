@@ -9,13 +9,24 @@
 //
 // Every memory region is a memfd, size-sealed (F_SEAL_SHRINK, F_SEAL_GROW,
 // F_SEAL_SEAL) so that a peer holding it cannot make our accesses fault,
-// mapped MAP_SHARED and MADV_DONTFORK. Remote-writable regions keep their
-// memfd so the peer can map them: those that exist when the QP connects are
-// passed in the exchange, later ones are fetched over the control
-// connection on first use of their remote key (PostSend then waits for the
-// peer, once per region). Addr is a distinct non-zero multiple of 1<<36;
-// RKey is a keyed bijection of a per-device counter, so it looks random and
-// is never reused by the device.
+// mapped MAP_SHARED and MADV_DONTFORK. A file descriptor is kept only
+// while a peer may still have to map the memory:
+//
+//   - A local-only region closes its memfd once mapped.
+//   - An inbox closes its memfd once the peer has mapped it (when the
+//     exchange completes).
+//   - A remote-writable region keeps its memfd until no peer can need it:
+//     the device has QPs, none of them is still to connect (an unconnected
+//     QP passes the region in its exchange), and the peer of every
+//     connected one has mapped it, in the exchange or by fetching it. Those
+//     that exist when a QP connects are passed in the exchange; later ones
+//     keep their memfd until fetched over the link on first use of their
+//     remote key (PostSend then waits for the peer, once per region).
+//
+// So rsock's connection (one QP per device, its ring registered before it
+// connects) keeps no memfd open once connected. Addr is a distinct non-zero
+// multiple of 1<<36; RKey is a keyed bijection of a per-device counter, so
+// it looks random and is never reused by the device.
 //
 // # Inbox
 //
@@ -53,26 +64,78 @@
 // consumer publishes head and the posted count with atomic stores after it
 // is done with the entries and buffers they cover.
 //
-// Sleeping uses UCX's signal bit, with two doorbells. CQ.Arm stores
-// sleeping=1 (armWait) in the inbox of each attached QP, CQ.ArmDirect
-// stores 2 (armDirect); then the caller polls once more, loading tail. The
-// producer stores tail, then loads sleeping and, if set, swaps it to 0 and
-// rings the doorbell it names: for 2 it writes the eventfd of the peer's CQ
-// (WaitDirect waits for its edge in the Go netpoller without reading it:
-// each write is an edge, and the counter may grow), for any other value it
-// sends a ring message on the control connection (whose reader signals the
-// channel Wait parks on). This is Dekker's pattern: both sides store then
-// load, and with sequentially consistent atomics (the XCHG is a full
-// barrier) at least one sees the other's store, so either the poll after
-// Arm finds the entry or the producer rings. The swap makes one ring per
-// Arm. A busy receiver does not arm, so it costs the sender no system call.
+// Sleeping uses UCX's signal bit, with two doorbells, rung through the
+// QP's link (see Connection and trust model). CQ.Arm stores sleeping=1
+// (armWait) in the inbox of each attached QP, CQ.ArmDirect stores 2
+// (armDirect); then the caller polls once more, loading tail. The producer
+// stores tail, then loads sleeping and, if set, swaps it to 0 and rings
+// the doorbell it names. A CQ owns no file descriptor; the peer reaches
+// it through its link's bell page and the link's eventfd of that doorbell
+// (bell.go):
+//
+//  1. The producer sets the bit of the consumer QP's link slot in the
+//     bell page's bitmap for that doorbell, then the bit of that word in
+//     the summary, with atomic ORs; then it loads the doorbell's armed
+//     word and, if set, swaps it to 0 and writes the doorbell's eventfd.
+//  2. The reader of that eventfd, when its wait starts and each time it
+//     wakes, stores armed=1, then swaps the summaries and the words they
+//     name to 0 and rings the CQ of each QP whose bit was set (the slot
+//     is looked up in the link: an empty slot is skipped); then it parks
+//     in the Go netpoller until the next write. It never reads the
+//     counter: every write is an edge of the netpoller's epoll, so a
+//     wait and a wake-up cost no system call.
+//
+// Who reads (lead.go): the wait doorbell's eventfd has a dispatcher
+// goroutine per link that rings the channels Wait parks on. For the
+// direct doorbell, when exactly one CQ of the link is armed direct (rsock:
+// one connection to that peer process whose blocked call waits on the
+// queue; any number may be armed for their event loops), that CQ owns the
+// link and its WaitDirect waits on the eventfd itself: its own ring wakes
+// it with no goroutine hand-off, as a CQ's own eventfd did before links.
+// Otherwise a second dispatcher waits on it and rings the CQs' channels,
+// at the cost of one hand-off per wake-up. The role moves only when a CQ
+// arms for another doorbell than it last did or a QP joins or leaves the
+// link, never in rsock's steady states, and moving it wakes the reader
+// that loses it (a read deadline in the past on its file, no system
+// call). WakeDirect wakes a WaitDirect the same way, or through its
+// channel.
+//
+// No wake-up is lost. Both levels are Dekker's pattern: each side stores
+// then loads, with sequentially consistent atomics (XCHG and LOCK OR are
+// full barriers), so at least one sees the other's store. QP level: either
+// the poll after Arm finds the entry, or the producer sees sleeping and
+// performs step 1. Link level: armed starts set; either the reader's
+// drain after it stored armed sees the bit, or the producer's load sees
+// armed and it writes the eventfd, whose edge wakes the parked reader or
+// is remembered for one about to park (an edge the runtime forgets when a
+// wait starts belongs to a bit that wait's first drain sees). While the
+// owner's WaitDirect is not running nobody waits on the direct eventfd,
+// but then only the owner is armed direct and its next WaitDirect drains
+// first (a direct ring of a CQ that has armed otherwise since is stale:
+// the poll after its Arm finds the entry); a CQ that arms direct moves
+// the role before its Arm returns. The channels have capacity 1 and are
+// only signalled, so a ring that arrives before the waiter parks is kept.
+// The swap of sleeping makes one ring per Arm, the swap of armed one
+// eventfd write per reader wake-up; rings of many QPs while a reader runs
+// cost no system call. A busy receiver does not arm, so it costs the
+// sender nothing.
+//
 // Two doorbells let a caller that waits on the CQ itself (rsock's blocked
-// Read or Write) be woken by the peer directly, while the goroutine that
-// makes progress in the background stays parked in Wait: one wake-up per
-// message instead of two. The background doorbell costs no file
-// descriptor (the control connection exists anyway) and is the slower one
-// (a sendmsg and a goroutine hand-off), which suits the path taken only
-// when no call waits.
+// Read or Write) be woken without waking the goroutine that makes progress
+// in the background (parked in Wait). In rsock's event-only mode
+// (busy-poll off) a 64-byte ping-pong takes the owner's path as long as
+// its connection is the only one to that peer process whose call waits
+// on the queue (idle connections whose event loops wait do not count):
+// its round trip is what it was with an eventfd per CQ. Several
+// connections to one peer process with blocked calls at once share the
+// direct dispatcher: one hand-off per wake-up (about 4 us per round trip
+// in event-only mode, measured before owners); the default mode, which
+// busy-polls before it sleeps, is not affected.
+//
+// CQ.Pending (verbs.Peeker) takes no lock: it reads a copy of the
+// attached QPs, counted as a reader by epoch parity, and a QP's detach
+// waits for the readers of the copy it replaced before its inbox can be
+// unmapped.
 //
 // # Hostile shared memory
 //
@@ -98,37 +161,57 @@
 // rendezvous listener: an abstract SOCK_SEQPACKET Unix socket
 // ("@rsock-shm-<pid>-<random>"), started by the first QP that needs it and
 // closed with the last one. The passive side (server) registers its secret
-// with the listener in Connect and returns; the active side dials the
-// listener and sends the secret and its fds (inbox, CQ eventfd,
-// remote-writable regions) in one SCM_RIGHTS message; the listener compares
-// the secret in constant time with the registered ones (each usable once),
-// answers with the passive side's fds and Established returns. Both ends
-// check SO_PEERCRED and refuse a peer running as another (effective) user.
+// with the listener in Connect and returns; the active side sends the
+// secret and its fds (inbox, remote-writable regions) on the link to the
+// passive side's process; the passive process compares the secret in
+// constant time with the registered ones (each usable once), answers with
+// its own fds and Established returns.
+//
+// A link (link.go; SMC-D's link group, UCX's per-peer endpoint) is what two
+// processes share for all their QPs: one connection to the peer's
+// rendezvous listener, dialed by the first active QP towards that listener
+// and kept by the dialing side in a table by the listener's name, and a
+// doorbell per direction (a bell page and an eventfd, exchanged in the
+// link's first message along with the first QP's). Later QPs to the same
+// peer process attach to the link: an attach message carries the secret,
+// the QP's fds and its link id, and the answer the peer QP's. Every
+// control message names the receiving QP by its link id (slot and
+// generation, so a stale message does not reach a QP that reused the
+// slot). The dialing side closes the link with its last QP; the accepting
+// side closes it when it ends. A QP's close sends "gone" to its peer QP;
+// the link's end tells every QP on it that the peer process is gone. So a
+// connection costs no file descriptor of its own: each process holds, per
+// peer process, one Unix socket, its own two eventfds (the direct one
+// twice: the dispatcher and an owner's WaitDirect each park on a file of
+// their own) and the peer's two.
 //
 // The secret travels only inside the Info exchanged over rsock's TCP
 // bootstrap connection, so only the process at the other end of that
 // connection can attach to the QP: another local process, even one of the
 // same user, does not know it (abstract socket names are visible in
-// /proc/net/unix, secrets are not). A process of the same user could
-// ptrace either side anyway, so the uid check is defence in depth and keeps
+// /proc/net/unix, secrets are not). That holds on a link too: a process
+// attaching a QP over an existing link proves the secret of that QP, and a
+// link is only ever shared by QPs of the two processes at its ends. Both
+// ends check SO_PEERCRED when the link is set up and refuse a peer running
+// as another (effective) user. A process of the same user could ptrace
+// either side anyway, so the uid check is defence in depth and keeps
 // processes of other users out before they send anything; peers in
-// different user namespaces (whose uids map differently) are refused.
-// Connections that present no registered secret are closed without
-// touching any registration; a failure after the secret matched is reported
-// to that QP's Established. Every received fd is checked before it is
-// mapped, and closed unless kept, on every path.
+// different user namespaces (whose uids map differently) are refused. A
+// new connection to the listener must present a registered secret in its
+// first message, before anything else it sent is looked at, or it is
+// closed without touching any registration; a wrong secret in a later
+// attach is refused with a message and leaves the link alone. A failure
+// after the secret matched is reported to that QP's Established. Every
+// received fd is checked before it is mapped, and closed unless kept, on
+// every path. A malformed message on a link is a protocol violation that
+// ends the link, and with it the QPs of that peer process only.
 //
 // The listener never blocks its accept loop: it reads each connection's
-// SO_PEERCRED as it accepts it, serves at most 16 exchanges of one peer
-// process at once and queues that process's further connections (up to
-// 1024; 4096 held in all), and each connection has 2 s from its accept to
-// send its connect message. So a local process that opens many silent
+// SO_PEERCRED as it accepts it, serves at most 16 first messages of one
+// peer process at once and queues that process's further connections (up
+// to 1024; 4096 held in all), and each connection has 2 s from its accept
+// to send its first message. So a local process that opens many silent
 // connections to the (public) socket name delays only its own exchanges.
-//
-// The rendezvous connection then stays open as the QP's control connection
-// (a goroutine per QP reads it, parked in the netpoller): it carries
-// remote-key fetches and revocations and the background doorbell, and its
-// end tells the QP that the peer's QP or process is gone.
 //
 // # Deviations from RC
 //
@@ -136,11 +219,15 @@
 //     StatusLocalLength, but the sender's completion (made at post time) is
 //     a success; the sender's next post fails with StatusRetryExceeded.
 //   - SENDs carry at most MaxSend bytes (ErrSendTooLong at post otherwise).
-//   - A region the peer deregistered stays writable here until the control
-//     connection has delivered the revocation (and forever through a
-//     MapRemote slice, until Close): the writes land in memory only this
-//     side still maps.
+//   - A region the peer deregistered stays writable here until the link
+//     has delivered the revocation (and forever through a MapRemote slice,
+//     until Close): the writes land in memory only this side still maps.
 //   - A peer process that dies without closing its QP is noticed when the
-//     control connection ends: sends posted before that succeed into memory
-//     nobody reads (rsock learns of the death from its TCP bootstrap).
+//     link ends: sends posted before that succeed into memory nobody reads
+//     (rsock learns of the death from its TCP bootstrap).
+//   - A remote-writable region whose memfd was closed (see Memory) cannot
+//     be passed to the peer of a QP the device creates afterwards: that
+//     peer's WRITEs to it complete with StatusRemoteAccess. Create a
+//     device's QPs before connecting them (rsock opens a device per
+//     connection), or register regions after creating the QP.
 package shm

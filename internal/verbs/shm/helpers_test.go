@@ -174,3 +174,17 @@ func mapsCount(t testing.TB) (all, ours int) {
 	}
 	return all, ours
 }
+
+// waitLinks waits until every link of this process is released: a link's
+// passive end goes when its reader sees the active end close, after the
+// QPs on both sides are closed.
+func waitLinks(t testing.TB) {
+	t.Helper()
+	end := time.Now().Add(5 * time.Second)
+	for liveLinks.Load() != 0 {
+		if time.Now().After(end) {
+			t.Fatalf("%d links still open", liveLinks.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

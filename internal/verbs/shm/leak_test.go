@@ -3,12 +3,10 @@ package shm
 import (
 	"bytes"
 	"context"
-	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -106,6 +104,7 @@ func TestNoLeaks(t *testing.T) {
 	for i := range 3 { // warm up: the netpoller's own fds, the heap
 		cycle(t, i)
 	}
+	waitLinks(t)
 	runtime.GC()
 	fds0 := fdCount(t)
 	maps0, ours0 := mapsCount(t)
@@ -115,6 +114,7 @@ func TestNoLeaks(t *testing.T) {
 		cycle(t, i)
 	}
 	elapsed := time.Since(start)
+	waitLinks(t)
 	runtime.GC()
 	fds := fdCount(t)
 	maps, ours := mapsCount(t)
@@ -183,9 +183,9 @@ func TestPeerProcessGone(t *testing.T) {
 	a, b := pair(t, 16)
 	b.postRecvs(t, 4, 64)
 	b.qp.cmu.Lock()
-	ctl := b.qp.ctl
+	l := b.qp.link
 	b.qp.cmu.Unlock()
-	_ = ctl.Close() // the kernel does this when the process exits
+	_ = l.c.Close() // the kernel does this when the process exits
 	end := time.Now().Add(5 * time.Second)
 	for !a.qp.peerGone.Load() && time.Now().Before(end) {
 		time.Sleep(time.Millisecond)
@@ -259,6 +259,8 @@ func TestNoAlloc(t *testing.T) {
 	wr := verbs.SendWR{Op: verbs.OpSend, Inline: make([]byte, 32)}
 	recv := verbs.RecvWR{Local: verbs.SGE{MR: slots, Length: 64}}
 	wc := make([]verbs.Completion, 4)
+	time.Sleep(10 * time.Millisecond) // let the dispatchers settle
+	wakes := map[*end]uint64{a: a.qp.link.wakeups.Load(), b: b.qp.link.wakeups.Load()}
 	i := 0
 	allocs := testing.AllocsPerRun(1000, func() {
 		wr.ID, wr.Signaled = uint64(i), i%16 == 15
@@ -280,18 +282,52 @@ func TestNoAlloc(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("%v allocations per post+poll", allocs)
 	}
-	// Nobody armed: no eventfd was written (the only system call the data
-	// path could make).
+	// Nobody armed: no link eventfd was written (the only system call the
+	// data path could make), so neither dispatcher woke.
 	for _, e := range []*end{a, b} {
-		fd, err := e.cq.dupEventFD()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var buf [8]byte
-		_, err = unix.Read(fd, buf[:])
-		_ = unix.Close(fd)
-		if !errors.Is(err, unix.EAGAIN) {
-			t.Errorf("the eventfd of a CQ nobody armed was signalled (read: %v, %x)", err, buf)
+		if n := e.qp.link.wakeups.Load(); n != wakes[e] {
+			t.Errorf("the link's dispatcher woke %d times though nobody armed", n-wakes[e])
 		}
 	}
+}
+
+// TestLinkChurn: QPs to one peer process connect and close concurrently,
+// so that links are set up, shared and closed under each other.
+func TestLinkChurn(t *testing.T) {
+	const workers, cycles = 4, 300
+	errc := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for i := range cycles {
+				a, b := openEnd(t, 8), openEnd(t, 8)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				err := b.qp.Connect(ctx, a.qp.Info(), false)
+				if err == nil {
+					err = a.qp.Connect(ctx, b.qp.Info(), true)
+				}
+				if err == nil {
+					err = b.qp.Established(ctx)
+				}
+				cancel()
+				if err != nil {
+					errc <- fmt.Errorf("worker %d cycle %d: %w", w, i, err)
+					return
+				}
+				if (i+w)%2 == 0 {
+					a.close()
+					b.close()
+				} else {
+					b.close()
+					a.close()
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLinks(t)
 }

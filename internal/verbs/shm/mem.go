@@ -14,14 +14,15 @@ import (
 )
 
 // MR is a memory region backed by a sealed memfd. It implements verbs.MR.
-// A remote-writable region keeps its memfd open, so that connected peers
-// can map it (at connect time or when they first use its remote key); the
-// memfd of a local-only region is closed once mapped.
+// A remote-writable region keeps its memfd open while a peer may still
+// have to map it (at connect time or when it first uses its remote key;
+// see Device.settleLocked); the memfd of a local-only region is closed
+// once mapped.
 type MR struct {
 	dev    *Device
 	mem    []byte // the whole mapping (page-rounded)
 	buf    []byte // mem[:size]
-	fd     int    // the memfd of a remote-writable region, else -1
+	fd     int    // the memfd while a peer may need it, else -1 (guarded by dev.mu)
 	addr   uint64
 	rkey   uint32
 	access verbs.Access
@@ -69,13 +70,12 @@ func (m *MR) Close() error {
 			time.Sleep(10 * time.Microsecond)
 		}
 	}
-	m.dev.forgetMR(m)
+	fd := m.dev.forgetMR(m)
 	if m.rkey != 0 {
 		m.dev.revoke(m.rkey)
 	}
-	if m.fd >= 0 {
-		_ = unix.Close(m.fd)
-		m.fd = -1
+	if fd >= 0 {
+		_ = unix.Close(fd)
 	}
 	return unmap(m.mem)
 }
@@ -90,20 +90,6 @@ func (m *MR) pin() bool {
 }
 
 func (m *MR) unpin() { m.pins.Add(-1) }
-
-// dupFD returns a close-on-exec duplicate of a remote-writable region's
-// memfd, or -1 if the region is closing.
-func (m *MR) dupFD() int {
-	if m.fd < 0 || !m.pin() {
-		return -1
-	}
-	defer m.unpin()
-	fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return -1
-	}
-	return fd
-}
 
 // sgeIn reports whether off..off+n is a valid range of a region of size
 // bytes.

@@ -175,8 +175,8 @@ func (d *Device) Provider() string { return Name }
 
 // AllocMR allocates size bytes in a new sealed memfd, maps them and
 // registers them. A region with verbs.AccessRemoteWrite (which implies
-// local write) gets a remote key and keeps its memfd open for peers to
-// map. It fails with verbs.ErrClosed after Close.
+// local write) gets a remote key and keeps its memfd open while peers may
+// still need to map it (see the package documentation). It fails with verbs.ErrClosed after Close.
 func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if size <= 0 || size > MaxMRSize {
 		return nil, fmt.Errorf("shm: memory region of %d bytes (allowed 1..%d)", size, MaxMRSize)
@@ -327,26 +327,92 @@ func (d *Device) isClosed() bool {
 	return d.closed
 }
 
-// lookupKey resolves a remote key among this device's open regions.
-func (d *Device) lookupKey(rkey uint32) *MR {
+// exportFDs appends to fds close-on-exec duplicates of the memfds of up
+// to max remote-writable regions that still have one, for a peer to map at
+// connect time, and returns their records.
+func (d *Device) exportFDs(fds []int, max int) ([]int, []mrRecord) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.keys[rkey]
-}
-
-// exportable returns up to max remote-writable regions, for a peer to map
-// at connect time.
-func (d *Device) exportable(max int) []*MR {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make([]*MR, 0, min(len(d.keys), max))
+	var recs []mrRecord
 	for _, mr := range d.keys {
-		if len(out) == max {
+		if len(recs) == max {
 			break
 		}
-		out = append(out, mr)
+		if mr.fd < 0 {
+			continue
+		}
+		fd, err := unix.FcntlInt(uintptr(mr.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		fds = append(fds, fd)
+		recs = append(recs, mrRecord{rkey: mr.rkey, addr: mr.addr, size: uint64(len(mr.buf))})
 	}
-	return out
+	return fds, recs
+}
+
+// exportKey returns a duplicate of the memfd of the open remote-writable
+// region rec.rkey and fills in rec, or returns -1.
+func (d *Device) exportKey(rec *mrRecord) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	mr := d.keys[rec.rkey]
+	if mr == nil || mr.fd < 0 {
+		return -1
+	}
+	fd, err := unix.FcntlInt(uintptr(mr.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	rec.addr, rec.size = mr.addr, uint64(len(mr.buf))
+	return fd
+}
+
+// passedTo records that q's peer has mapped the regions keys, and closes
+// the memfds nobody can need any more (see settleLocked).
+func (d *Device) passedTo(q *QP, keys []uint32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if q.passed == nil {
+		q.passed = make(map[uint32]struct{}, len(keys))
+	}
+	for _, k := range keys {
+		q.passed[k] = struct{}{}
+	}
+	d.settleLocked()
+}
+
+// settleLocked closes the memfd of every remote-writable region that no
+// peer can still need: the device has QPs, none of them is still to
+// connect (an unconnected QP passes the regions in its exchange), and the
+// peer of each connected one has mapped the region. From then on the
+// region costs no file descriptor; a QP created on the device later cannot
+// pass it (see the package documentation).
+func (d *Device) settleLocked() {
+	if len(d.qps) == 0 {
+		return
+	}
+	for q := range d.qps {
+		if st := q.state.Load(); st == stateInit || st == stateConnecting {
+			return
+		}
+	}
+	for rkey, mr := range d.keys {
+		if mr.fd < 0 {
+			continue
+		}
+		all := true
+		for q := range d.qps {
+			if _, ok := q.passed[rkey]; !ok && q.state.Load() == stateConnected {
+				all = false
+				break
+			}
+		}
+		if all {
+			_ = unix.Close(mr.fd)
+			mr.fd = -1
+		}
+	}
 }
 
 // revoke tells the peers of every connected QP that rkey is gone.
@@ -359,13 +425,18 @@ func (d *Device) revoke(rkey uint32) {
 	}
 }
 
-func (d *Device) forgetMR(mr *MR) {
+// forgetMR deregisters mr and returns its memfd (or -1) for the caller
+// to close.
+func (d *Device) forgetMR(mr *MR) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.mrs, mr)
 	if mr.rkey != 0 && d.keys[mr.rkey] == mr {
 		delete(d.keys, mr.rkey)
 	}
+	fd := mr.fd
+	mr.fd = -1
+	return fd
 }
 
 func (d *Device) forgetCQ(cq *CQ) {
@@ -378,4 +449,5 @@ func (d *Device) forgetQP(q *QP) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.qps, q)
+	d.settleLocked()
 }

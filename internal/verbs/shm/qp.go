@@ -5,10 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -44,12 +42,13 @@ type QP struct {
 
 	// Send side, guarded by smu.
 	smu       sync.Mutex
-	out       inbox           // the peer's inbox
-	tail      uint64          // entries published into out
-	credit    uint64          // the peer's posted count, last seen
-	peerHead  uint64          // the peer's head, last seen
-	peerEvent int             // the peer CQ's eventfd, or -1
-	ctlRaw    syscall.RawConn // the control connection, to ring the peer (nil until connected)
+	out       inbox  // the peer's inbox
+	tail      uint64 // entries published into out
+	credit    uint64 // the peer's posted count, last seen
+	peerHead  uint64 // the peer's head, last seen
+	link      *link  // the link to the peer's process (also under cmu)
+	id        uint32 // this QP's link id (also under cmu)
+	peerID    uint32 // the peer QP's link id (also under cmu)
 	peerMRs   map[uint32]*peerMR
 	lastMR    *peerMR   // the region of the previous WRITE
 	retired   []*peerMR // revoked but pinned by MapRemote: unmapped at Close
@@ -67,30 +66,29 @@ type QP struct {
 	posted  uint64        // RECVs ever posted (published in the inbox)
 	head    atomic.Uint64 // inbox entries consumed; written under rmu
 
-	peerGone   atomic.Bool // the control connection ended
+	clink *link // link counted for cq's armed intent (guarded by cq.mu)
+
+	peerGone   atomic.Bool // the peer QP closed or its link ended
 	hasRevokes atomic.Bool
 
 	// Connection bookkeeping, guarded by cmu.
-	cmu        sync.Mutex
-	inFD       int // this QP's inbox memfd, until the exchange is done
-	lnName     string
-	lnRef      bool
-	passive    bool
-	ctl        *net.UnixConn // control connection once connected
-	setup      *net.UnixConn // active exchange in flight
-	readerDone chan struct{}
-	pend       *pullWait
-	pullSeq    uint32
-	revokes    []uint32
-	revokeAll  bool
-	isClosing  bool
-	closing    chan struct{} // closed when Close starts
-	estDone    chan struct{} // closed when the passive exchange has finished
-	estErr     error
-	peerPID    int32
-	peerUID    uint32
+	cmu       sync.Mutex
+	inFD      int // this QP's inbox memfd, until the exchange is done
+	lnName    string
+	lnRef     bool
+	passive   bool
+	pend      *pullWait
+	pullSeq   uint32
+	revokes   []uint32
+	revokeAll bool
+	isClosing bool
+	closing   chan struct{} // closed when Close starts
+	estDone   chan struct{} // closed when the passive exchange has finished
+	estErr    error
+	peerPID   int32
+	peerUID   uint32
 
-	wmu sync.Mutex // serialises writes on ctl
+	passed map[uint32]struct{} // regions the peer has mapped (guarded by dev.mu)
 }
 
 var (
@@ -109,7 +107,6 @@ func newQP(d *Device, cq *CQ, attr verbs.QPAttr) (*QP, error) {
 		dev:       d,
 		cq:        cq,
 		maxInline: min(attr.MaxInline, MaxInline),
-		peerEvent: -1,
 		recvs:     make([]recvWR, attr.RecvDepth),
 		sqDepth:   int32(attr.SendDepth),
 		rqDepth:   int32(attr.RecvDepth),
@@ -279,29 +276,23 @@ func (q *QP) setEstablished(err error) {
 
 // peerSide is what an exchange maps of the peer.
 type peerSide struct {
-	in    inbox
-	event int
-	mrs   map[uint32]*peerMR
-	pid   int32
-	uid   uint32
+	in  inbox
+	mrs map[uint32]*peerMR
 }
 
 func (p *peerSide) release() {
 	p.in.release()
-	if p.event >= 0 {
-		_ = unix.Close(p.event)
-		p.event = -1
-	}
 	for _, m := range p.mrs {
 		_ = unmap(m.mem)
 	}
 	p.mrs = nil
 }
 
-// install makes p the peer and c the control connection, moving the QP from
-// connecting to connected. It fails (releasing p and closing c) if the QP
-// was closed or failed meanwhile.
-func (q *QP) install(p *peerSide, c *net.UnixConn) error {
+// install makes p the peer and binds q to link id (the peer's QP is
+// peerID), moving the QP from connecting to connected; exported are the
+// regions the exchange passed. It fails (releasing p) if
+// the QP was closed or failed meanwhile (the caller unbinds it).
+func (q *QP) install(p *peerSide, l *link, id, peerID uint32, exported []uint32) error {
 	q.smu.Lock()
 	q.rmu.Lock()
 	q.cmu.Lock()
@@ -311,35 +302,41 @@ func (q *QP) install(p *peerSide, c *net.UnixConn) error {
 		q.rmu.Unlock()
 		q.smu.Unlock()
 		p.release()
-		_ = c.Close()
+		_ = l.write(appendID(appendHeader(nil, msgGone), peerID), nil)
 		if closing {
 			return verbs.ErrClosed
 		}
 		return fmt.Errorf("%w: shm: queue pair failed while connecting", verbs.ErrQPState)
 	}
-	q.out, q.peerEvent, q.peerMRs = p.in, p.event, p.mrs
-	q.peerPID, q.peerUID = p.pid, p.uid
-	q.ctl = c
-	q.ctlRaw, _ = c.SyscallConn()
-	q.readerDone = make(chan struct{})
-	if q.inFD >= 0 { // the peer has its own copy now
-		_ = unix.Close(q.inFD)
-		q.inFD = -1
-	}
-	done := q.readerDone
+	q.out, q.peerMRs = p.in, p.mrs
+	q.peerPID, q.peerUID = l.pid, l.uid
+	q.link, q.id, q.peerID = l, id, peerID
+	inFD := q.inFD // the peer has its own copy now
+	q.inFD = -1
 	q.cmu.Unlock()
 	q.rmu.Unlock()
 	q.smu.Unlock()
-	go q.readLoop(c, done)
+	if inFD >= 0 {
+		_ = unix.Close(inFD)
+	}
+	q.cq.linked(q, l)
+	q.dev.passedTo(q, exported)
 	return nil
+}
+
+func (q *QP) isClosingNow() bool {
+	q.cmu.Lock()
+	defer q.cmu.Unlock()
+	return q.isClosing
 }
 
 // Close moves the QP to the error state and releases it. Messages that had
 // arrived in the inbox complete first, then the posted RECVs complete as
 // flushed (into the CQ, unless it is closed). The peer learns it only as
-// RC would: its later sends fail with StatusRetryExceeded. An exchange in
-// flight is aborted. Close unmaps the peer's memory: slices from MapRemote
-// must not be used afterwards. A second Close returns verbs.ErrClosed.
+// RC would: its later sends fail with StatusRetryExceeded (a gone message
+// on the link tells it). An exchange in flight is aborted. Close unmaps the
+// peer's memory: slices from MapRemote must not be used afterwards. A
+// second Close returns verbs.ErrClosed.
 func (q *QP) Close() error {
 	q.cmu.Lock()
 	if q.isClosing {
@@ -347,12 +344,8 @@ func (q *QP) Close() error {
 		return verbs.ErrClosed
 	}
 	q.isClosing = true
-	close(q.closing)
-	setup := q.setup
+	close(q.closing) // aborts an exchange in flight
 	q.cmu.Unlock()
-	if setup != nil {
-		_ = setup.Close() // aborts an active exchange
-	}
 	unregister(q)
 
 	q.smu.Lock()
@@ -363,26 +356,25 @@ func (q *QP) Close() error {
 	q.rmu.Unlock()
 
 	q.cmu.Lock()
-	ctl, done := q.ctl, q.readerDone
-	q.ctl, q.ctlRaw = nil, nil
+	l, id, peerID := q.link, q.id, q.peerID
+	q.link = nil
 	inFD := q.inFD
 	q.inFD = -1
 	lnRef := q.lnRef
 	q.lnRef = false
 	q.revokes = nil
 	q.cmu.Unlock()
-	if ctl != nil {
-		_ = ctl.Close()
-		<-done // the reader closes whatever it was handed
-	}
-	peer := peerSide{in: q.out, event: q.peerEvent, mrs: q.peerMRs}
+	peer := peerSide{in: q.out, mrs: q.peerMRs}
 	peer.release()
 	for _, m := range q.retired {
 		_ = unmap(m.mem)
 	}
-	q.out, q.peerEvent, q.peerMRs, q.lastMR, q.retired = inbox{}, -1, nil, nil, nil
+	q.out, q.peerMRs, q.lastMR, q.retired = inbox{}, nil, nil, nil
 	q.smu.Unlock()
 
+	if l != nil {
+		_ = l.write(appendID(appendHeader(nil, msgGone), peerID), nil)
+	}
 	q.cq.detach(q) // from here on, neither Poll nor Arm reads q.in
 	q.in.release()
 	if inFD >= 0 {
@@ -393,6 +385,9 @@ func (q *QP) Close() error {
 		releaseListener()
 	}
 	q.setEstablished(verbs.ErrClosed)
+	if l != nil {
+		l.unbind(id)
+	}
 	return nil
 }
 

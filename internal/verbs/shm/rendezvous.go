@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -260,9 +259,12 @@ func serveQueued(p pendingConn) {
 	}
 }
 
-// serveRendezvous runs the passive side of one exchange. Anything wrong
-// closes c and leaves other registrations alone; once the secret matched, a
-// failure is also reported to that QP's Established.
+// serveRendezvous runs the passive side of a new link's first exchange: the
+// connect message must present the secret of a registered QP before
+// anything it carries is looked at. Anything wrong closes c and leaves
+// other registrations alone; once the secret matched, a failure is also
+// reported to that QP's Established. On success the link's reader and
+// dispatcher take over c.
 func serveRendezvous(p pendingConn) {
 	c, cred := p.c, p.cred
 	_ = c.SetDeadline(time.Now().Add(rendezvousTimeout))
@@ -279,14 +281,7 @@ func serveRendezvous(p pendingConn) {
 		return
 	}
 	_ = c.SetDeadline(time.Now().Add(rendezvousTimeout))
-	kind, body, err := decodeHeader(b)
-	var x *exchange
-	if err == nil && kind != msgConnect {
-		err = fmt.Errorf("%w: kind %d", errMsgFormat, kind)
-	}
-	if err == nil {
-		x, err = decodeExchange(kind, body)
-	}
+	x, err := decodeExchangeMsg(b, msgConnect)
 	if err != nil {
 		closeFDs(fds)
 		refuse(c, cred, err.Error())
@@ -298,214 +293,72 @@ func serveRendezvous(p pendingConn) {
 		refuse(c, cred, "unknown secret")
 		return
 	}
-	if err := q.acceptActive(c, x, fds, cred); err != nil {
+	// The setup holds the link (qps) until the reader runs.
+	l := newLink()
+	l.c, l.pid, l.uid, l.qps = c, cred.Pid, cred.Uid, 1
+	err = l.mapPeerDoorbell(fds)
+	if err == nil {
+		err = q.acceptActive(l, x, fds[linkFDs:], true)
+	} else {
+		closeFDs(fds)
+	}
+	if err != nil {
+		l.drop() // frees the link, closing c
 		refuse(c, cred, err.Error())
 		q.setEstablished(fmt.Errorf("%w: shm: exchange with the active side failed: %v", verbs.ErrPeerInfo, err))
 		return
 	}
+	_ = c.SetDeadline(time.Time{})
+	l.start()
+	l.drop()
 	rv.accepted.Add(1)
 	q.setEstablished(nil)
 }
 
-// acceptActive maps the active side's resources, answers with this side's
-// and connects q. It owns fds; on success it owns c too.
-func (q *QP) acceptActive(c *net.UnixConn, x *exchange, fds []int, cred *unix.Ucred) error {
+// acceptActive maps the active side's resources (fds: inbox, regions),
+// binds q to the link, answers with this side's resources (and, on a new
+// link, the link's doorbell) and connects q. It owns fds.
+func (q *QP) acceptActive(l *link, x *exchange, fds []int, first bool) error {
 	p, err := mapPeerSide(x, fds)
 	if err != nil {
 		return err
 	}
-	p.pid, p.uid = cred.Pid, cred.Uid
-	reply, rfds, err := q.exportLocal(msgAccept, nil)
+	l.mu.Lock()
+	l.qps++
+	l.mu.Unlock()
+	id, ok := l.bind(q, nil)
+	if !ok {
+		p.release()
+		l.drop()
+		return fmt.Errorf("shm: the link has %d queue pairs", maxLinkSlots)
+	}
+	var lfds []int
+	if first {
+		lfds, err = l.newLinkDoorbell()
+	}
+	var reply []byte
+	var rfds []int
+	var exported []uint32
 	if err == nil {
-		err = writeMsg(c, reply, rfds)
-		closeFDs(rfds)
+		reply, rfds, exported, err = q.exportLocal(msgAccept, &exchange{dst: x.src, src: id}, lfds)
+	}
+	if err == nil {
+		err = l.write(reply, rfds)
+		closeFDs(rfds[len(lfds):])
+	}
+	if err == nil && first {
+		err = l.adoptDoorbell(lfds)
+	} else {
+		closeFDs(lfds)
 	}
 	if err != nil {
 		p.release()
+		l.unbind(id)
 		return err
 	}
-	_ = c.SetDeadline(time.Time{})
-	return q.install(p, c)
-}
-
-// connectActive runs the active side of the exchange with the peer's
-// rendezvous listener.
-func (q *QP) connectActive(ctx context.Context, info *peerInfo) (err error) {
-	if info.name == "" {
-		return fmt.Errorf("%w: shm: peer has no rendezvous listener", verbs.ErrPeerInfo)
-	}
-	q.cmu.Lock()
-	if q.isClosing {
-		q.cmu.Unlock()
-		return verbs.ErrClosed
-	}
-	if !q.state.CompareAndSwap(stateInit, stateConnecting) {
-		q.cmu.Unlock()
-		return fmt.Errorf("%w: shm: Connect on a queue pair already connected or in the error state", verbs.ErrQPState)
-	}
-	q.cmu.Unlock()
-	var c *net.UnixConn
-	defer func() {
-		if err == nil {
-			return
-		}
-		q.cmu.Lock()
-		q.setup = nil
-		closing := q.isClosing
-		q.state.CompareAndSwap(stateConnecting, stateInit)
-		q.cmu.Unlock()
-		if c != nil {
-			_ = c.Close()
-		}
-		switch {
-		case closing:
-			err = verbs.ErrClosed
-		case ctx.Err() != nil:
-			err = fmt.Errorf("shm: exchange with the peer: %w", context.Cause(ctx))
-		}
-	}()
-
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unixpacket", info.name)
-	if err != nil {
-		return fmt.Errorf("%w: shm: dialing the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
-	}
-	c = conn.(*net.UnixConn)
-	q.cmu.Lock()
-	q.setup = c
-	closing := q.isClosing
-	q.cmu.Unlock()
-	if closing {
-		return verbs.ErrClosed
-	}
-	deadline := time.Now().Add(rendezvousTimeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
-	}
-	_ = c.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-
-	cred, err := peerCred(c)
-	if err != nil {
-		return err
-	}
-	if int(cred.Uid) != os.Geteuid() {
-		return fmt.Errorf("%w: shm: the peer's rendezvous runs as uid %d (pid %d)", verbs.ErrPeerInfo, cred.Uid, cred.Pid)
-	}
-	msg, fds, err := q.exportLocal(msgConnect, &info.secret)
-	if err != nil {
-		return err
-	}
-	err = writeMsg(c, msg, fds)
-	closeFDs(fds)
-	if err != nil {
-		return fmt.Errorf("%w: shm: sending to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
-	}
-	buf := make([]byte, maxMsgLen)
-	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
-	b, rfds, err := readMsg(c, buf, oob)
-	if err != nil {
-		return fmt.Errorf("%w: shm: the peer refused the exchange: %v", verbs.ErrPeerInfo, err)
-	}
-	kind, body, err := decodeHeader(b)
-	var x *exchange
-	if err == nil && kind != msgAccept {
-		err = fmt.Errorf("%w: kind %d", errMsgFormat, kind)
-	}
-	if err == nil {
-		x, err = decodeExchange(kind, body)
-	}
-	if err != nil {
-		closeFDs(rfds)
-		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
-	}
-	p, err := mapPeerSide(x, rfds)
-	if err != nil {
-		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
-	}
-	p.pid, p.uid = cred.Pid, cred.Uid
-	if !stop() { // ctx ended: the deadline may already be in the past
-		p.release()
-		return context.Cause(ctx)
-	}
-	_ = c.SetDeadline(time.Time{})
-	q.cmu.Lock()
-	q.setup = nil
-	q.cmu.Unlock()
-	if err := q.install(p, c); err != nil {
-		c = nil // install closed it
+	if err := q.install(p, l, id, x.src, exported); err != nil {
+		l.unbind(id)
 		return err
 	}
 	return nil
-}
-
-// exportLocal builds this side's connect (with secret) or accept message
-// and the fds to attach: duplicates of the inbox memfd, of the CQ's eventfd
-// and of up to maxExportMRs remote-writable regions' memfds. The caller
-// closes the fds after sending.
-func (q *QP) exportLocal(kind byte, secret *[secretLen]byte) ([]byte, []int, error) {
-	x := &exchange{inboxCap: q.in.cap}
-	if secret != nil {
-		x.secret = *secret
-	}
-	q.cmu.Lock()
-	inFD := -1
-	var err error
-	if q.isClosing || q.inFD < 0 {
-		err = verbs.ErrClosed
-	} else if inFD, err = unix.FcntlInt(uintptr(q.inFD), unix.F_DUPFD_CLOEXEC, 0); err != nil {
-		err = fmt.Errorf("shm: dup inbox: %w", err)
-	}
-	q.cmu.Unlock()
-	if err != nil {
-		return nil, nil, err
-	}
-	efd, err := q.cq.dupEventFD()
-	if err != nil {
-		_ = unix.Close(inFD)
-		return nil, nil, err
-	}
-	fds := []int{inFD, efd}
-	for _, mr := range q.dev.exportable(maxExportMRs) {
-		if fd := mr.dupFD(); fd >= 0 {
-			fds = append(fds, fd)
-			x.mrs = append(x.mrs, mrRecord{rkey: mr.rkey, addr: mr.addr, size: uint64(len(mr.buf))})
-		}
-	}
-	return encodeExchange(kind, x), fds, nil
-}
-
-// mapPeerSide validates and maps what the peer sent: fds are its inbox, its
-// CQ's eventfd and one memfd per region record, in that order. It closes
-// every fd except the eventfd it keeps, on every path.
-func mapPeerSide(x *exchange, fds []int) (_ *peerSide, err error) {
-	p := &peerSide{event: -1, mrs: make(map[uint32]*peerMR, len(x.mrs))}
-	defer func() {
-		closeFDs(fds)
-		if err != nil {
-			p.release()
-		}
-	}()
-	if len(fds) != 2+len(x.mrs) {
-		return nil, fmt.Errorf("shm: %d file descriptors for %d regions", len(fds), len(x.mrs))
-	}
-	if p.in, err = mapPeerInbox(fds[0], x.inboxCap); err != nil {
-		return nil, err
-	}
-	if err := checkEventfd(fds[1]); err != nil {
-		return nil, err
-	}
-	p.event, fds[1] = fds[1], -1
-	for i, r := range x.mrs {
-		if _, dup := p.mrs[r.rkey]; dup {
-			return nil, fmt.Errorf("shm: peer region %#x sent twice", r.rkey)
-		}
-		m, err := mapPeerMR(fds[2+i], r)
-		if err != nil {
-			return nil, err
-		}
-		p.mrs[r.rkey] = m
-	}
-	return p, nil
 }

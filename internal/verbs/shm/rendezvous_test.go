@@ -59,8 +59,9 @@ func waitRefused(t *testing.T, before RendezvousStats, n uint64) RendezvousStats
 	}
 }
 
-// craftFDs returns an inbox memfd of capacity c and an eventfd, as a
-// well-behaved active side would send.
+// craftFDs returns what a well-behaved active side sends with a link's
+// first message: an eventfd and a bell page (the link's), and an inbox
+// memfd of capacity c.
 func craftFDs(t *testing.T, c uint64) []int {
 	t.Helper()
 	fd, in, err := newInbox(int(c))
@@ -72,7 +73,12 @@ func craftFDs(t *testing.T, c uint64) []int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return []int{fd, efd}
+	bfd, b, err := newBell()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.release()
+	return []int{efd, bfd, fd}
 }
 
 // TestRendezvousRefusesStrangers: connections without the registered secret
@@ -85,6 +91,7 @@ func TestRendezvousRefusesStrangers(t *testing.T) {
 		t.Fatalf("passive Connect: %v", err)
 	}
 	binfo := b.qp.Info()
+	waitLinks(t)
 	fds0 := fdCount(t)
 	before := Stats()
 
@@ -185,26 +192,48 @@ func TestRendezvousBadExchange(t *testing.T) {
 		{"NoFDs", func(t *testing.T) ([]int, []mrRecord) { return nil, nil }},
 		{"OneFD", func(t *testing.T) ([]int, []mrRecord) {
 			fds := craftFDs(t, minInboxCap)
-			_ = unix.Close(fds[1])
+			closeFDs(fds[1:])
 			return fds[:1], nil
+		}},
+		{"NoInbox", func(t *testing.T) ([]int, []mrRecord) {
+			fds := craftFDs(t, minInboxCap)
+			_ = unix.Close(fds[2])
+			return fds[:2], nil
+		}},
+		{"BellWrongSize", func(t *testing.T) ([]int, []mrRecord) {
+			fds := craftFDs(t, minInboxCap)
+			_ = unix.Close(fds[1])
+			fds[1] = memfd(t, 4096, true)
+			return fds, nil
+		}},
+		{"BellZeroHeader", func(t *testing.T) ([]int, []mrRecord) {
+			fds := craftFDs(t, minInboxCap)
+			_ = unix.Close(fds[1])
+			fds[1] = memfd(t, bellPageBytes, true)
+			return fds, nil
+		}},
+		{"InboxForBell", func(t *testing.T) ([]int, []mrRecord) {
+			fds := craftFDs(t, minInboxCap)
+			fds[1], fds[2] = fds[2], fds[1]
+			return fds, nil
 		}},
 		{"MissingRegionFD", func(t *testing.T) ([]int, []mrRecord) { return craftFDs(t, minInboxCap), []mrRecord{mr} }},
 		{"InboxWrongSize", func(t *testing.T) ([]int, []mrRecord) {
 			fds := craftFDs(t, minInboxCap)
-			_ = unix.Close(fds[0])
-			fds[0] = memfd(t, 2*inboxBytes(minInboxCap), true)
+			_ = unix.Close(fds[2])
+			fds[2] = memfd(t, 2*inboxBytes(minInboxCap), true)
 			return fds, nil
 		}},
 		{"InboxUnsealed", func(t *testing.T) ([]int, []mrRecord) {
 			fds := craftFDs(t, minInboxCap)
-			_ = unix.Close(fds[0])
-			fds[0] = memfd(t, inboxBytes(minInboxCap), false)
+			_ = unix.Close(fds[2])
+			fds[2] = memfd(t, inboxBytes(minInboxCap), false)
 			return fds, nil
 		}},
 		{"InboxZeroHeader", func(t *testing.T) ([]int, []mrRecord) {
 			fds := craftFDs(t, minInboxCap)
-			_ = unix.Close(fds[0])
-			fds[0] = memfd(t, inboxBytes(minInboxCap), true) // no magic
+			_ = unix.Close(fds[2])
+			fds[2] = memfd(t, inboxBytes(minInboxCap), true) // no magic
 			return fds, nil
 		}},
 		{"PipeForEventfd", func(t *testing.T) ([]int, []mrRecord) {
@@ -213,9 +242,9 @@ func TestRendezvousBadExchange(t *testing.T) {
 			if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 				t.Fatal(err)
 			}
-			_ = unix.Close(fds[1])
+			_ = unix.Close(fds[0])
 			_ = unix.Close(p[1])
-			fds[1] = p[0]
+			fds[0] = p[0]
 			return fds, nil
 		}},
 		{"RegionWrongSize", func(t *testing.T) ([]int, []mrRecord) {
@@ -237,6 +266,7 @@ func TestRendezvousBadExchange(t *testing.T) {
 				t.Fatalf("passive Connect: %v", err)
 			}
 			binfo := b.qp.Info()
+			waitLinks(t)
 			_, ours0 := mapsCount(t)
 			fds0 := fdCount(t)
 			c, p := dialRendezvous(t, binfo)
@@ -254,6 +284,7 @@ func TestRendezvousBadExchange(t *testing.T) {
 				t.Errorf("Established after a bad exchange: %v, want ErrPeerInfo", err)
 			}
 			t.Logf("Established: %v", err)
+			waitLinks(t)
 			if n := fdCount(t); n != fds0 {
 				t.Errorf("%d fds after the refusal, %d before", n, fds0)
 			}

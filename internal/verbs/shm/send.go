@@ -3,8 +3,6 @@ package shm
 import (
 	"fmt"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
@@ -24,8 +22,8 @@ import (
 //
 // Any failure moves the QP to the error state. The common path makes no
 // system call and does not allocate. System calls happen only when someone
-// sleeps: one eventfd write when the peer's CQ is armed (once per Arm), one
-// when this side's CQ is armed and the request completes.
+// sleeps: one eventfd write when the peer's CQ is armed (once per Arm) and
+// its link's dispatcher sleeps.
 //
 // Errors (the request then has no effect): verbs.ErrClosed after Close;
 // verbs.ErrQPState before the connection is established or in the error
@@ -153,8 +151,8 @@ func (q *QP) creditLocked() verbs.Status {
 // The store of tail and the load of the sleeping flag are sequentially
 // consistent, which pairs with Arm's store of the flag and the Poll after
 // it: either that Poll sees the entry or this load sees the flag. The flag
-// names the doorbell: the peer's eventfd (a waiting caller, armDirect) or
-// its control connection (its CQ's Wait, armWait or anything else).
+// names the doorbell (the peer's WaitDirect for armDirect, its Wait for
+// anything else), which rings through the link's bell page (bell.go).
 func (q *QP) enqueueLocked(op, flags uint8, imm, length uint32, payload []byte) verbs.Status {
 	e := q.out.entryAt(q.tail)
 	e.op, e.flags, e.imm, e.length = op, flags, imm, length
@@ -162,12 +160,8 @@ func (q *QP) enqueueLocked(op, flags uint8, imm, length uint32, payload []byte) 
 	q.tail++
 	q.out.hdr.tail.Store(q.tail)
 	if q.out.hdr.sleeping.Load() != 0 {
-		switch q.out.hdr.sleeping.Swap(0) {
-		case 0:
-		case armDirect:
-			_, _ = unix.Write(q.peerEvent, eventOne[:])
-		default:
-			q.ringPeerLocked()
+		if v := q.out.hdr.sleeping.Swap(0); v != 0 {
+			q.link.ringPeer(q.peerID, v)
 		}
 	}
 	return verbs.StatusSuccess

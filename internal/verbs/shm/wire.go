@@ -16,7 +16,7 @@ import (
 // Info wire format (all integers little-endian):
 //
 //	0   magic "rshm"
-//	4   version (2; version 1 had one doorbell, the eventfd)
+//	4   version (3: links; 2 had a control connection per QP)
 //	5   length of the rendezvous name
 //	6   reserved (2 bytes)
 //	8   boot id (16 bytes)
@@ -25,7 +25,7 @@ import (
 //	72  rendezvous name: an abstract Unix socket name, "@rsock-shm-..."
 const (
 	infoMagic   = "rshm"
-	infoVersion = 2
+	infoVersion = 3
 	infoFixed   = 72
 	secretLen   = 32
 	// namePrefix is the prefix of every rendezvous name: a peer's Info
@@ -92,22 +92,29 @@ func checkSameHost(local, peer hostID) error {
 	return nil
 }
 
-// Rendezvous and control messages travel on a SOCK_SEQPACKET Unix socket,
-// one message per packet, file descriptors attached with SCM_RIGHTS:
+// Rendezvous and control messages travel on a link's SOCK_SEQPACKET Unix
+// connection (link.go), one message per packet, file descriptors attached
+// with SCM_RIGHTS. dst is the receiver's link id of a QP, src the
+// sender's:
 //
 //	header  magic "rsrv", version, kind, 2 reserved bytes
-//	connect secret (32), exchange                 fds: inbox, eventfd, regions
-//	accept  exchange                              fds: inbox, eventfd, regions
-//	pull    request id u32, rkey u32              (no fds)
-//	reply   request id u32, found u8, 3 reserved, region record   fds: the region if found
-//	revoke  rkey u32                              (no fds)
-//	ring    (empty)                               (no fds)
+//	connect secret (32), src, exchange    fds: eventfd, bell page, inbox, regions
+//	                                      (the first message of a link)
+//	accept  dst, src, exchange            fds: [eventfd, bell page: the
+//	                                      link's first], inbox, regions
+//	attach  secret (32), src, exchange    fds: inbox, regions
+//	refuse  dst                           (an attach refused)
+//	pull    dst, request id u32, rkey u32
+//	reply   dst, request id u32, found u8, 3 reserved, region record
+//	                                      fds: the region if found
+//	revoke  dst, rkey u32
+//	gone    dst                           (the sender's QP is closed)
 //
 // exchange: inbox capacity u32, region count u16, 2 reserved bytes, then
 // per region: rkey u32, addr u64, size u64.
 const (
 	wireMagic     = "rsrv"
-	wireVersion   = 2
+	wireVersion   = 3
 	wireHeaderLen = 8
 	recordLen     = 20
 
@@ -116,13 +123,15 @@ const (
 	msgPull      = 3
 	msgPullReply = 4
 	msgRevoke    = 5
-	msgRing      = 6
+	msgAttach    = 6
+	msgRefuse    = 7
+	msgGone      = 8
 
 	// maxExportMRs bounds the regions sent at connect time (SCM_RIGHTS
 	// carries at most 253 fds); later ones are pulled on first use.
 	maxExportMRs = 128
-	maxMsgFDs    = 2 + maxExportMRs
-	maxMsgLen    = wireHeaderLen + secretLen + 8 + maxExportMRs*recordLen
+	maxMsgFDs    = 3 + maxExportMRs
+	maxMsgLen    = wireHeaderLen + secretLen + 8 + 8 + maxExportMRs*recordLen
 )
 
 // mrRecord describes a remote-writable region.
@@ -131,9 +140,10 @@ type mrRecord struct {
 	addr, size uint64
 }
 
-// exchange is the body of a connect or accept message.
+// exchange is the body of a connect, attach or accept message.
 type exchange struct {
-	secret   [secretLen]byte // connect only
+	secret   [secretLen]byte // connect and attach
+	src, dst uint32          // link ids: the sender's QP, the receiver's (accept)
 	inboxCap uint64
 	mrs      []mrRecord
 }
@@ -141,6 +151,8 @@ type exchange struct {
 func appendHeader(b []byte, kind byte) []byte {
 	return append(append(b, wireMagic...), wireVersion, kind, 0, 0)
 }
+
+func appendID(b []byte, id uint32) []byte { return binary.LittleEndian.AppendUint32(b, id) }
 
 func appendRecord(b []byte, r mrRecord) []byte {
 	b = binary.LittleEndian.AppendUint32(b, r.rkey)
@@ -158,9 +170,12 @@ func readRecord(b []byte) mrRecord {
 
 func encodeExchange(kind byte, x *exchange) []byte {
 	b := appendHeader(make([]byte, 0, maxMsgLen), kind)
-	if kind == msgConnect {
+	if kind == msgAccept {
+		b = appendID(b, x.dst)
+	} else {
 		b = append(b, x.secret[:]...)
 	}
+	b = appendID(b, x.src)
 	b = binary.LittleEndian.AppendUint32(b, uint32(x.inboxCap))
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(x.mrs)))
 	b = append(b, 0, 0)
@@ -180,16 +195,27 @@ func decodeHeader(b []byte) (byte, []byte, error) {
 	return b[5], b[wireHeaderLen:], nil
 }
 
-// decodeExchange parses the body of a connect or accept message.
+// decodeExchange parses the body of a connect, attach or accept message.
 func decodeExchange(kind byte, body []byte) (*exchange, error) {
 	x := &exchange{}
-	if kind == msgConnect {
+	if kind == msgAccept {
+		if len(body) < 4 {
+			return nil, fmt.Errorf("%w: %d bytes", errMsgFormat, len(body))
+		}
+		x.dst = binary.LittleEndian.Uint32(body)
+		body = body[4:]
+	} else {
 		if len(body) < secretLen {
 			return nil, fmt.Errorf("%w: %d bytes", errMsgFormat, len(body))
 		}
 		copy(x.secret[:], body)
 		body = body[secretLen:]
 	}
+	if len(body) < 12 {
+		return nil, fmt.Errorf("%w: %d bytes", errMsgFormat, len(body))
+	}
+	x.src = binary.LittleEndian.Uint32(body)
+	body = body[4:]
 	if len(body) < 8 {
 		return nil, fmt.Errorf("%w: %d bytes", errMsgFormat, len(body))
 	}
@@ -280,4 +306,17 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 		return nil, fmt.Errorf("shm: SO_PEERCRED: %w", cerr)
 	}
 	return cred, nil
+}
+
+// decodeExchangeMsg decodes a link's first exchange message, which must be
+// of kind want.
+func decodeExchangeMsg(b []byte, want byte) (*exchange, error) {
+	kind, body, err := decodeHeader(b)
+	if err != nil {
+		return nil, err
+	}
+	if kind != want {
+		return nil, fmt.Errorf("%w: kind %d", errMsgFormat, kind)
+	}
+	return decodeExchange(kind, body)
 }

@@ -1,0 +1,263 @@
+package shm
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// The active side of an exchange (on a new link or an established one),
+// and what both sides send and map for a QP.
+
+// connectActive runs the active side: it attaches q to the link to the
+// peer's process, or sets up that link if there is none.
+func (q *QP) connectActive(ctx context.Context, info *peerInfo) (err error) {
+	if info.name == "" {
+		return fmt.Errorf("%w: shm: peer has no rendezvous listener", verbs.ErrPeerInfo)
+	}
+	q.cmu.Lock()
+	if q.isClosing {
+		q.cmu.Unlock()
+		return verbs.ErrClosed
+	}
+	if !q.state.CompareAndSwap(stateInit, stateConnecting) {
+		q.cmu.Unlock()
+		return fmt.Errorf("%w: shm: Connect on a queue pair already connected or in the error state", verbs.ErrQPState)
+	}
+	q.cmu.Unlock()
+	defer func() {
+		if err == nil {
+			return
+		}
+		q.cmu.Lock()
+		closing := q.isClosing
+		q.state.CompareAndSwap(stateConnecting, stateInit)
+		q.cmu.Unlock()
+		switch {
+		case closing:
+			err = verbs.ErrClosed
+		case ctx.Err() != nil:
+			err = fmt.Errorf("shm: exchange with the peer: %w", context.Cause(ctx))
+		}
+	}()
+	// xctx also ends when q closes, which aborts the exchange.
+	xctx, cancel := context.WithTimeout(ctx, rendezvousTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-q.closing:
+			cancel()
+		case <-xctx.Done():
+		}
+	}()
+	wait := make(chan attachReply, 1)
+	l, id, first, err := getLink(xctx, q, info.name, wait)
+	if err != nil {
+		return err
+	}
+	if first {
+		return q.setupLink(xctx, l, id, info)
+	}
+	return q.attach(xctx, l, id, info, wait)
+}
+
+// attach runs the active side of an exchange on an established link.
+func (q *QP) attach(ctx context.Context, l *link, id uint32, info *peerInfo, wait chan attachReply) error {
+	msg, fds, exported, err := q.exportLocal(msgAttach, &exchange{secret: info.secret, src: id}, nil)
+	if err == nil {
+		err = l.write(msg, fds)
+		closeFDs(fds)
+	}
+	if err != nil {
+		l.unbind(id)
+		return fmt.Errorf("%w: shm: sending to the peer: %v", verbs.ErrPeerInfo, err)
+	}
+	var r attachReply
+	select {
+	case r = <-wait:
+	case <-ctx.Done():
+	case <-q.closing:
+	}
+	if r.x == nil && r.err == nil { // gave up: an answer may still come
+		l.mu.Lock()
+		delete(l.attaching, id)
+		l.mu.Unlock()
+		select {
+		case r = <-wait:
+			closeFDs(r.fds)
+			if r.x != nil {
+				_ = l.write(appendID(appendHeader(nil, msgGone), r.x.src), nil)
+			}
+		default:
+		}
+		l.unbind(id)
+		return errQPClosing
+	}
+	if r.err != nil {
+		l.unbind(id)
+		return fmt.Errorf("%w: shm: %v", verbs.ErrPeerInfo, r.err)
+	}
+	p, err := mapPeerSide(r.x, r.fds)
+	if err != nil {
+		_ = l.write(appendID(appendHeader(nil, msgGone), r.x.src), nil)
+		l.unbind(id)
+		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
+	}
+	if err := q.install(p, l, id, r.x.src, exported); err != nil {
+		l.unbind(id)
+		return err
+	}
+	return nil
+}
+
+// setupLink dials the peer's rendezvous and runs a new link's first
+// exchange for q; other QPs to that peer wait for it (finishSetup).
+func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) (err error) {
+	defer func() {
+		l.finishSetup(err)
+		if err != nil {
+			l.unbind(id)
+		}
+	}()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unixpacket", info.name)
+	if err != nil {
+		return fmt.Errorf("%w: shm: dialing the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
+	}
+	c := conn.(*net.UnixConn)
+	l.mu.Lock()
+	l.c = c
+	closing := l.closing
+	l.mu.Unlock()
+	if closing {
+		_ = c.Close()
+		return verbs.ErrClosed
+	}
+	dl, _ := ctx.Deadline()
+	_ = c.SetDeadline(dl)
+	stopCtx := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	defer stopCtx()
+
+	cred, err := peerCred(c)
+	if err != nil {
+		return err
+	}
+	if int(cred.Uid) != os.Geteuid() {
+		return fmt.Errorf("%w: shm: the peer's rendezvous runs as uid %d (pid %d)", verbs.ErrPeerInfo, cred.Uid, cred.Pid)
+	}
+	l.pid, l.uid = cred.Pid, cred.Uid
+	lfds, err := l.newLinkDoorbell()
+	if err != nil {
+		return err
+	}
+	msg, fds, exported, err := q.exportLocal(msgConnect, &exchange{secret: info.secret, src: id}, lfds)
+	if err == nil {
+		err = writeMsg(c, msg, fds)
+		closeFDs(fds[linkFDs:])
+	}
+	if err != nil {
+		closeFDs(lfds)
+		return fmt.Errorf("%w: shm: sending to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
+	}
+	if err := l.adoptDoorbell(lfds); err != nil {
+		return err
+	}
+	buf := make([]byte, maxMsgLen)
+	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
+	b, rfds, err := readMsg(c, buf, oob)
+	if err != nil {
+		if q.isClosingNow() {
+			return verbs.ErrClosed
+		}
+		return fmt.Errorf("%w: shm: the peer refused the exchange: %v", verbs.ErrPeerInfo, err)
+	}
+	x, err := decodeExchangeMsg(b, msgAccept)
+	if err == nil && x.dst != id {
+		err = fmt.Errorf("%w: accept for %#x, want %#x", errMsgFormat, x.dst, id)
+	}
+	if err == nil {
+		err = l.mapPeerDoorbell(rfds)
+	}
+	if err != nil {
+		closeFDs(rfds)
+		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
+	}
+	p, err := mapPeerSide(x, rfds[linkFDs:])
+	if err != nil {
+		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
+	}
+	if !stopCtx() { // ctx ended: the deadline may already be in the past
+		p.release()
+		return context.Cause(ctx)
+	}
+	_ = c.SetDeadline(time.Time{})
+	if err := q.install(p, l, id, x.src, exported); err != nil {
+		return err
+	}
+	l.start()
+	return nil
+}
+
+// exportLocal builds this side's connect, attach or accept message (x
+// gives the secret and ids) and the fds to attach: linkFDs first (the
+// caller's), then duplicates of the inbox memfd and of up to maxExportMRs
+// remote-writable regions' memfds, whose keys it returns. The caller
+// closes the duplicates after sending.
+func (q *QP) exportLocal(kind byte, x *exchange, linkFDs []int) ([]byte, []int, []uint32, error) {
+	x.inboxCap = q.in.cap
+	q.cmu.Lock()
+	inFD := -1
+	var err error
+	if q.isClosing || q.inFD < 0 {
+		err = verbs.ErrClosed
+	} else if inFD, err = unix.FcntlInt(uintptr(q.inFD), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+		err = fmt.Errorf("shm: dup inbox: %w", err)
+	}
+	q.cmu.Unlock()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fds := append(append(make([]int, 0, len(linkFDs)+1+maxExportMRs), linkFDs...), inFD)
+	var keys []uint32
+	fds, x.mrs = q.dev.exportFDs(fds, maxExportMRs)
+	for _, r := range x.mrs {
+		keys = append(keys, r.rkey)
+	}
+	return encodeExchange(kind, x), fds, keys, nil
+}
+
+// mapPeerSide validates and maps what the peer sent for a QP: fds are its
+// inbox and one memfd per region record, in that order. It closes every fd
+// on every path.
+func mapPeerSide(x *exchange, fds []int) (_ *peerSide, err error) {
+	p := &peerSide{mrs: make(map[uint32]*peerMR, len(x.mrs))}
+	defer func() {
+		closeFDs(fds)
+		if err != nil {
+			p.release()
+		}
+	}()
+	if len(fds) != 1+len(x.mrs) {
+		return nil, fmt.Errorf("shm: %d file descriptors for %d regions", len(fds), len(x.mrs))
+	}
+	if p.in, err = mapPeerInbox(fds[0], x.inboxCap); err != nil {
+		return nil, err
+	}
+	for i, r := range x.mrs {
+		if _, dup := p.mrs[r.rkey]; dup {
+			return nil, fmt.Errorf("shm: peer region %#x sent twice", r.rkey)
+		}
+		m, err := mapPeerMR(fds[1+i], r)
+		if err != nil {
+			return nil, err
+		}
+		p.mrs[r.rkey] = m
+	}
+	return p, nil
+}

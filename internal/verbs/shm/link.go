@@ -1,0 +1,531 @@
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// A link is what two processes share for all their QPs (SMC-D's link
+// group, UCX's per-peer endpoint): one SOCK_SEQPACKET Unix connection
+// (rendezvous and control messages of every QP, each naming the QP by its
+// link id), and one doorbell per direction: a bell page (bell.go) and an
+// eventfd. The dialing side keeps its links by the peer's rendezvous name;
+// the first QP to a peer process dials, later ones attach to the link.
+//
+// A QP's link id is its slot (low 16 bits, the bit it is rung by) and the
+// slot's generation (high 16 bits), so a message for a closed QP does not
+// reach the QP that reuses its slot.
+type link struct {
+	c      *net.UnixConn
+	dialed bool   // this side dialed (it closes the link with its last QP)
+	name   string // dialed: the peer's rendezvous name (the table key)
+	pid    int32  // SO_PEERCRED of the peer, checked at setup
+	uid    uint32
+
+	own     bellPage           // rung by the peer, drained by its readers (lead.go)
+	efile   [2]*os.File        // this side's eventfds [direct, wait], waited on by dispatch
+	eraw    [2]syscall.RawConn // efile's
+	lfile   *os.File           // a duplicate of efile[bellDirect], waited on by the owner's WaitDirect
+	lraw    syscall.RawConn    // lfile's
+	peer    bellPage           // the peer's bell page
+	peerEvt [2]int             // the peer's eventfds, or -1
+
+	// The readers of the direct doorbell (lead.go): owner is the CQ whose
+	// WaitDirect waits on lfile (nil: none), disp whether dispatch waits on
+	// efile[bellDirect] (while there is no owner). They change under mu.
+	owner  atomic.Pointer[CQ]
+	disp   atomic.Bool
+	resume chan struct{} // wakes dispatch when disp is set; capacity 1
+	stop   chan struct{} // closed by release: dispatch returns
+
+	wmu sync.Mutex // serialises writes on c
+
+	mu        sync.Mutex
+	slots     []linkSlot
+	free      []uint32
+	qps       int  // QPs bound (attaching or connected)
+	reader    bool // the reader runs
+	closing   bool // no new QP may bind
+	freed     bool
+	attaching map[uint32]chan attachReply // active attaches waiting, by our id
+	ready     chan struct{}               // dialed: closed once the first exchange finished
+	readyErr  error
+	dispWG    sync.WaitGroup // the dispatchers, once started
+	nWait     int            // QPs whose CQ last armed for Wait
+	direct    map[*CQ]int    // QPs whose CQ last armed for WaitDirect, by CQ
+
+	wakeups     atomic.Uint64 // wake-ups of its readers by an eventfd edge
+	leadWakeups atomic.Uint64 // those of an owner's WaitDirect
+	moves       atomic.Uint64 // changes of owner
+	handoffs    atomic.Uint64 // owner's direct rings drained by another reader
+}
+
+type linkSlot struct {
+	gen uint16
+	q   *QP
+}
+
+// attachReply is the peer's answer to an attach: an accept (x and its fds)
+// or a refusal (x nil).
+type attachReply struct {
+	x   *exchange
+	fds []int
+	err error
+}
+
+// The links this process dialed, by the peer's rendezvous name.
+var links struct {
+	mu     sync.Mutex
+	byName map[string]*link
+}
+
+func linkID(slot uint32, gen uint16) uint32 { return uint32(gen)<<16 | slot }
+
+// bind gives q a slot; it fails once the link is closing or full.
+func (l *link) bind(q *QP, wait chan attachReply) (uint32, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing {
+		return 0, false
+	}
+	var s uint32
+	switch {
+	case len(l.free) > 0:
+		s = l.free[len(l.free)-1]
+		l.free = l.free[:len(l.free)-1]
+	case len(l.slots) < maxLinkSlots:
+		s = uint32(len(l.slots))
+		l.slots = append(l.slots, linkSlot{})
+	default:
+		return 0, false
+	}
+	l.slots[s].q = q
+	id := linkID(s, l.slots[s].gen)
+	if wait != nil {
+		if l.attaching == nil {
+			l.attaching = map[uint32]chan attachReply{}
+		}
+		l.attaching[id] = wait
+	}
+	return id, true
+}
+
+// lookup returns the QP with link id id, if it is still bound.
+func (l *link) lookup(id uint32) *QP {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := id & 0xffff
+	if int(s) >= len(l.slots) || l.slots[s].gen != uint16(id>>16) {
+		return nil
+	}
+	return l.slots[s].q
+}
+
+// unbind frees id's slot and drops the QP's hold on the link.
+func (l *link) unbind(id uint32) {
+	l.mu.Lock()
+	s := id & 0xffff
+	if int(s) < len(l.slots) && l.slots[s].gen == uint16(id>>16) && l.slots[s].q != nil {
+		l.slots[s].q = nil
+		l.slots[s].gen++
+		l.free = append(l.free, s)
+	}
+	delete(l.attaching, id)
+	l.dropLocked()
+}
+
+// drop releases a hold taken by getLink: the dialing side closes the
+// connection with its last QP, and the last of the QPs and the reader
+// frees the link.
+func (l *link) drop() {
+	l.mu.Lock()
+	l.dropLocked()
+}
+
+// dropLocked is drop with mu held; it unlocks mu.
+func (l *link) dropLocked() {
+	l.qps--
+	if l.qps == 0 && l.dialed {
+		l.closeLocked()
+	}
+	free := l.qps == 0 && !l.reader && !l.freed
+	l.freed = l.freed || free
+	closing := l.closing
+	l.mu.Unlock()
+	if closing {
+		l.forget()
+	}
+	if free {
+		l.release()
+	}
+}
+
+// closeLocked stops new binds and closes the connection (the reader ends).
+// The caller then calls forget, without mu (links.mu comes before a
+// link's mu).
+func (l *link) closeLocked() {
+	l.closing = true
+	if l.c != nil {
+		_ = l.c.Close()
+	}
+}
+
+// forget removes a closing dialed link from the table.
+func (l *link) forget() {
+	if !l.dialed {
+		return
+	}
+	links.mu.Lock()
+	if links.byName[l.name] == l {
+		delete(links.byName, l.name)
+	}
+	links.mu.Unlock()
+}
+
+// liveLinks counts the links not yet released (tests wait for it).
+var liveLinks atomic.Int64
+
+func newLink() *link {
+	liveLinks.Add(1)
+	l := &link{peerEvt: [2]int{-1, -1}, resume: make(chan struct{}, 1), stop: make(chan struct{})}
+	l.disp.Store(true) // no owner yet
+	return l
+}
+
+// release frees the link's resources; nothing uses them any more.
+func (l *link) release() {
+	defer liveLinks.Add(-1)
+	if l.c != nil {
+		_ = l.c.Close()
+	}
+	l.mu.Lock()
+	l.retargetLocked() // freed: nobody owns it any more
+	l.mu.Unlock()
+	close(l.stop)
+	if l.lfile != nil {
+		_ = l.lfile.Close() // a leading WaitDirect returns
+	}
+	for _, f := range l.efile {
+		if f != nil {
+			_ = f.Close() // dispatch returns
+		}
+	}
+	l.dispWG.Wait()
+	l.own.release()
+	l.peer.release()
+	closeFDs(l.peerEvt[:])
+	l.peerEvt = [2]int{-1, -1}
+}
+
+// start runs the reader and the dispatcher of an established link.
+func (l *link) start() {
+	l.mu.Lock()
+	l.reader = true
+	l.mu.Unlock()
+	l.dispWG.Add(2)
+	go l.dispatch(bellDirect)
+	go l.dispatch(bellWait)
+	go l.readLoop()
+}
+
+// readLoop serves the connection until it fails or is closed; then every
+// QP on the link learns that its peer is gone.
+func (l *link) readLoop() {
+	buf := make([]byte, maxMsgLen)
+	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
+	for {
+		b, fds, err := readMsg(l.c, buf, oob)
+		if err != nil {
+			break
+		}
+		if !l.handle(b, fds) {
+			break // a protocol violation: the link is unusable
+		}
+	}
+	l.mu.Lock()
+	l.closeLocked()
+	l.reader = false
+	var gone []*QP
+	for _, s := range l.slots {
+		if s.q != nil {
+			gone = append(gone, s.q)
+		}
+	}
+	waiting := l.attaching
+	l.attaching = nil
+	free := l.qps == 0 && !l.freed
+	l.freed = l.freed || free
+	l.mu.Unlock()
+	l.forget()
+	for _, q := range gone {
+		q.peerGone.Store(true)
+	}
+	for _, w := range waiting {
+		w <- attachReply{err: errors.New("the rendezvous connection ended")}
+	}
+	if free {
+		l.release()
+	}
+}
+
+// handle serves one message; false means the peer broke the protocol.
+func (l *link) handle(b []byte, fds []int) bool {
+	kind, body, err := decodeHeader(b)
+	if err != nil {
+		closeFDs(fds)
+		return false
+	}
+	if kind == msgAttach && !l.dialed {
+		return l.serveAttach(body, fds)
+	}
+	if kind == msgAccept && l.dialed {
+		x, err := decodeExchange(kind, body)
+		if err != nil {
+			closeFDs(fds)
+			return false
+		}
+		l.deliverAttach(x.dst, attachReply{x: x, fds: fds})
+		return true
+	}
+	if len(body) < 4 {
+		closeFDs(fds)
+		return false
+	}
+	q := l.lookup(binary.LittleEndian.Uint32(body))
+	body = body[4:]
+	switch {
+	case kind == msgRefuse && l.dialed && len(body) == 0 && len(fds) == 0:
+		l.deliverAttach(binary.LittleEndian.Uint32(b[wireHeaderLen:]), attachReply{err: errors.New("the peer refused the exchange")})
+	case kind == msgPull && len(body) == 8 && len(fds) == 0:
+		if q != nil {
+			q.answerPull(binary.LittleEndian.Uint32(body), binary.LittleEndian.Uint32(body[4:]))
+		}
+	case kind == msgPullReply && len(body) == 8+recordLen:
+		if q != nil {
+			q.deliverPull(body, fds)
+		} else {
+			closeFDs(fds)
+		}
+	case kind == msgRevoke && len(body) == 4 && len(fds) == 0:
+		if q != nil {
+			q.queueRevoke(binary.LittleEndian.Uint32(body))
+		}
+	case kind == msgGone && len(body) == 0 && len(fds) == 0:
+		if q != nil {
+			q.peerGone.Store(true)
+		}
+	default:
+		closeFDs(fds)
+		return false
+	}
+	return true
+}
+
+// deliverAttach hands an attach's answer to the QP waiting for it. If none
+// waits any more, the fds are closed and an accepted peer QP is told that
+// its partner is gone.
+func (l *link) deliverAttach(id uint32, r attachReply) {
+	l.mu.Lock()
+	w := l.attaching[id]
+	delete(l.attaching, id)
+	l.mu.Unlock()
+	if w != nil {
+		w <- r
+		return
+	}
+	closeFDs(r.fds)
+	if r.x != nil {
+		_ = l.write(appendID(appendHeader(nil, msgGone), r.x.src), nil)
+	}
+}
+
+// serveAttach runs the passive side of an attach on an established link:
+// the peer proves it knows the secret of a registered QP (one use, compared
+// in constant time); a wrong secret or a bad exchange is refused without
+// touching the link.
+func (l *link) serveAttach(body []byte, fds []int) bool {
+	x, err := decodeExchange(msgAttach, body)
+	if err != nil {
+		closeFDs(fds)
+		return false
+	}
+	refuseAttach := func(why string) {
+		rv.refused.Add(1)
+		rv.mu.Lock()
+		rv.lastRefusal = fmt.Sprintf("%s (peer pid %d, uid %d)", why, l.pid, l.uid)
+		rv.mu.Unlock()
+		_ = l.write(appendID(appendHeader(nil, msgRefuse), x.src), nil)
+	}
+	q := takeRegistration(x.secret[:])
+	if q == nil {
+		closeFDs(fds)
+		refuseAttach("unknown secret")
+		return true
+	}
+	if err := q.acceptActive(l, x, fds, false); err != nil {
+		refuseAttach(err.Error())
+		q.setEstablished(fmt.Errorf("%w: shm: exchange with the active side failed: %v", verbs.ErrPeerInfo, err))
+		return true
+	}
+	rv.accepted.Add(1)
+	q.setEstablished(nil)
+	return true
+}
+
+// write sends a message with fds attached (the caller keeps them).
+func (l *link) write(b []byte, fds []int) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	_ = l.c.SetWriteDeadline(time.Now().Add(ctlWriteTimeout))
+	return writeMsg(l.c, b, fds)
+}
+
+// ringPeer rings the peer QP peerID for doorbell v.
+func (l *link) ringPeer(peerID, v uint32) { l.peer.ring(peerID&0xffff, v, &l.peerEvt) }
+
+// getLink returns the established link to the peer whose rendezvous is
+// name, with q bound to it (id) and wait registered for the answer to its
+// attach. If there is none, it returns a new link that q must set up
+// (first true): q is bound to it, and other QPs wait until q's exchange
+// finished.
+func getLink(ctx context.Context, q *QP, name string, wait chan attachReply) (l *link, id uint32, first bool, err error) {
+	for {
+		links.mu.Lock()
+		if links.byName == nil {
+			links.byName = map[string]*link{}
+		}
+		l = links.byName[name]
+		if old := l; old != nil {
+			old.mu.Lock()
+			if old.closing {
+				l = nil
+			} else {
+				old.qps++
+			}
+			old.mu.Unlock()
+		}
+		if l == nil {
+			l = newLink()
+			l.dialed, l.name, l.ready, l.qps = true, name, make(chan struct{}), 1
+			id, _ = l.bind(q, nil)
+			links.byName[name] = l
+			links.mu.Unlock()
+			return l, id, true, nil
+		}
+		links.mu.Unlock()
+		select {
+		case <-l.ready:
+		case <-ctx.Done():
+			l.drop()
+			return nil, 0, false, context.Cause(ctx)
+		case <-q.closing:
+			l.drop()
+			return nil, 0, false, errQPClosing
+		}
+		if l.readyErr == nil {
+			if id, ok := l.bind(q, wait); ok {
+				return l, id, false, nil
+			}
+		}
+		l.drop() // that link failed or is closing: try a new one
+	}
+}
+
+var errQPClosing = errors.New("shm: queue pair closed")
+
+// finishSetup records the outcome of the first exchange of a dialed link.
+func (l *link) finishSetup(err error) {
+	l.mu.Lock()
+	l.readyErr = err
+	if err != nil {
+		l.closeLocked()
+	}
+	l.mu.Unlock()
+	if err != nil {
+		l.forget()
+	}
+	close(l.ready)
+}
+
+// linkFDs is how many fds a link's first message carries before the
+// QP's: the sender's direct and wait eventfds, and its bell page.
+const linkFDs = 3
+
+// newLinkDoorbell makes this side's eventfds and bell page for a link and
+// returns them in the order they are sent. The caller sends them, then
+// calls adoptDoorbell (or closes them).
+func (l *link) newLinkDoorbell() ([]int, error) {
+	fds := []int{-1, -1, -1}
+	for k := range 2 {
+		efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+		if err != nil {
+			closeFDs(fds)
+			return nil, fmt.Errorf("shm: eventfd: %w", err)
+		}
+		fds[k] = efd
+	}
+	var err error
+	if fds[2], l.own, err = newBell(); err != nil {
+		closeFDs(fds)
+		return nil, err
+	}
+	return fds, nil
+}
+
+// adoptDoorbell closes the bell page's memfd (the peer has it now) and
+// wraps this side's eventfds for the Go netpoller: efile for dispatch,
+// and a duplicate of the direct one, lfile, for an owner's leading
+// WaitDirect, so that each waiter parks on a file of its own. It takes
+// ownership of fds on success and failure.
+func (l *link) adoptDoorbell(fds []int) error {
+	_ = unix.Close(fds[2])
+	dup, err := unix.FcntlInt(uintptr(fds[bellDirect]), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		closeFDs(fds[:2])
+		return fmt.Errorf("shm: dup eventfd: %w", err)
+	}
+	l.efile[bellDirect] = os.NewFile(uintptr(fds[bellDirect]), "rsock-shm-link-direct")
+	l.efile[bellWait] = os.NewFile(uintptr(fds[bellWait]), "rsock-shm-link-wait")
+	l.lfile = os.NewFile(uintptr(dup), "rsock-shm-link-lead")
+	for k, f := range l.efile {
+		if l.eraw[k], err = f.SyscallConn(); err != nil {
+			return err
+		}
+	}
+	l.lraw, err = l.lfile.SyscallConn()
+	return err
+}
+
+// mapPeerDoorbell validates and maps the peer's eventfds and bell page,
+// the first linkFDs of fds; it takes ownership of those on success and
+// failure.
+func (l *link) mapPeerDoorbell(fds []int) error {
+	if len(fds) < linkFDs {
+		return fmt.Errorf("shm: %d file descriptors, want the link's %d first", len(fds), linkFDs)
+	}
+	defer func() { fds[0], fds[1], fds[2] = -1, -1, -1 }()
+	b, err := mapPeerBell(fds[2])
+	_ = unix.Close(fds[2])
+	for k := 0; err == nil && k < 2; k++ {
+		err = checkEventfd(fds[k])
+	}
+	if err != nil {
+		b.release()
+		closeFDs(fds[:2])
+		return err
+	}
+	l.peer, l.peerEvt = b, [2]int{fds[0], fds[1]}
+	return nil
+}
