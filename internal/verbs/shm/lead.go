@@ -48,8 +48,8 @@ import (
 // reader that loses it: the direct dispatcher parks on resume, an owner's
 // leading WaitDirect goes back to its channel.
 //
-// Readers never read an eventfd's counter (as main's 410c045 did for a
-// CQ's own eventfd): the netpoller is edge-triggered and every write to an
+// Readers never read an eventfd's counter (commit 410c045 did the same
+// for the per-CQ eventfd before links): the netpoller is edge-triggered and every write to an
 // eventfd is an edge, so a reader parks on its file through the RawConn
 // and makes no system call to wait or to wake; the counter only grows (it
 // would take centuries of rings to fill), and since it never drops back

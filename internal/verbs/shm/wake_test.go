@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -19,6 +20,34 @@ func cpuTime(t *testing.T) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// parkWindow is how long expectParked watches a WaitDirect.
+const parkWindow = 200 * time.Millisecond
+
+// expectParked checks that the WaitDirect reporting to waits stays parked
+// for parkWindow: it does not return, and does not spin inside (over the
+// window the process uses far less CPU than a busy loop would: all of it).
+func expectParked(t *testing.T, waits chan error, what string) {
+	t.Helper()
+	before := cpuTime(t)
+	select {
+	case err := <-waits:
+		t.Fatalf("WaitDirect returned (%v) with nothing to wake it (%s)", err, what)
+	case <-time.After(parkWindow):
+	}
+	if used := cpuTime(t) - before; used > parkWindow/2 {
+		t.Fatalf("WaitDirect used %v of CPU in %v while nothing woke it (%s): it spins", used, parkWindow, what)
+	}
+}
+
+// expectWake checks that the WaitDirect reporting to waits returns nil
+// within 10 s.
+func expectWake(t *testing.T, waits chan error, why string) {
+	t.Helper()
+	if err := returned(t, waits, "WaitDirect "+why); err != nil {
+		t.Fatalf("WaitDirect: %v", err)
+	}
+}
+
 // TestWakeDirectUsedUp: WakeDirect wakes one WaitDirect (the one in
 // progress or the next), and then WaitDirect parks again: a wake-up left
 // behind would turn every later WaitDirect into a busy loop, which the
@@ -28,51 +57,21 @@ func TestWakeDirectUsedUp(t *testing.T) {
 	e := openEnd(t, 8)
 	waits := make(chan error, 16)
 	waitOnce := func() { waits <- e.cq.WaitDirect() }
-	expectWake := func(why string) {
-		t.Helper()
-		select {
-		case err := <-waits:
-			if err != nil {
-				t.Fatalf("WaitDirect: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("WaitDirect did not return %s", why)
-		}
-	}
-	// Parked, not returning and not spinning inside: over the window, the
-	// process uses far less CPU than a busy loop would (all of it).
-	const window = 200 * time.Millisecond
-	expectParked := func() {
-		t.Helper()
-		before := cpuTime(t)
-		select {
-		case err := <-waits:
-			t.Fatalf("WaitDirect returned (%v) with nothing to wake it", err)
-		case <-time.After(window):
-		}
-		if used := cpuTime(t) - before; used > window/2 {
-			t.Fatalf("WaitDirect used %v of CPU in %v while nothing woke it: it spins", used, window)
-		}
-	}
 	e.cq.WakeDirect() // before the wait: latched
 	go waitOnce()
-	expectWake("for a WakeDirect before it")
-	for range 3 {
+	expectWake(t, waits, "for a WakeDirect before it")
+	for i := range 3 {
 		go waitOnce()
-		expectParked()
+		expectParked(t, waits, fmt.Sprintf("round %d", i))
 		e.cq.WakeDirect()
-		expectWake("for a WakeDirect")
+		expectWake(t, waits, "for a WakeDirect")
 	}
 	go waitOnce()
-	expectParked()
+	expectParked(t, waits, "after the rounds")
 	if err := e.cq.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	select {
-	case <-waits:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not unblock WaitDirect")
-	}
+	_ = returned(t, waits, "Close did not unblock WaitDirect")
 	e.cq = nil
 }
 
@@ -82,22 +81,11 @@ func TestWakeDirectUsedUp(t *testing.T) {
 // to make later WaitDirects spin.
 func TestWakeDirectUsedUpLeading(t *testing.T) {
 	_, b := pair(t, 8)
-	const window = 200 * time.Millisecond
 	for i := range 4 {
 		ch := leading(t, b)
-		before := cpuTime(t)
-		select {
-		case err := <-ch:
-			t.Fatalf("round %d: WaitDirect returned (%v) with nothing to wake it", i, err)
-		case <-time.After(window):
-		}
-		if used := cpuTime(t) - before; used > window/2 {
-			t.Fatalf("round %d: WaitDirect used %v of CPU in %v while nothing woke it: it spins", i, used, window)
-		}
+		expectParked(t, ch, fmt.Sprintf("round %d", i))
 		b.cq.WakeDirect()
-		if err := returned(t, ch, "WaitDirect for a WakeDirect"); err != nil {
-			t.Fatalf("WaitDirect: %v", err)
-		}
+		expectWake(t, ch, "for a WakeDirect")
 	}
 }
 
@@ -107,7 +95,7 @@ func TestWakeDirectUsedUpLeading(t *testing.T) {
 // the link's eventfd file that an owner's WaitDirect reads; the same
 // holds after a kick of a reader that had already left). The next
 // WaitDirect must park (not spin on the deadline) and still return for a
-// real notification. Before main's fix (d198f2a), the CQ's eventfd
+// real notification. Before the fix (d198f2a), the CQ's eventfd
 // version looped on ErrDeadlineExceeded without ever reading the eventfd,
 // which hung nettest's ConcurrentMethods in CI.
 func TestWaitDirectStaleDeadline(t *testing.T) {
@@ -122,26 +110,10 @@ func TestWaitDirectStaleDeadline(t *testing.T) {
 		t.Fatalf("SetReadDeadline: %v", err)
 	}
 	waits := make(chan error, 1)
-	before := cpuTime(t)
 	go func() { waits <- b.cq.WaitDirect() }()
-	const window = 200 * time.Millisecond
-	select {
-	case err := <-waits:
-		t.Fatalf("WaitDirect returned (%v) with nothing to wake it", err)
-	case <-time.After(window):
-	}
-	if used := cpuTime(t) - before; used > window/2 {
-		t.Fatalf("WaitDirect used %v of CPU in %v on a stale deadline: it spins", used, window)
-	}
+	expectParked(t, waits, "on a stale deadline")
 	sendInline(t, a, 1, []byte{1})
-	select {
-	case err := <-waits:
-		if err != nil {
-			t.Fatalf("WaitDirect: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("WaitDirect missed its ring after a stale deadline")
-	}
+	expectWake(t, waits, "for its ring after a stale deadline")
 }
 
 // TestWaitDirectNotificationBeforeWait: a peer's notification that the
