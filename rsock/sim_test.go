@@ -469,22 +469,23 @@ func TestSimNoLeaks(t *testing.T) {
 
 // checkNoLeaks runs cycle cycles times (each opening, using and closing
 // connections) and checks that goroutines and fds return to what they
-// were before (within 2; the caller has warmed up lazily created ones).
+// were before (within 2; the caller has warmed up lazily created ones),
+// and that every region verbs.AllocMem mapped was unmapped.
 func checkNoLeaks(t *testing.T, cycles int, cycle func(i int)) {
 	t.Helper()
-	settle := func() (int, int) {
+	settle := func() (int, int, int) {
 		time.Sleep(50 * time.Millisecond)
 		runtime.GC()
-		return runtime.NumGoroutine(), countFDs(t)
+		return runtime.NumGoroutine(), countFDs(t), verbs.LiveMem()
 	}
-	g0, f0 := settle()
+	g0, f0, m0 := settle()
 	for i := range cycles {
 		cycle(i)
 	}
-	var g, f int
-	require.Eventually(t, func() bool {
-		g, f = settle()
-		return g <= g0+2 && f <= f0+2
-	}, 30*time.Second, 100*time.Millisecond, "goroutines %d -> %d, fds %d -> %d", g0, g, f0, f)
-	t.Logf("after %d cycles: goroutines %d -> %d, fds %d -> %d", cycles, g0, g, f0, f)
+	g, f, m := settle()
+	for deadline := time.Now().Add(30 * time.Second); (g > g0+2 || f > f0+2 || m > m0) && time.Now().Before(deadline); {
+		g, f, m = settle()
+	}
+	require.True(t, g <= g0+2 && f <= f0+2 && m <= m0, "goroutines %d -> %d, fds %d -> %d, mapped regions %d -> %d", g0, g, f0, f, m0, m)
+	t.Logf("after %d cycles: goroutines %d -> %d, fds %d -> %d, mapped regions %d -> %d", cycles, g0, g, f0, f, m0, m)
 }
