@@ -59,6 +59,7 @@ type CQ struct {
 	// link this CQ owns (its WaitDirect reads that link's eventfd),
 	// reading the link whose eventfd WaitDirect reads right now.
 	intent  uint32
+	want    atomic.Uint32 // intent, readable without mu
 	lead    atomic.Pointer[link]
 	reading atomic.Pointer[link]
 	woken   atomic.Bool // WakeDirect was called; WaitDirect clears it
@@ -218,9 +219,22 @@ func (cq *CQ) arm(v uint32) error {
 	// of the Poll that must follow (see the package documentation).
 	cq.armed.Store(v)
 	for _, q := range cq.qps {
-		q.in.hdr.sleeping.Store(v)
+		q.in.hdr.sleeping.Store(sleepValue(q, v))
 	}
 	return nil
+}
+
+// sleepValue is what q's inbox asks the peer to ring when the CQ arms v:
+// WaitDirect of a CQ that does not own q's link is rung through the wait
+// doorbell, whose dispatcher always reads (and rings WaitDirect: the CQ
+// wants it, ringWanted), so that only the owner's rings go to the direct
+// doorbell, which nobody else reads while the owner is busy (lead.go). An
+// arm for WaitDirect first tries to take the link (tryTake).
+func sleepValue(q *QP, v uint32) uint32 {
+	if v != armDirect || q.clink == nil || q.clink.tryTake(q.cq) {
+		return v
+	}
+	return armWait
 }
 
 // Disarm withdraws an Arm: peers stop ringing (verbs.Disarmer). rsock calls
@@ -313,6 +327,17 @@ func (cq *CQ) ringBell() {
 	}
 }
 
+// ringWanted rings the doorbell the CQ last armed for: a ring through the
+// wait doorbell of a CQ that armed direct without owning its link (or a
+// stale one, which costs a spurious wake-up).
+func (cq *CQ) ringWanted() {
+	if cq.want.Load() == armDirect {
+		cq.WakeDirect()
+		return
+	}
+	cq.ringBell()
+}
+
 // ring rings the doorbell that the armed value v names.
 func (cq *CQ) ring(v uint32) {
 	switch v {
@@ -376,6 +401,13 @@ func (cq *CQ) linked(q *QP, l *link) {
 	if cq.intent != 0 {
 		l.armChange(cq, 0, cq.intent)
 	}
+	// Armed direct before it was linked, without owning the link now: its
+	// peer must ring the wait doorbell. If the peer has taken the value
+	// already (or the CQ is disarmed), wake WaitDirect: it arms again and
+	// polls (a spurious wake-up at worst).
+	if cq.armed.Load() == armDirect && !l.tryTake(cq) && !q.in.hdr.sleeping.CompareAndSwap(armDirect, armWait) {
+		cq.WakeDirect()
+	}
 }
 
 // setIntentLocked moves the count of every linked QP from the CQ's intent
@@ -387,6 +419,7 @@ func (cq *CQ) setIntentLocked(v uint32) {
 		}
 	}
 	cq.intent = v
+	cq.want.Store(v)
 }
 
 // detach removes q. Once it returns, neither Poll nor Arm touches q's

@@ -17,18 +17,23 @@ import (
 // blocked call's latency, so its reader is chosen by what the link's CQs
 // are armed for:
 //
-//   - When exactly one CQ of the link is armed for WaitDirect (rsock: the
-//     one connection to that peer process whose blocked call waits on the
-//     queue itself; any number of others may be armed for their event
-//     loops), that CQ owns the link: its WaitDirect waits on the direct
-//     eventfd (a duplicate, lfile, so that it parks in the Go netpoller on
-//     a file of its own) and returns from its own ring without a hand-off.
-//     A direct ring it drains for another CQ (one that armed direct
-//     before, whose ring was on its way) it rings on that CQ's channel.
-//   - Otherwise the link's direct dispatcher goroutine waits on the direct
-//     eventfd (efile[bellDirect]) and rings the CQs' channels. While there
-//     is an owner, it waits on resume instead, out of the netpoller, and
-//     costs nothing.
+//   - One CQ armed for WaitDirect owns the link (rsock: the connection to
+//     that peer process whose blocked call waits on the queue itself; any
+//     number of others may be armed for their event loops or for
+//     WaitDirect too): its WaitDirect waits on the direct eventfd (a
+//     duplicate, lfile, so that it parks in the Go netpoller on a file of
+//     its own) and returns from its own ring without a hand-off. A direct
+//     ring it drains for another CQ (a stale one, see below) it rings on
+//     that CQ's channel.
+//   - Only the owner's rings go to the direct doorbell: another CQ arming
+//     for WaitDirect asks its peer, in its inboxes, for the wait doorbell
+//     (sleepValue), whose dispatcher rings WaitDirect of a CQ that wants
+//     it (ringWanted). So the direct eventfd has nobody but the owner to
+//     wake, and nobody needs to read it while the owner is busy elsewhere.
+//   - While there is no owner, the link's direct dispatcher goroutine
+//     waits on the direct eventfd (efile[bellDirect]) and rings the CQs'
+//     channels. While there is one, it waits on resume instead, out of the
+//     netpoller, and costs nothing.
 //
 // The wait doorbell always has its own dispatcher (efile[bellWait]): the
 // event loops of idle connections (rsockperf's control connection, an
@@ -39,14 +44,22 @@ import (
 // rsockperf's event-only ping-pong that cost as much as the hand-off it
 // saved.)
 //
-// A CQ's arming counts for the link with the last value it armed
-// (Disarm does not change it: a CQ that busy-polls keeps its place, so
-// that a spinning call does not move the role back and forth on every
-// round trip). The role moves (retarget, under the link's mu) only when a
-// CQ arms for another doorbell than it last did, or a QP joins or leaves
-// the link: rsock's steady states move it never. Moving it wakes the
-// reader that loses it: the direct dispatcher parks on resume, an owner's
-// leading WaitDirect goes back to its channel.
+// Who owns the link. A CQ's arming counts for the link with the last value
+// it armed (Disarm does not change it: a CQ that busy-polls keeps its
+// place, so that a spinning call does not move the role back and forth on
+// every round trip). The owner keeps the link while it counts as armed
+// direct (retargetLocked); when it stops, a sole CQ armed direct takes it
+// at once, else the first of several to arm again (tryTake). A CQ arming
+// direct also takes the link from an owner whose WaitDirect has been
+// parked on it for takeOver (1 ms): that owner is idle (a blocked Read on
+// a quiet connection: rsockperf's control connection, an idle keep-alive),
+// the arming CQ busy, and with the idle one owning the link every ring of
+// the busy one cost a dispatcher hand-off (event-only ping-pong p99 1.2x
+// TCP's against 1.0x with the takeover, in rsockperf). The replaced
+// owner's WaitDirect is woken; its caller arms again as a non-owner and
+// polls. Moving the role wakes the reader that loses it: the direct
+// dispatcher parks on resume, an owner's leading WaitDirect goes back to
+// its channel.
 //
 // Readers never read an eventfd's counter (commit 410c045 did the same
 // for the per-CQ eventfd before links): the netpoller is edge-triggered and every write to an
@@ -65,12 +78,14 @@ import (
 // reader or is remembered for one about to park; an edge that came before
 // a wait started belongs to a bit that the wait's first drain finds.
 // While the owner's WaitDirect is not running nobody waits on the direct
-// eventfd: only the owner is armed direct then, and its next WaitDirect
-// drains first. A direct ring of a CQ that has since armed for Wait or
-// disarmed may wait there too; it is stale: the producer published the
-// entry before it loaded sleeping, so the poll that follows the CQ's new
-// Arm finds it. A CQ that arms direct moves the role before its Arm
-// returns, and the new reader drains what was left.
+// eventfd: only the owner's rings go there, and its next WaitDirect
+// drains first. A direct ring of a CQ that has since armed for Wait,
+// disarmed or lost the link may wait there too; it is stale: the producer
+// swapped sleeping after it published the entry, so the poll that follows
+// the CQ's next Arm (which stores sleeping after that swap) finds it. That
+// is why a replaced owner is woken: its caller arms and polls. A CQ that
+// arms direct moves the role before its Arm returns, and the new reader
+// drains what was left.
 //
 // Kicking a reader out of the netpoller uses a read deadline in the past
 // on its file (no system call); the flag that tells it why (the link's
@@ -108,21 +123,31 @@ func (l *link) armChange(cq *CQ, old, v uint32) {
 	l.retargetLocked()
 }
 
-// retargetLocked gives the owner's role to the one CQ armed direct, if
-// there is one, and the dispatcher's to the dispatcher if it is needed,
-// and wakes the readers whose role changed.
+// retargetLocked keeps the owner's role with the owner while it is armed
+// direct; else gives it to the one CQ armed direct, if there is exactly
+// one (with several, the first of them to arm again takes it: tryTake); it
+// gives the dispatcher's role to the dispatcher if there is no owner, and
+// wakes the readers whose role changed.
 func (l *link) retargetLocked() {
-	var want *CQ
-	if len(l.direct) == 1 && !l.freed {
-		for c := range l.direct {
-			want = c
-		}
-		// A CQ leads one link at a time; on its other links the
-		// dispatcher waits.
-		if !want.lead.CompareAndSwap(nil, l) && want.lead.Load() != l {
-			want = nil
+	want := l.owner.Load()
+	if want == nil || l.direct[want] == 0 || l.freed {
+		want = nil
+		if len(l.direct) == 1 && !l.freed {
+			for c := range l.direct {
+				want = c
+			}
+			// A CQ leads one link at a time; on its other links the
+			// dispatcher waits.
+			if !want.lead.CompareAndSwap(nil, l) && want.lead.Load() != l {
+				want = nil
+			}
 		}
 	}
+	l.setOwnerLocked(want)
+}
+
+// setOwnerLocked makes want the owner (nil: the direct dispatcher reads).
+func (l *link) setOwnerLocked(want *CQ) {
 	if old := l.owner.Load(); want != old {
 		if old != nil {
 			old.lead.CompareAndSwap(l, nil)
@@ -156,6 +181,56 @@ func (l *link) retargetLocked() {
 	}
 }
 
+// takeOver is how long an owner's WaitDirect must have been parked before
+// another CQ arming direct takes the link from it: an owner that waits
+// longer is idle (a connection with nothing to read), and the arming one
+// is busy; an owner parked for less is busy too, and the role would
+// bounce between busy connections at every round trip. (A variable for
+// TestLeadStress, which sets it to 0: every arm takes the link.)
+var takeOver = time.Millisecond
+
+// tryTake makes cq, armed direct, the owner of l if there is none, or if
+// the owner's WaitDirect has been parked on the link for takeOver. The
+// owner it replaces is woken (a spurious WakeDirect): its caller arms
+// again, as a non-owner, and polls, so a ring of it that the peer sent to
+// the direct doorbell before that (which the new owner's WaitDirect may
+// not read for a while) is found by that poll, as a stale ring is. It
+// reports whether cq owns l.
+func (l *link) tryTake(cq *CQ) bool {
+	idle := func(o *CQ) bool {
+		return o.reading.Load() == l && monoNow()-l.leadSince.Load() >= int64(takeOver)
+	}
+	switch o := l.owner.Load(); {
+	case o == cq:
+		return true
+	case o != nil && !idle(o):
+		return false // the common case, decided without the lock
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	o := l.owner.Load()
+	switch {
+	case o == cq:
+		return true
+	case o != nil && !idle(o), l.freed, l.direct[cq] == 0:
+		return false
+	}
+	if !cq.lead.CompareAndSwap(nil, l) && cq.lead.Load() != l {
+		return false // it leads another link
+	}
+	l.setOwnerLocked(cq)
+	l.takeovers.Add(1)
+	if o != nil {
+		o.WakeDirect()
+	}
+	return true
+}
+
+// monoNow is a monotonic clock in nanoseconds.
+func monoNow() int64 { return int64(time.Since(monoStart)) }
+
+var monoStart = time.Now()
+
 // kick makes the goroutine parked reading f (if any) return with
 // os.ErrDeadlineExceeded, without a system call.
 func kick(f *os.File) {
@@ -181,11 +256,13 @@ func (l *link) drainLocked(k int, self *CQ) (own bool) {
 		case q == nil:
 		case q.cq == self && v == armDirect:
 			own = true
-		default:
-			if q.cq == owner && v == armDirect {
+		case v == armDirect:
+			if q.cq == owner {
 				l.handoffs.Add(1) // the owner's ring, taken by another
 			}
-			q.cq.ring(v)
+			q.cq.WakeDirect()
+		default:
+			q.cq.ringWanted()
 		}
 	})
 	return own
@@ -233,6 +310,7 @@ func (l *link) dispatch(k int) {
 // is woken (WakeDirect), cq closes or cq no longer owns l (false: the
 // caller looks at why).
 func (l *link) lead(cq *CQ) bool {
+	l.leadSince.Store(monoNow())
 	cq.reading.Store(l)
 	defer cq.reading.Store(nil)
 	own, woke := false, false

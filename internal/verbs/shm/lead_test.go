@@ -103,67 +103,113 @@ func TestLeadOwnRing(t *testing.T) {
 	}
 }
 
-// TestLeadRevoked: while b owns the link (and whether or not its
-// WaitDirect runs), another CQ on the link arms: for Wait, b keeps the link
-// and the other is rung through the wait doorbell's dispatcher; for
-// WaitDirect, b loses it (two CQs armed direct) and the direct dispatcher
-// comes back for both. Each Arm makes its changes before it returns, so the ring
-// that follows it is not lost, and b is still woken for its own ring.
-func TestLeadRevoked(t *testing.T) {
-	for _, direct := range []bool{false, true} {
-		for _, running := range []bool{false, true} {
-			t.Run(fmt.Sprintf("direct=%v,leading=%v", direct, running), func(t *testing.T) {
-				a, b := pair(t, 8)
-				a2, b2 := pair(t, 8)
-				b.postRecvs(t, 8, 64)
-				b2.postRecvs(t, 8, 64)
-				l := b.link()
-				if b2.link() != l {
-					t.Fatal("the two pairs do not share a link")
-				}
-				var ch chan error
-				if running {
-					ch = leading(t, b)
-				} else {
-					if err := b.cq.ArmDirect(); err != nil {
-						t.Fatal(err)
-					}
-					waitFor(t, "b owns its link", func() bool { return l.owner.Load() == b.cq })
-				}
-				if l.disp.Load() {
-					t.Fatal("the dispatcher waits though only b is armed")
-				}
-				arm, wait := b2.cq.Arm, b2.cq.Wait
-				if direct {
-					arm, wait = b2.cq.ArmDirect, b2.cq.WaitDirect
-				}
-				if err := arm(); err != nil {
+// TestLeadShared: while b owns the link, another CQ on the link, b2,
+// arms. For Wait, b keeps the link and b2 is rung through the wait
+// doorbell's dispatcher. For WaitDirect, b keeps the link too unless its
+// WaitDirect has been parked there for takeOver (idle): b2's inbox asks
+// the peer for the wait doorbell, whose dispatcher rings b2's WaitDirect.
+// If b is idle, b2 takes the link, and b's WaitDirect returns so that its
+// caller arms again, as a non-owner. Each Arm makes its changes before it
+// returns, so the ring that follows it is not lost, and b is still woken
+// for its own ring.
+func TestLeadShared(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		direct  bool // b2 arms direct
+		running bool // b's WaitDirect leads while b2 arms
+		idle    bool // and has been parked for takeOver
+		takes   bool // b2 takes the link
+	}{
+		{name: "wait", running: true},
+		{name: "wait,b-armed", running: false},
+		{name: "direct,b-armed", direct: true},
+		{name: "direct,b-busy", direct: true, running: true},
+		{name: "direct,b-idle", direct: true, running: true, idle: true, takes: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := pair(t, 8)
+			a2, b2 := pair(t, 8)
+			b.postRecvs(t, 8, 64)
+			b2.postRecvs(t, 8, 64)
+			l := b.link()
+			if b2.link() != l {
+				t.Fatal("the two pairs do not share a link")
+			}
+			var ch chan error
+			if tc.running {
+				ch = leading(t, b)
+			} else {
+				if err := b.cq.ArmDirect(); err != nil {
 					t.Fatal(err)
 				}
-				if o := l.owner.Load(); direct != (o == nil) {
-					t.Fatalf("owner %p after another CQ armed (direct %v); b is %p", o, direct, b.cq)
-				}
-				if l.disp.Load() != direct {
-					t.Fatalf("the direct dispatcher waits: %v, with another CQ armed direct: %v", l.disp.Load(), direct)
-				}
-				woke := make(chan error, 1)
-				go func() { woke <- wait() }()
-				sendInline(t, a2, 1, []byte{1})
-				if err := returned(t, woke, "the wait of the CQ that armed after b owned the link"); err != nil {
-					t.Fatalf("wait: %v", err)
-				}
-				pollN(t, b2.cq, 1)
-				if !running {
-					ch = make(chan error, 1)
-					go func() { ch <- b.cq.WaitDirect() }()
-				}
-				sendInline(t, a, 2, []byte{2})
-				if err := returned(t, ch, "WaitDirect of b"); err != nil {
+				waitFor(t, "b owns its link", func() bool { return l.owner.Load() == b.cq })
+			}
+			if l.disp.Load() {
+				t.Fatal("the dispatcher waits though only b is armed")
+			}
+			// The owner's park started now (busy) or long ago (idle),
+			// whatever the machine's speed.
+			if tc.idle {
+				l.leadSince.Store(monoNow() - int64(time.Hour))
+			} else {
+				l.leadSince.Store(monoNow() + int64(time.Hour))
+			}
+			takeovers := l.takeovers.Load()
+			arm, wait := b2.cq.Arm, b2.cq.Wait
+			if tc.direct {
+				arm, wait = b2.cq.ArmDirect, b2.cq.WaitDirect
+			}
+			if err := arm(); err != nil {
+				t.Fatal(err)
+			}
+			want, sleeping := b.cq, uint32(armWait)
+			if tc.takes {
+				want, sleeping = b2.cq, armDirect
+			}
+			if o := l.owner.Load(); o != want {
+				t.Fatalf("owner %p after b2 armed; b is %p, b2 %p", o, b.cq, b2.cq)
+			}
+			if n := l.takeovers.Load() - takeovers; n != map[bool]uint64{false: 0, true: 1}[tc.takes] {
+				t.Fatalf("%d takeovers", n)
+			}
+			if got := b2.qp.in.hdr.sleeping.Load(); got != sleeping {
+				t.Fatalf("b2's inbox asks for doorbell value %d, want %d", got, sleeping)
+			}
+			if l.disp.Load() {
+				t.Fatal("the direct dispatcher waits though the link has an owner")
+			}
+			if tc.takes {
+				// b's WaitDirect returns at once; its caller arms again and
+				// is a non-owner now.
+				if err := returned(t, ch, "WaitDirect of the owner replaced"); err != nil {
 					t.Fatalf("WaitDirect: %v", err)
 				}
-				pollN(t, b.cq, 1)
-			})
-		}
+				if err := b.cq.ArmDirect(); err != nil {
+					t.Fatal(err)
+				}
+				if got := b.qp.in.hdr.sleeping.Load(); got != armWait {
+					t.Fatalf("b's inbox asks for doorbell value %d after it lost the link", got)
+				}
+				ch = make(chan error, 1)
+				go func() { ch <- b.cq.WaitDirect() }()
+			}
+			woke := make(chan error, 1)
+			go func() { woke <- wait() }()
+			sendInline(t, a2, 1, []byte{1})
+			if err := returned(t, woke, "the wait of b2"); err != nil {
+				t.Fatalf("wait: %v", err)
+			}
+			pollN(t, b2.cq, 1)
+			if !tc.running {
+				ch = make(chan error, 1)
+				go func() { ch <- b.cq.WaitDirect() }()
+			}
+			sendInline(t, a, 2, []byte{2})
+			if err := returned(t, ch, "WaitDirect of b"); err != nil {
+				t.Fatalf("WaitDirect: %v", err)
+			}
+			pollN(t, b.cq, 1)
+		})
 	}
 }
 
@@ -207,10 +253,10 @@ func TestLeadOthersArmed(t *testing.T) {
 }
 
 // TestLeadBecomesOwnerParked: b's WaitDirect parks on its channel while
-// another CQ on the link is armed direct too; when that one leaves, b owns
-// the link and nobody else waits on the eventfd, so the parked WaitDirect
-// must come and wait on it. (It was found missing by the conformance
-// suite's Route.)
+// another CQ owns the link (armed direct, not waiting); when that one
+// leaves, b owns the link and nobody else waits on the eventfd, so the
+// parked WaitDirect must come and wait on it. (It was found missing by the
+// conformance suite's Route.)
 func TestLeadBecomesOwnerParked(t *testing.T) {
 	a, b := pair(t, 8)
 	_, b2 := pair(t, 8)
@@ -225,8 +271,8 @@ func TestLeadBecomesOwnerParked(t *testing.T) {
 	ch := make(chan error, 1)
 	go func() { ch <- b.cq.WaitDirect() }()
 	time.Sleep(20 * time.Millisecond) // parked on its channel
-	if l.owner.Load() != nil || b.cq.reading.Load() != nil {
-		t.Fatal("b leads though another CQ is armed on its link")
+	if l.owner.Load() != b2.cq || b.cq.reading.Load() != nil {
+		t.Fatal("b leads though another CQ owns its link")
 	}
 	if err := b2.qp.Close(); err != nil {
 		t.Fatal(err)
@@ -286,6 +332,13 @@ func TestLeadStress(t *testing.T) {
 	for _, conns := range []int{1, 4} {
 		t.Run(fmt.Sprintf("conns=%d", conns), func(t *testing.T) { leadStress(t, conns, 2000) })
 	}
+	// Every direct arm takes the link from an owner that waits: the role
+	// moves all the time, with rings in flight.
+	t.Run("conns=4,takeover=always", func(t *testing.T) {
+		defer func(d time.Duration) { takeOver = d }(takeOver)
+		takeOver = 0
+		leadStress(t, 4, 2000)
+	})
 }
 
 func leadStress(t *testing.T, conns, rounds int) {

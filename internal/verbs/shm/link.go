@@ -70,6 +70,8 @@ type link struct {
 	leadWakeups atomic.Uint64 // those of an owner's WaitDirect
 	moves       atomic.Uint64 // changes of owner
 	handoffs    atomic.Uint64 // owner's direct rings drained by another reader
+	takeovers   atomic.Uint64 // owners replaced by tryTake
+	leadSince   atomic.Int64  // monoNow when the owner's WaitDirect last started to lead
 }
 
 type linkSlot struct {
