@@ -226,6 +226,27 @@ func (l *link) tryTake(cq *CQ) bool {
 	return true
 }
 
+// resetLead is lead's answer to a kick (its read of lfile timed out): if
+// cq still owns l and was neither woken nor closed, it clears lfile's
+// deadline and reports true (lead reads again, and looks at the flags
+// before it parks, so a kick that came after this check is not lost: its
+// flag was stored before its deadline). Otherwise it leaves the deadline
+// alone: another goroutine may be reading lfile already (the new owner
+// takes the file's read lock as soon as this one's read returned), and a
+// clear now could undo a kick meant for it after it parked, losing its
+// wake-up. The check and the clear hold l.mu, under which the owner
+// changes, so the owner cannot change in between. A deadline left in the
+// past costs the next reader one turn.
+func (l *link) resetLead(cq *CQ) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.owner.Load() != cq || cq.woken.Load() || cq.closed.Load() {
+		return false
+	}
+	_ = l.lfile.SetReadDeadline(time.Time{})
+	return true
+}
+
 // monoNow is a monotonic clock in nanoseconds.
 func monoNow() int64 { return int64(time.Since(monoStart)) }
 
@@ -333,7 +354,9 @@ func (l *link) lead(cq *CQ) bool {
 		case own:
 			return true
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			_ = l.lfile.SetReadDeadline(time.Time{}) // then look at the flags again
+			if !l.resetLead(cq) {
+				return false // woken, closed or no longer the owner
+			}
 		case err != nil:
 			cq.lead.CompareAndSwap(l, nil) // released: never wait on it again
 			return false

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -287,6 +288,48 @@ func TestLeadBecomesOwnerParked(t *testing.T) {
 	}
 }
 
+// TestLeadResetKeepsKick: a WaitDirect that was kicked off the link (its
+// CQ no longer owns it) must not clear the kick's read deadline on the way
+// out: the new owner's WaitDirect may already be reading the file, and a
+// kick meant for it would be undone (rsockperf's 64-connection ping-pong
+// hung that way, a minute at a time). The owner, kicked, clears it.
+func TestLeadResetKeepsKick(t *testing.T) {
+	_, b := pair(t, 8)
+	_, b2 := pair(t, 8)
+	l := b.link()
+	if err := b.cq.ArmDirect(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b owns its link", func() bool { return l.owner.Load() == b.cq })
+	kick(l.lfile)
+	if l.resetLead(b2.cq) {
+		t.Fatal("a CQ that does not own the link cleared its deadline")
+	}
+	// The deadline is still in the past: a read returns at once.
+	read := func() chan error {
+		ch := make(chan error, 1)
+		go func() { ch <- l.lraw.Read(func(uintptr) bool { return false }) }()
+		return ch
+	}
+	if err := returned(t, read(), "a read of lfile with the kick in place"); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read: %v, want ErrDeadlineExceeded", err)
+	}
+	if !l.resetLead(b.cq) {
+		t.Fatal("the owner did not clear the deadline")
+	}
+	ch := read()
+	select {
+	case err := <-ch:
+		t.Fatalf("a read of lfile after the owner cleared the deadline returned %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	kick(l.lfile)
+	if err := returned(t, ch, "the parked read, kicked"); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read: %v, want ErrDeadlineExceeded", err)
+	}
+	_ = l.lfile.SetReadDeadline(time.Time{})
+}
+
 // TestLeadClose: closing the CQ ends a leading WaitDirect (ErrClosed);
 // closing its QP (and so releasing the link) makes it wait on its channel,
 // where WakeDirect still reaches it.
@@ -334,11 +377,13 @@ func TestLeadStress(t *testing.T) {
 	}
 	// Every direct arm takes the link from an owner that waits: the role
 	// moves all the time, with rings in flight.
-	t.Run("conns=4,takeover=always", func(t *testing.T) {
-		defer func(d time.Duration) { takeOver = d }(takeOver)
-		takeOver = 0
-		leadStress(t, 4, 2000)
-	})
+	for _, conns := range []int{4, 16} {
+		t.Run(fmt.Sprintf("conns=%d,takeover=always", conns), func(t *testing.T) {
+			defer func(d time.Duration) { takeOver = d }(takeOver)
+			takeOver = 0
+			leadStress(t, conns, 2000)
+		})
+	}
 }
 
 func leadStress(t *testing.T, conns, rounds int) {
