@@ -87,15 +87,15 @@
 //
 // Who reads (lead.go): the wait doorbell's eventfd has a dispatcher
 // goroutine per link that rings the channels Wait parks on. For the
-// direct doorbell, when exactly one CQ of the link is armed direct (rsock:
-// one connection to that peer process whose blocked call waits on the
-// queue; any number may be armed for their event loops), that CQ owns the
-// link and its WaitDirect waits on the eventfd itself: its own ring wakes
-// it with no goroutine hand-off, as a CQ's own eventfd did before links.
-// Otherwise a second dispatcher waits on it and rings the CQs' channels,
-// at the cost of one hand-off per wake-up. The role moves only when a CQ
-// arms for another doorbell than it last did or a QP joins or leaves the
-// link, never in rsock's steady states, and moving it wakes the reader
+// direct doorbell, one CQ armed direct owns the link (rsock: a connection
+// to that peer process whose blocked call waits on the queue) and its
+// WaitDirect waits on the eventfd itself: its own ring wakes it with no
+// goroutine hand-off, as a CQ's own eventfd did before links. Other CQs
+// armed direct ask their peers for the wait doorbell, whose dispatcher
+// wakes their WaitDirect (one hand-off per wake-up); with no owner, a
+// second dispatcher waits on the direct eventfd. The owner keeps the role
+// while it stays armed direct, or until another CQ arming direct finds it
+// parked for 1 ms (idle) and takes it; moving the role wakes the reader
 // that loses it (a read deadline in the past on its file, no system
 // call). WakeDirect wakes a WaitDirect the same way, or through its
 // channel.
