@@ -121,14 +121,7 @@ func TestNettestEventOnly(t *testing.T) {
 	for _, tr := range []string{"shm", "sim"} {
 		t.Run(tr, func(t *testing.T) {
 			cfg := &Config{Transports: []string{tr}, BusyPoll: -1}
-			ln := listen(t, cfg)
-			nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
-				c, s := pipe(t, ln, cfg)
-				if TransportOf(c) != tr {
-					return nil, nil, nil, fmt.Errorf("not on %s: %s", tr, c.Info().Reason)
-				}
-				return c, s, func() { c.Close(); s.Close() }, nil
-			})
+			nettest.TestConn(t, pipeOn(t, listen(t, cfg), cfg, tr))
 		})
 	}
 }

@@ -59,25 +59,12 @@ func simPipe(t testing.TB, cfg *Config) (client, server *Conn) {
 
 func TestNettestSim(t *testing.T) {
 	registerSim(t)
-	cfg := simCfg()
-	ln := listen(t, cfg)
-	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
-		c, s := pipe(t, ln, cfg)
-		if TransportOf(c) != "sim" || TransportOf(s) != "sim" {
-			return nil, nil, nil, errors.New("not on sim: " + c.Info().Reason)
-		}
-		return c, s, func() { c.Close(); s.Close() }, nil
-	})
+	nettest.TestConn(t, pipeOn(t, listen(t, simCfg()), simCfg(), "sim"))
 }
 
 func TestNettestSimSwapped(t *testing.T) {
 	registerSim(t)
-	cfg := simCfg()
-	ln := listen(t, cfg)
-	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
-		c, s := pipe(t, ln, cfg)
-		return s, c, func() { c.Close(); s.Close() }, nil
-	})
+	nettest.TestConn(t, swap(pipeOn(t, listen(t, simCfg()), simCfg(), "sim")))
 }
 
 func TestNettestSimSmallRingFaults(t *testing.T) {
