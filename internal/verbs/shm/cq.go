@@ -54,12 +54,11 @@ type CQ struct {
 	ln     int
 	lcount atomic.Int32 // ln, readable without lmu
 
-	// Direct waits (lead.go). intent (under mu) is the last non-zero value
+	// Direct waits (lead.go). intent (stored under mu) is the last non-zero value
 	// armed: what the attached QPs count for on their links. lead is the
 	// link this CQ owns (its WaitDirect reads that link's eventfd),
 	// reading the link whose eventfd WaitDirect reads right now.
-	intent  uint32
-	want    atomic.Uint32 // intent, readable without mu
+	intent  atomic.Uint32 // written under mu; ringWanted reads it without
 	lead    atomic.Pointer[link]
 	reading atomic.Pointer[link]
 	woken   atomic.Bool // WakeDirect was called; WaitDirect clears it
@@ -212,7 +211,7 @@ func (cq *CQ) arm(v uint32) error {
 	if cq.overrun.Load() {
 		return ErrCQOverrun
 	}
-	if v != cq.intent {
+	if v != cq.intent.Load() {
 		cq.setIntentLocked(v) // a reader for the new doorbell first
 	}
 	// Each store is sequentially consistent: it is ordered before the loads
@@ -331,7 +330,7 @@ func (cq *CQ) ringBell() {
 // wait doorbell of a CQ that armed direct without owning its link (or a
 // stale one, which costs a spurious wake-up).
 func (cq *CQ) ringWanted() {
-	if cq.want.Load() == armDirect {
+	if cq.intent.Load() == armDirect {
 		cq.WakeDirect()
 		return
 	}
@@ -398,8 +397,8 @@ func (cq *CQ) linked(q *QP, l *link) {
 		return
 	}
 	q.clink = l
-	if cq.intent != 0 {
-		l.armChange(cq, 0, cq.intent)
+	if in := cq.intent.Load(); in != 0 {
+		l.armChange(cq, 0, in)
 	}
 	// Armed direct before it was linked, without owning the link now: its
 	// peer must ring the wait doorbell. If the peer has taken the value
@@ -415,11 +414,10 @@ func (cq *CQ) linked(q *QP, l *link) {
 func (cq *CQ) setIntentLocked(v uint32) {
 	for _, q := range cq.qps {
 		if q.clink != nil {
-			q.clink.armChange(cq, cq.intent, v)
+			q.clink.armChange(cq, cq.intent.Load(), v)
 		}
 	}
-	cq.intent = v
-	cq.want.Store(v)
+	cq.intent.Store(v)
 }
 
 // detach removes q. Once it returns, neither Poll nor Arm touches q's
@@ -429,7 +427,7 @@ func (cq *CQ) detach(q *QP) {
 	defer cq.mu.Unlock()
 	if i := slices.Index(cq.qps, q); i >= 0 {
 		if q.clink != nil {
-			q.clink.armChange(cq, cq.intent, 0)
+			q.clink.armChange(cq, cq.intent.Load(), 0)
 			q.clink = nil
 		}
 		cq.qps = slices.Delete(cq.qps, i, i+1)

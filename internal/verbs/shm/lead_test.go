@@ -559,7 +559,7 @@ func logLeadState(t *testing.T, name string, e *end) {
 	nWait, direct := l.nWait, len(l.direct)
 	l.mu.Unlock()
 	t.Logf("%s: cq %p intent %d armed %d woken %v lead %v reading %v chan %d; inbox sleeping %d tail %d head %d; link owner %p disp %v nWait %d direct %d armed %d sums %x %x",
-		name, e.cq, e.cq.intent, e.cq.armed.Load(), e.cq.woken.Load(), e.cq.lead.Load() != nil, e.cq.reading.Load() != nil, len(e.cq.direct),
+		name, e.cq, e.cq.intent.Load(), e.cq.armed.Load(), e.cq.woken.Load(), e.cq.lead.Load() != nil, e.cq.reading.Load() != nil, len(e.cq.direct),
 		e.qp.in.hdr.sleeping.Load(), e.qp.in.hdr.tail.Load(), e.qp.head.Load(),
 		l.owner.Load(), l.disp.Load(), nWait, direct, l.own.hdr.armed[bellDirect].Load()<<1|l.own.hdr.armed[bellWait].Load(), l.own.hdr.sum[0][0].Load(), l.own.hdr.sum[1][0].Load())
 }
