@@ -255,6 +255,9 @@ func raiseNofile(need uint64) (syscall.Rlimit, error) {
 // shm, eventfds, sockets), mappings (all, and of shm memfds), goroutines,
 // OS threads, resident memory (kB) and CPU time (ms).
 func collectStats() map[string]int {
+	// A link whose last connection closed lingers for the next one (a
+	// second); counting it would make every figure depend on timing.
+	shm.EndIdleLinks()
 	st := map[string]int{}
 	ents, _ := os.ReadDir("/proc/self/fd")
 	for _, e := range ents {

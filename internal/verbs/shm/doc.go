@@ -160,7 +160,7 @@
 // a 32-byte random secret of this QP, and the name of this process's
 // rendezvous listener: an abstract SOCK_SEQPACKET Unix socket
 // ("@rsock-shm-<pid>-<random>"), started by the first QP that needs it and
-// closed with the last one. The passive side (server) registers its secret
+// closed when no QP and no link it accepted is left. The passive side (server) registers its secret
 // with the listener in Connect and returns; the active side sends the
 // secret and its fds (inbox, remote-writable regions) on the link to the
 // passive side's process; the passive process compares the secret in
@@ -177,8 +177,14 @@
 // the QP's fds and its link id, and the answer the peer QP's. Every
 // control message names the receiving QP by its link id (slot and
 // generation, so a stale message does not reach a QP that reused the
-// slot). The dialing side closes the link with its last QP; the accepting
-// side closes it when it ends. A QP's close sends "gone" to its peer QP;
+// slot). The dialing side closes the link a second after its last QP
+// closed (linkLinger), unless another QP to that process took it over by
+// then: a client that connects, talks and closes in a loop attaches each
+// connection (one message each way) instead of setting up a link (a Unix
+// connection, credentials, doorbells); connection setup then takes about
+// a third less time. The accepting side closes the link when it ends, and
+// holds the rendezvous listener until then, so that the name the
+// lingering link is kept under stays valid. A QP's close sends "gone" to its peer QP;
 // the link's end tells every QP on it that the peer process is gone. So a
 // connection costs no file descriptor of its own: each process holds, per
 // peer process, one Unix socket, its own two eventfds (the direct one

@@ -175,11 +175,12 @@ func mapsCount(t testing.TB) (all, ours int) {
 	return all, ours
 }
 
-// waitLinks waits until every link of this process is released: a link's
-// passive end goes when its reader sees the active end close, after the
-// QPs on both sides are closed.
+// waitLinks ends the lingering links and waits until every link of this
+// process is released: a link's passive end goes when its reader sees the
+// active end close, after the QPs on both sides are closed.
 func waitLinks(t testing.TB) {
 	t.Helper()
+	EndIdleLinks()
 	end := time.Now().Add(5 * time.Second)
 	for liveLinks.Load() != 0 {
 		if time.Now().After(end) {

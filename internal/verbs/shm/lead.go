@@ -330,7 +330,31 @@ func (l *link) dispatch(k int) {
 // eventfd itself until cq's own direct doorbell rings (true), or until it
 // is woken (WakeDirect), cq closes or cq no longer owns l (false: the
 // caller looks at why).
+//
+// One WaitDirect at a time reads lfile (l.leader). An owner that finds the
+// previous one still there (replaced, it has been kicked and is on its way
+// out) waits on its channel, where the one leaving signals the owner: a
+// WaitDirect waiting for the file's read lock instead could not be woken,
+// since a kick on the file is taken by the goroutine that holds the lock,
+// which as owner clears it and parks again (seen under load as a request
+// that never reached its handler).
 func (l *link) lead(cq *CQ) bool {
+	if !l.leader.CompareAndSwap(nil, cq) {
+		select {
+		case <-cq.direct:
+		case <-cq.done:
+		}
+		return false // the caller looks at why, and leads again if it still owns l
+	}
+	defer func() {
+		l.leader.Store(nil)
+		if o := l.owner.Load(); o != nil && o != cq {
+			select {
+			case o.direct <- struct{}{}: // the owner may wait for the file
+			default:
+			}
+		}
+	}()
 	l.leadSince.Store(monoNow())
 	cq.reading.Store(l)
 	defer cq.reading.Store(nil)

@@ -29,7 +29,8 @@ import (
 // reach the QP that reuses its slot.
 type link struct {
 	c      *net.UnixConn
-	dialed bool   // this side dialed (it closes the link with its last QP)
+	dialed bool   // this side dialed (it closes the link after its last QP: linkLinger)
+	lnRef  bool   // accepted: it holds a reference to the rendezvous listener
 	name   string // dialed: the peer's rendezvous name (the table key)
 	pid    int32  // SO_PEERCRED of the peer, checked at setup
 	uid    uint32
@@ -46,6 +47,7 @@ type link struct {
 	// WaitDirect waits on lfile (nil: none), disp whether dispatch waits on
 	// efile[bellDirect] (while there is no owner). They change under mu.
 	owner  atomic.Pointer[CQ]
+	leader atomic.Pointer[CQ] // the CQ whose WaitDirect reads lfile (lead)
 	disp   atomic.Bool
 	resume chan struct{} // wakes dispatch when disp is set; capacity 1
 	stop   chan struct{} // closed by release: dispatch returns
@@ -62,6 +64,11 @@ type link struct {
 	attaching map[uint32]chan attachReply // active attaches waiting, by our id
 	ready     chan struct{}               // dialed: closed once the first exchange finished
 	readyErr  error
+	// lingering: the dialed link's last QP has gone and the link holds
+	// itself (one count of qps) until lingerGen's timer ends it or a new
+	// QP takes the hold over (getLink).
+	lingering bool
+	lingerGen uint64
 	dispWG    sync.WaitGroup // the dispatchers, once started
 	nWait     int            // QPs whose CQ last armed for Wait
 	direct    map[*CQ]int    // QPs whose CQ last armed for WaitDirect, by CQ
@@ -148,7 +155,7 @@ func (l *link) unbind(id uint32) {
 	l.dropLocked()
 }
 
-// drop releases a hold taken by getLink: the dialing side closes the
+// drop releases a hold taken by getLink: the dialing side lingers or closes the
 // connection with its last QP, and the last of the QPs and the reader
 // frees the link.
 func (l *link) drop() {
@@ -159,6 +166,16 @@ func (l *link) drop() {
 // dropLocked is drop with mu held; it unlocks mu.
 func (l *link) dropLocked() {
 	l.qps--
+	if linger := time.Duration(linkLinger.Load()); l.qps == 0 && l.dialed && !l.closing && l.reader && linger > 0 {
+		// The last QP has gone: keep the link a while for the next one
+		// (a client that connects, talks and closes, over and over).
+		l.qps, l.lingering = 1, true
+		l.lingerGen++
+		gen := l.lingerGen
+		time.AfterFunc(linger, func() { l.endLinger(gen) })
+		l.mu.Unlock()
+		return
+	}
 	if l.qps == 0 && l.dialed {
 		l.closeLocked()
 	}
@@ -171,6 +188,53 @@ func (l *link) dropLocked() {
 	}
 	if free {
 		l.release()
+	}
+}
+
+// linkLinger is how long a dialed link outlives its last QP. A QP to the
+// same peer process within it attaches to the link (one message each
+// way) instead of dialing a new one (a Unix connection, credentials,
+// two eventfds and a bell page per side): connection setup in a loop
+// of connect, one round trip and close runs about a third faster.
+// Meanwhile the link costs each side its descriptors (per side: the
+// Unix socket, two eventfds of its own, the peer's two) and its three
+// goroutines, parked.
+var linkLinger atomic.Int64 // a time.Duration
+
+func init() { linkLinger.Store(int64(time.Second)) }
+
+// endLinger ends the linger gen of l, unless a QP has taken it over (or a
+// later linger replaced it).
+func (l *link) endLinger(gen uint64) {
+	l.mu.Lock()
+	if !l.lingering || l.lingerGen != gen {
+		l.mu.Unlock()
+		return
+	}
+	l.lingering = false
+	l.closeLocked()
+	l.dropLocked()
+}
+
+// EndIdleLinks ends every lingering link of this process now, rather than
+// after linkLinger: for tests and tools that count descriptors and links.
+func EndIdleLinks() {
+	links.mu.Lock()
+	var all []*link
+	for _, l := range links.byName {
+		all = append(all, l)
+	}
+	links.mu.Unlock()
+	for _, l := range all {
+		l.mu.Lock()
+		l.lingerGen++ // its timer finds nothing to do
+		if !l.lingering {
+			l.mu.Unlock()
+			continue
+		}
+		l.lingering = false
+		l.closeLocked()
+		l.dropLocked()
 	}
 }
 
@@ -229,6 +293,9 @@ func (l *link) release() {
 	l.peer.release()
 	closeFDs(l.peerEvt[:])
 	l.peerEvt = [2]int{-1, -1}
+	if l.lnRef {
+		releaseListener()
+	}
 }
 
 // start runs the reader and the dispatcher of an established link.
@@ -259,6 +326,10 @@ func (l *link) readLoop() {
 	l.mu.Lock()
 	l.closeLocked()
 	l.reader = false
+	if l.lingering { // the peer went first: the hold goes now
+		l.lingering = false
+		l.qps--
+	}
 	var gone []*QP
 	for _, s := range l.slots {
 		if s.q != nil {
@@ -411,9 +482,12 @@ func getLink(ctx context.Context, q *QP, name string, wait chan attachReply) (l 
 		l = links.byName[name]
 		if old := l; old != nil {
 			old.mu.Lock()
-			if old.closing {
+			switch {
+			case old.closing:
 				l = nil
-			} else {
+			case old.lingering:
+				old.lingering = false // q takes over the link's own hold
+			default:
 				old.qps++
 			}
 			old.mu.Unlock()

@@ -117,6 +117,20 @@ func acquireListener() (string, error) {
 	return rv.name, nil
 }
 
+// holdListener takes a reference to the listener if it is up: a link it
+// accepted keeps it (and so its name) while the link lasts, so that the
+// peer's next QP finds its link under that name even when no QP of this
+// process is open in between (the peer's link lingers: link.go).
+func holdListener() bool {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	if rv.ln == nil {
+		return false
+	}
+	rv.refs++
+	return true
+}
+
 // releaseListener drops a reference; the last one closes the listener.
 func releaseListener() {
 	rv.mu.Lock()
@@ -296,6 +310,7 @@ func serveRendezvous(p pendingConn) {
 	// The setup holds the link (qps) until the reader runs.
 	l := newLink()
 	l.c, l.pid, l.uid, l.qps = c, cred.Pid, cred.Uid, 1
+	l.lnRef = holdListener()
 	err = l.mapPeerDoorbell(fds)
 	if err == nil {
 		err = q.acceptActive(l, x, fds[linkFDs:], true)
