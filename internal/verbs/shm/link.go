@@ -213,6 +213,12 @@ func (l *link) endLinger(gen uint64) {
 		l.mu.Unlock()
 		return
 	}
+	l.endLingerLocked()
+}
+
+// endLingerLocked ends l's linger: it closes the link and drops the hold
+// the linger took. It unlocks mu.
+func (l *link) endLingerLocked() {
 	l.lingering = false
 	l.closeLocked()
 	l.dropLocked()
@@ -229,14 +235,11 @@ func EndIdleLinks() {
 	links.mu.Unlock()
 	for _, l := range all {
 		l.mu.Lock()
-		l.lingerGen++ // its timer finds nothing to do
 		if !l.lingering {
 			l.mu.Unlock()
 			continue
 		}
-		l.lingering = false
-		l.closeLocked()
-		l.dropLocked()
+		l.endLingerLocked() // its timer then finds it not lingering
 	}
 }
 
