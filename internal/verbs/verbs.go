@@ -2,8 +2,7 @@
 // on. It is modelled on the RDMA verbs (libibverbs): a Device is a protection
 // domain, memory regions (MR) are registered buffers outside the Go heap that
 // a connected peer may write into with a remote key, queue pairs (QP) are
-// reliable-connected (RC) and carry RDMA WRITE, WRITE with immediate, SEND and
-// RECV, and completion queues (CQ) report finished work requests.
+// reliable-connected (RC) and carry RDMA WRITE, SEND and RECV, and completion queues (CQ) report finished work requests.
 //
 // Three providers implement it: ibverbs (libibverbs through cgo), shm (two
 // processes on one host, shared memory) and sim (in-process, with fault
@@ -15,7 +14,7 @@
 //   - Work requests posted on one QP execute in order. A SEND posted after a
 //     WRITE is delivered to the peer only after the WRITE's data is visible in
 //     the peer's memory.
-//   - A SEND or WRITE with immediate consumes exactly one posted RECV at the
+//   - A SEND consumes exactly one posted RECV at the
 //     peer, in posting order. Posting one when the peer has no RECV posted is a
 //     receiver-not-ready error that moves the QP to the error state.
 //   - A WRITE outside the bounds of the peer MR named by the remote key, or to
@@ -40,9 +39,8 @@
 //     are posted before the QP's Info goes to the peer), PostSend only after
 //     Connect.
 //
-// Concurrency: PostSend, PostRecv and CQ.Poll may be called from different
-// goroutines at the same time. CQ.Wait is called by at most one goroutine at
-// a time (and DirectWaiter.WaitDirect by at most one other).
+// Concurrency: PostSend, PostRecv, CQ.Poll, CQ.Arm and CQ.Disarm may be
+// called from different goroutines at the same time.
 package verbs
 
 import (
@@ -67,25 +65,19 @@ const (
 type Opcode uint8
 
 const (
-	OpWrite    Opcode = iota + 1 // RDMA WRITE (send queue)
-	OpWriteImm                   // RDMA WRITE with immediate (send queue)
-	OpSend                       // SEND (send queue)
-	OpRecv                       // a RECV consumed by the peer's SEND
-	OpRecvImm                    // a RECV consumed by the peer's WRITE with immediate
+	OpWrite Opcode = iota + 1 // RDMA WRITE (send queue)
+	OpSend                    // SEND (send queue)
+	OpRecv                    // a RECV consumed by the peer's SEND
 )
 
 func (o Opcode) String() string {
 	switch o {
 	case OpWrite:
 		return "WRITE"
-	case OpWriteImm:
-		return "WRITE_WITH_IMM"
 	case OpSend:
 		return "SEND"
 	case OpRecv:
 		return "RECV"
-	case OpRecvImm:
-		return "RECV_RDMA_WITH_IMM"
 	}
 	return fmt.Sprintf("Opcode(%d)", uint8(o))
 }
@@ -163,7 +155,7 @@ type SGE struct {
 // SendWR is a send-queue work request.
 type SendWR struct {
 	ID uint64
-	Op Opcode // OpWrite, OpWriteImm or OpSend
+	Op Opcode // OpWrite or OpSend
 	// Local is the data source. Ignored when Inline is non-nil.
 	Local SGE
 	// Inline, when non-nil, is the data itself; it is copied before PostSend
@@ -173,9 +165,6 @@ type SendWR struct {
 	// peer MR's Addr() plus an offset.
 	RemoteAddr uint64
 	RKey       uint32
-	// Imm is the immediate value of OpWriteImm (and of OpSend with HasImm).
-	Imm    uint32
-	HasImm bool
 	// Signaled requests a completion on success. Failed requests always
 	// complete. Unsignaled requests are retired by a later signaled one.
 	Signaled bool
@@ -192,11 +181,8 @@ type Completion struct {
 	ID     uint64
 	Op     Opcode
 	Status Status
-	// Len is the number of bytes received (OpRecv) or written by the peer's
-	// WRITE with immediate (OpRecvImm).
-	Len    int
-	Imm    uint32
-	HasImm bool
+	// Len is the number of bytes received (OpRecv).
+	Len int
 }
 
 // Err returns nil for a successful completion and a *CompletionError
@@ -223,19 +209,31 @@ type MR interface {
 }
 
 // CQ is a completion queue shared by the send and receive queues of QPs.
+//
+// Notification. Every provider signals completions one way: the notify
+// function given to Device.NewCQ. Arm requests one notification (an edge):
+// notify is called once, after the first completion that becomes pollable
+// after the Arm, and the CQ is then disarmed until the next Arm. A
+// completion that was already pollable when Arm was called does not fire
+// it, so a caller polls once more after Arm before it waits for notify;
+// either that poll finds the completion or notify is called. A failure that
+// makes Poll fail (a CQ overrun) fires an armed notification too.
+//
+// notify runs on a goroutine of the provider's, or inside a post on one of
+// the CQ's QPs, possibly with the provider's locks held: it must return
+// quickly, must not block, and must not call the CQ or its QPs. It may still
+// run once while Close is in progress, never after Close returned.
 type CQ interface {
 	// Poll moves up to len(wc) completions into wc without blocking and
 	// returns how many.
 	Poll(wc []Completion) (int, error)
-	// Arm requests a notification for the next completion added after the
-	// call. Poll once more after Arm before Wait, or a completion that raced
-	// with Arm may wait for the next one.
+	// Arm requests one notification (see above).
 	Arm() error
-	// Wait blocks until an armed notification fires or the CQ is closed
-	// (ErrClosed). It parks the calling goroutine in the Go netpoller or on a
-	// channel, never an OS thread. Spurious wake-ups are allowed.
-	Wait() error
-	// Close releases the CQ and unblocks Wait. Close the QPs first.
+	// Disarm withdraws an Arm that has not fired, so that peers stop paying
+	// for notifications (shm: no eventfd write) while a caller busy-polls.
+	// Providers that cannot withdraw it drop the notification instead.
+	Disarm()
+	// Close releases the CQ. Close the QPs first.
 	Close() error
 }
 
@@ -277,7 +275,9 @@ type Device interface {
 	Provider() string
 	// AllocMR allocates and registers size bytes outside the Go heap.
 	AllocMR(size int, access Access) (MR, error)
-	NewCQ(depth int) (CQ, error)
+	// NewCQ creates a completion queue for depth completions whose
+	// notifications call notify (see CQ).
+	NewCQ(depth int, notify func()) (CQ, error)
 	NewQP(attr QPAttr) (QP, error)
 	// Close releases the device. Close QPs, CQs and MRs first.
 	Close() error
@@ -315,37 +315,6 @@ type RemoteMapper interface {
 	// MapRemote returns the peer's memory at addr..addr+length of the MR
 	// named by rkey, or an error if that range is not remote-writable.
 	MapRemote(addr uint64, rkey uint32, length int) ([]byte, error)
-}
-
-// Disarmer is implemented by CQs that can withdraw an Arm, so that peers
-// stop paying for notifications (shm: no eventfd write) while a caller
-// busy-polls. A caller that disarms must, when it stops polling, Arm and
-// Poll again if any goroutine may be relying on Wait.
-type Disarmer interface {
-	Disarm()
-}
-
-// DirectWaiter is implemented by CQs with a second notification, for a
-// caller that waits on the CQ itself while another goroutine stays parked
-// in Wait: a completion then wakes only the goroutine that needs it, not a
-// waiter that would wake it in turn.
-//
-// ArmDirect is Arm for WaitDirect: the next completion notifies WaitDirect
-// instead of Wait. Arm, ArmDirect and Disarm replace one another: the
-// latest call decides which waiter (if any) the next completion wakes. Poll
-// once more after ArmDirect before WaitDirect, as after Arm.
-//
-// WaitDirect blocks until a notification armed by ArmDirect fires, WakeDirect
-// is called, or the CQ is closed (ErrClosed). Spurious wake-ups are allowed.
-// At most one goroutine calls WaitDirect at a time (another may be in Wait
-// meanwhile).
-//
-// WakeDirect makes the WaitDirect in progress, or else the next one,
-// return. It does not block.
-type DirectWaiter interface {
-	ArmDirect() error
-	WaitDirect() error
-	WakeDirect()
 }
 
 // Peeker is implemented by CQs that can tell cheaply (no system call, no
