@@ -35,15 +35,13 @@ type CQ struct {
 	dev   *Device
 	depth int
 
-	notify chan struct{} // capacity 1; fired by a CQ armed by Arm
-	direct chan struct{} // capacity 1; fired by a CQ armed by ArmDirect, or WakeDirect
-	done   chan struct{} // closed by Close
+	notify func() // called once per Arm, for the first completion made visible after it
 
 	// mu is taken while QP locks are held; nothing is locked under it.
 	mu          sync.Mutex
 	closed      bool
 	overrun     bool
-	armed       byte    // 0, armWait or armDirect
+	armed       bool
 	ready       []entry // visible, in order, from head on
 	head        int
 	pending     []entry // delayed, in generation order
@@ -53,16 +51,7 @@ type CQ struct {
 	qps         map[*QP]struct{} // attached QPs, moved to error on overrun
 }
 
-var (
-	_ verbs.CQ           = (*CQ)(nil)
-	_ verbs.DirectWaiter = (*CQ)(nil)
-)
-
-// Values of CQ.armed.
-const (
-	armWait   = 1
-	armDirect = 2
-)
+var _ verbs.CQ = (*CQ)(nil)
 
 // Poll moves up to len(wc) visible completions into wc without blocking and
 // returns how many. Polling a completion frees the work-queue slots it
@@ -96,66 +85,27 @@ func (cq *CQ) Poll(wc []verbs.Completion) (int, error) {
 	return n, nil
 }
 
-// Arm requests a notification for the next completion that becomes visible
-// after the call. It fails with verbs.ErrClosed after Close and with
-// ErrCQOverrun after an overrun.
+// Arm requests one notification: notify is called once the next completion
+// becomes visible after the call. It fails with verbs.ErrClosed after Close
+// and with ErrCQOverrun after an overrun.
 func (cq *CQ) Arm() error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if err := cq.errLocked(); err != nil {
 		return err
 	}
-	cq.armed = armWait
+	cq.armed = true
 	return nil
 }
 
-// ArmDirect is Arm for WaitDirect (verbs.DirectWaiter).
-func (cq *CQ) ArmDirect() error {
+// Disarm withdraws an Arm that has not fired.
+func (cq *CQ) Disarm() {
 	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	if err := cq.errLocked(); err != nil {
-		return err
-	}
-	cq.armed = armDirect
-	return nil
-}
-
-// WaitDirect is Wait for a notification armed by ArmDirect or sent by
-// WakeDirect (verbs.DirectWaiter).
-func (cq *CQ) WaitDirect() error { return cq.waitOn(cq.direct) }
-
-// WakeDirect makes the WaitDirect in progress, or the next one, return.
-func (cq *CQ) WakeDirect() {
-	select {
-	case cq.direct <- struct{}{}:
-	default:
-	}
-}
-
-// Wait blocks on a channel until an armed notification fires, and returns
-// nil; it may also return nil spuriously. It returns verbs.ErrClosed once the
-// CQ is closed (Close unblocks it) and ErrCQOverrun after an overrun.
-func (cq *CQ) Wait() error { return cq.waitOn(cq.notify) }
-
-// waitOn blocks until a signal on ch (Wait's or WaitDirect's) or Close.
-func (cq *CQ) waitOn(ch chan struct{}) error {
-	cq.mu.Lock()
-	err := cq.errLocked()
+	cq.armed = false
 	cq.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	select {
-	case <-cq.done:
-		return verbs.ErrClosed
-	case <-ch:
-	}
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	return cq.errLocked()
 }
 
-// Close releases the CQ, drops the completions it holds and unblocks Wait.
+// Close releases the CQ and drops the completions it holds.
 // Completions generated later by QPs still using it are discarded. A second
 // Close returns verbs.ErrClosed.
 func (cq *CQ) Close() error {
@@ -165,7 +115,7 @@ func (cq *CQ) Close() error {
 		return verbs.ErrClosed
 	}
 	cq.closed = true
-	close(cq.done)
+	cq.armed = false
 	cq.dropLocked()
 	clear(cq.qps)
 	cq.mu.Unlock()
@@ -300,31 +250,22 @@ func (cq *CQ) onTimer() {
 	}
 }
 
+// notifyLocked fires an armed notification. notify is called under mu: it
+// does not block and does not call the CQ (verbs.CQ).
 func (cq *CQ) notifyLocked() {
-	armed := cq.armed
-	cq.armed = 0
-	switch armed {
-	case armWait:
-		select {
-		case cq.notify <- struct{}{}:
-		default:
-		}
-	case armDirect:
-		cq.WakeDirect()
+	if cq.armed {
+		cq.armed = false
+		cq.notify()
 	}
 }
 
-// overrunLocked breaks the CQ: completions are dropped, Poll and Wait fail
-// with ErrCQOverrun, and the attached QPs move to the error state (from
+// overrunLocked breaks the CQ: completions are dropped, Poll fails with
+// ErrCQOverrun, an armed notification fires, and the attached QPs move to the error state (from
 // another goroutine, as QP locks may be held here).
 func (cq *CQ) overrunLocked() {
 	cq.overrun = true
 	cq.dropLocked()
-	select {
-	case cq.notify <- struct{}{}:
-	default:
-	}
-	cq.WakeDirect()
+	cq.notifyLocked()
 	qps := slices.Collect(maps.Keys(cq.qps))
 	go func() {
 		for _, q := range qps {

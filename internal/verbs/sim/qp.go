@@ -67,8 +67,6 @@ type transfer struct {
 	off, n   int
 	raddr    uint64
 	rkey     uint32
-	imm      uint32
-	hasImm   bool
 	signaled bool
 	due      time.Time // earliest delivery (loss); zero for at once
 }
@@ -275,17 +273,12 @@ func (q *QP) prepareSend(wr *verbs.SendWR) (transfer, error) {
 		op:       wr.Op,
 		raddr:    wr.RemoteAddr,
 		rkey:     wr.RKey,
-		imm:      wr.Imm,
-		hasImm:   wr.HasImm || wr.Op == verbs.OpWriteImm,
 		signaled: wr.Signaled,
 	}
 	switch wr.Op {
-	case verbs.OpWrite, verbs.OpWriteImm, verbs.OpSend:
+	case verbs.OpWrite, verbs.OpSend:
 	default:
 		return t, fmt.Errorf("sim: send work request with opcode %v", wr.Op)
-	}
-	if wr.Op == verbs.OpWrite {
-		t.hasImm = false
 	}
 	if wr.Inline != nil {
 		if len(wr.Inline) > q.maxInline {

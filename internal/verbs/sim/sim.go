@@ -67,7 +67,7 @@
 // their own, and a QP that never signals fills up (verbs.ErrQueueFull). A
 // RECV occupies its slot until its completion is polled. A CQ that would hold
 // more than its depth of unpolled completions (visible or still delayed)
-// overruns: Poll and Wait then fail with ErrCQOverrun and every QP using the
+// overruns: Poll then fails with ErrCQOverrun and every QP using the
 // CQ moves to the error state. Size CQs for the sum of the depths of the work
 // queues that use them.
 package sim
@@ -106,7 +106,7 @@ const (
 	defaultRetransmitDelay = time.Millisecond
 )
 
-// ErrCQOverrun is returned by CQ.Poll and CQ.Wait once more completions were
+// ErrCQOverrun is returned by CQ.Poll once more completions were
 // generated than the CQ's depth allows.
 var ErrCQOverrun = errors.New("sim: completion queue overrun")
 
@@ -375,16 +375,14 @@ func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 
 // NewCQ creates a completion queue holding at most depth completions.
 // It fails with verbs.ErrClosed after Close.
-func (d *Device) NewCQ(depth int) (verbs.CQ, error) {
+func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	if depth <= 0 || depth > MaxCQDepth {
 		return nil, fmt.Errorf("sim: completion queue depth %d (allowed 1..%d)", depth, MaxCQDepth)
 	}
 	cq := &CQ{
 		dev:    d,
 		depth:  depth,
-		notify: make(chan struct{}, 1),
-		direct: make(chan struct{}, 1),
-		done:   make(chan struct{}),
+		notify: notify,
 		qps:    make(map[*QP]struct{}),
 	}
 	d.mu.Lock()

@@ -101,7 +101,7 @@ func (q *QP) deliverLocked(p *QP, t *transfer, fq, fp *Faults) {
 	}
 
 	switch t.op {
-	case verbs.OpWrite, verbs.OpWriteImm:
+	case verbs.OpWrite:
 		var dst []byte
 		if t.n > 0 {
 			var buf []byte
@@ -122,16 +122,7 @@ func (q *QP) deliverLocked(p *QP, t *transfer, fq, fp *Faults) {
 			defer mr.unpin()
 			dst = buf[off : off+t.n]
 		}
-		if t.op == verbs.OpWriteImm && p.recvs.len() == 0 {
-			q.failLocked(t, verbs.StatusRNR, fq)
-			return
-		}
 		copy(dst, src)
-		if t.op == verbs.OpWriteImm {
-			r := p.recvs.pop()
-			c := verbs.Completion{ID: r.id, Op: verbs.OpRecvImm, Len: t.n, Imm: t.imm, HasImm: true}
-			p.cq.push(c, &p.rq, 1, fp)
-		}
 
 	case verbs.OpSend:
 		if p.recvs.len() == 0 {
@@ -159,11 +150,7 @@ func (q *QP) deliverLocked(p *QP, t *transfer, fq, fp *Faults) {
 			return
 		}
 		copy(dst, src)
-		c := verbs.Completion{ID: r.id, Op: verbs.OpRecv, Len: t.n}
-		if t.hasImm {
-			c.Imm, c.HasImm = t.imm, true
-		}
-		p.cq.push(c, &p.rq, 1, fp)
+		p.cq.push(verbs.Completion{ID: r.id, Op: verbs.OpRecv, Len: t.n}, &p.rq, 1, fp)
 	}
 	q.completeSendLocked(t, verbs.StatusSuccess, fq)
 }

@@ -94,90 +94,77 @@ func (s *suite) testCloseFlushesRecvs(t *testing.T) {
 	_ = pr.b.qp.Close() // must not panic
 }
 
-// testArmWait: Wait wakes for a completion after Arm; Close unblocks it.
-func (s *suite) testArmWait(t *testing.T) {
+// testNotify: notify is called once per Arm, for a completion that comes
+// after it; never without an Arm or after Disarm; Arm fails after Close.
+// The negative checks are deterministic: a completion polled while unarmed
+// is followed by an armed one, whose notification must be the only one.
+func (s *suite) testNotify(t *testing.T) {
 	t.Run("Wake", func(t *testing.T) {
+		pr := s.newPair(t, defaultConfig)
+		rbuf := pr.alloc(pr.b, 64*4, localWrite)
+		for i := range 4 {
+			pr.postRecv(pr.b, rbuf, i, 64)
+		}
+		b := bellOf(pr.b.cq)
+		send := func(id uint64) {
+			pr.postSend(pr.a, verbs.SendWR{ID: id, Op: verbs.OpSend, Inline: []byte{byte(id)}, Signaled: true})
+			expectOK(t, pr.one(pr.a.cq), verbs.OpSend, id)
+		}
+		// Unarmed: the completion comes, no notification.
+		send(1)
+		expectOK(t, pr.spin(pr.b.cq), verbs.OpRecv, 0)
+		// Armed, then disarmed: no notification either.
+		if err := pr.b.cq.Arm(); err != nil {
+			t.Fatalf("Arm: %v", err)
+		}
+		pr.b.cq.Disarm()
+		send(2)
+		expectOK(t, pr.spin(pr.b.cq), verbs.OpRecv, 1)
+		// Armed: one notification for two completions.
+		if err := pr.b.cq.Arm(); err != nil {
+			t.Fatalf("Arm: %v", err)
+		}
+		if n, err := pr.b.cq.Poll(make([]verbs.Completion, 1)); n != 0 || err != nil {
+			t.Fatalf("Poll after Arm with nothing sent: %d, %v", n, err)
+		}
+		send(3)
+		send(4)
+		pr.ring(b)
+		wc, err := pollN(pr.ctx, pr.b.cq, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectOK(t, wc[0], verbs.OpRecv, 2)
+		expectOK(t, wc[1], verbs.OpRecv, 3)
+		if n := b.n.Load(); n != 1 {
+			t.Errorf("%d notifications, want exactly 1 (one per Arm, none unarmed or disarmed)", n)
+		}
+	})
+
+	t.Run("LocalCompletion", func(t *testing.T) {
 		pr := s.newPair(t, defaultConfig)
 		rbuf := pr.alloc(pr.b, 64, localWrite)
 		pr.postRecv(pr.b, rbuf, 0, 64)
-		ready := make(chan struct{})
-		done := make(chan []verbs.Completion, 1)
-		go func() {
-			defer close(done)
-			var wc [1]verbs.Completion
-			if err := pr.b.cq.Arm(); err != nil {
-				pr.fail("Arm: %v", err)
-				return
-			}
-			if n, err := pr.b.cq.Poll(wc[:]); n != 0 || err != nil {
-				pr.fail("Poll before anything was sent: %d, %v", n, err)
-				return
-			}
-			close(ready)
-			if err := pr.b.cq.Wait(); err != nil {
-				pr.fail("Wait: %v", err)
-				return
-			}
-			got, err := pollN(pr.ctx, pr.b.cq, 1) // tolerates a spurious wake-up
-			if err != nil {
-				pr.fail("after Wait: %v", err)
-				return
-			}
-			done <- got
-		}()
-		select {
-		case <-ready:
-		case <-pr.ctx.Done():
-			t.Fatal("waiter did not start")
+		b := bellOf(pr.a.cq)
+		if err := pr.a.cq.Arm(); err != nil {
+			t.Fatalf("Arm: %v", err)
 		}
-		pr.postSend(pr.a, verbs.SendWR{ID: 9, Op: verbs.OpSend, Inline: []byte{}, Signaled: true})
-		select {
-		case wc := <-done:
-			if len(wc) == 1 {
-				expectOK(t, wc[0], verbs.OpRecv, 0)
-			}
-		case <-pr.ctx.Done():
-			t.Fatal("Wait did not wake up for a completion")
-		}
+		pr.postSend(pr.a, verbs.SendWR{ID: 5, Op: verbs.OpSend, Inline: []byte{5}, Signaled: true})
+		pr.ring(b)
+		expectOK(t, pr.one(pr.a.cq), verbs.OpSend, 5)
 	})
 
 	t.Run("Close", func(t *testing.T) {
 		dev := s.openDevice(t)
-		cq, err := dev.NewCQ(16)
+		cq, err := newCQ(dev, 16)
 		if err != nil {
 			t.Fatalf("NewCQ: %v", err)
 		}
-		started := make(chan struct{})
-		errc := make(chan error, 1)
-		go func() {
-			if err := cq.Arm(); err != nil {
-				errc <- err
-				return
-			}
-			close(started)
-			for {
-				if err := cq.Wait(); err != nil {
-					errc <- err
-					return
-				}
-			}
-		}()
-		select {
-		case <-started:
-		case err := <-errc:
+		if err := cq.Arm(); err != nil {
 			t.Fatalf("Arm: %v", err)
 		}
-		time.Sleep(10 * time.Millisecond) // most likely parked in Wait by now; either way must work
 		if err := cq.Close(); err != nil {
 			t.Fatalf("CQ.Close: %v", err)
-		}
-		select {
-		case err := <-errc:
-			if !errors.Is(err, verbs.ErrClosed) {
-				t.Errorf("Wait after Close: %v, want ErrClosed", err)
-			}
-		case <-time.After(Timeout):
-			t.Fatal("CQ.Close did not unblock Wait")
 		}
 		if _, err := cq.Poll(make([]verbs.Completion, 1)); !errors.Is(err, verbs.ErrClosed) {
 			t.Errorf("Poll after Close: %v, want ErrClosed", err)
@@ -185,170 +172,8 @@ func (s *suite) testArmWait(t *testing.T) {
 		if err := cq.Arm(); !errors.Is(err, verbs.ErrClosed) {
 			t.Errorf("Arm after Close: %v, want ErrClosed", err)
 		}
-		if err := cq.Wait(); !errors.Is(err, verbs.ErrClosed) {
-			t.Errorf("Wait after Close: %v, want ErrClosed", err)
-		}
+		cq.Disarm()     // must not panic
 		_ = cq.Close() // must not panic
-	})
-}
-
-// testDirectWait: for a CQ with a second notification (verbs.DirectWaiter),
-// a completion wakes the waiter whose notification was armed last, while
-// the other stays parked; WakeDirect and Close unblock WaitDirect.
-func (s *suite) testDirectWait(t *testing.T) {
-	probe := s.openDevice(t)
-	cq, err := probe.NewCQ(16)
-	if err != nil {
-		t.Fatalf("NewCQ: %v", err)
-	}
-	_, ok := cq.(verbs.DirectWaiter)
-	_ = cq.Close()
-	if !ok {
-		t.Skip("the provider's CQ has no direct notification")
-	}
-	t.Run("Route", func(t *testing.T) {
-		pr := s.newPair(t, defaultConfig)
-		dw := pr.b.cq.(verbs.DirectWaiter)
-		rbuf := pr.alloc(pr.b, 2*64, localWrite)
-		pr.postRecv(pr.b, rbuf, 0, 64)
-		pr.postRecv(pr.b, rbuf, 1, 64)
-		waitc, directc := make(chan error, 64), make(chan error, 64)
-		go func() {
-			for {
-				err := pr.b.cq.Wait()
-				waitc <- err
-				if err != nil {
-					return
-				}
-			}
-		}()
-		go func() {
-			for {
-				err := dw.WaitDirect()
-				directc <- err
-				if err != nil {
-					return
-				}
-			}
-		}()
-		// directWoke expects the direct waiter to return, or fails with why.
-		directWoke := func(why string) {
-			t.Helper()
-			select {
-			case err := <-directc:
-				if err != nil {
-					t.Fatalf("WaitDirect: %v", err)
-				}
-			case <-pr.ctx.Done():
-				t.Fatal(why)
-			}
-		}
-		// Arm, then ArmDirect: the direct waiter gets the next one.
-		if err := pr.b.cq.Arm(); err != nil {
-			t.Fatalf("Arm: %v", err)
-		}
-		if err := dw.ArmDirect(); err != nil {
-			t.Fatalf("ArmDirect: %v", err)
-		}
-		pr.postSend(pr.a, verbs.SendWR{ID: 1, Op: verbs.OpSend, Inline: []byte{1}})
-		directWoke("WaitDirect did not wake up for a completion after ArmDirect")
-		if _, err := pollN(pr.ctx, pr.b.cq, 1); err != nil {
-			t.Fatal(err)
-		}
-		// ArmDirect, then Arm: Wait gets it.
-		for len(waitc) > 0 { // spurious wake-ups so far
-			if err := <-waitc; err != nil {
-				t.Fatalf("Wait: %v", err)
-			}
-		}
-		if err := dw.ArmDirect(); err != nil {
-			t.Fatalf("ArmDirect: %v", err)
-		}
-		if err := pr.b.cq.Arm(); err != nil {
-			t.Fatalf("Arm: %v", err)
-		}
-		pr.postSend(pr.a, verbs.SendWR{ID: 2, Op: verbs.OpSend, Inline: []byte{2}})
-		for woke := false; !woke; { // tolerates spurious wake-ups of either
-			select {
-			case err := <-waitc:
-				if err != nil {
-					t.Fatalf("Wait: %v", err)
-				}
-				woke = true
-			case err := <-directc:
-				if err != nil {
-					t.Fatalf("WaitDirect: %v", err)
-				}
-			case <-pr.ctx.Done():
-				t.Fatal("Wait did not wake up for a completion after Arm")
-			}
-		}
-		if _, err := pollN(pr.ctx, pr.b.cq, 1); err != nil {
-			t.Fatal(err)
-		}
-		// WakeDirect wakes the direct waiter without a completion.
-		dw.WakeDirect()
-		directWoke("WakeDirect did not wake WaitDirect")
-		// A WakeDirect is used up by the WaitDirect it woke: after it, a
-		// completion armed for still wakes the direct waiter, and a
-		// WakeDirect before WaitDirect is not lost.
-		for range 3 {
-			dw.WakeDirect()
-			directWoke("WakeDirect did not wake WaitDirect")
-		}
-		for len(directc) > 0 { // spurious wake-ups so far
-			if err := <-directc; err != nil {
-				t.Fatalf("WaitDirect: %v", err)
-			}
-		}
-		pr.postRecv(pr.b, rbuf, 0, 64)
-		if err := dw.ArmDirect(); err != nil {
-			t.Fatalf("ArmDirect: %v", err)
-		}
-		pr.postSend(pr.a, verbs.SendWR{ID: 3, Op: verbs.OpSend, Inline: []byte{3}})
-		directWoke("WaitDirect did not wake up for a completion after WakeDirects")
-		if _, err := pollN(pr.ctx, pr.b.cq, 1); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Run("Close", func(t *testing.T) {
-		dev := s.openDevice(t)
-		cq, err := dev.NewCQ(16)
-		if err != nil {
-			t.Fatalf("NewCQ: %v", err)
-		}
-		dw := cq.(verbs.DirectWaiter)
-		if err := dw.ArmDirect(); err != nil {
-			t.Fatalf("ArmDirect: %v", err)
-		}
-		errc := make(chan error, 1)
-		go func() {
-			for {
-				if err := dw.WaitDirect(); err != nil {
-					errc <- err
-					return
-				}
-			}
-		}()
-		time.Sleep(10 * time.Millisecond) // most likely parked by now; either way must work
-		if err := cq.Close(); err != nil {
-			t.Fatalf("CQ.Close: %v", err)
-		}
-		select {
-		case err := <-errc:
-			if !errors.Is(err, verbs.ErrClosed) {
-				t.Errorf("WaitDirect after Close: %v, want ErrClosed", err)
-			}
-		case <-time.After(Timeout):
-			t.Fatal("CQ.Close did not unblock WaitDirect")
-		}
-		if err := dw.ArmDirect(); !errors.Is(err, verbs.ErrClosed) {
-			t.Errorf("ArmDirect after Close: %v, want ErrClosed", err)
-		}
-		if err := dw.WaitDirect(); !errors.Is(err, verbs.ErrClosed) {
-			t.Errorf("WaitDirect after Close: %v, want ErrClosed", err)
-		}
-		dw.WakeDirect() // must not panic
 	})
 }
 
@@ -501,7 +326,7 @@ func (s *suite) testLimits(t *testing.T) {
 
 	t.Run("GarbageInfo", func(t *testing.T) {
 		dev := s.openDevice(t)
-		cq, err := dev.NewCQ(64)
+		cq, err := newCQ(dev, 64)
 		if err != nil {
 			t.Fatalf("NewCQ: %v", err)
 		}
