@@ -22,11 +22,10 @@ type deadline struct {
 	cancel chan struct{}                 // closed when the deadline passes; replaced under mu
 	cur    atomic.Pointer[chan struct{}] // &cancel's current value, for the lock-free readers
 	passed atomic.Bool                   // cancel is closed (or about to be)
-	expire func()                        // called after cancel is closed, for waiters not on the channel
 }
 
-func newDeadline(expire func()) *deadline {
-	d := &deadline{expire: expire}
+func newDeadline() *deadline {
+	d := &deadline{}
 	d.replace()
 	return d
 }
@@ -64,14 +63,12 @@ func (d *deadline) set(t time.Time) {
 		d.timer = time.AfterFunc(dur, func() {
 			d.passed.Store(true)
 			close(ch)
-			d.expire()
 		})
 		return
 	}
 	if !closed {
 		d.passed.Store(true)
 		close(d.cancel)
-		d.expire()
 	}
 }
 

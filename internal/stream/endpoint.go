@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/ring"
@@ -45,10 +46,11 @@ type Endpoint struct {
 	dev   verbs.Device
 	cq    verbs.CQ
 	qp    verbs.QP
-	ring  verbs.MR     // our receive ring: the peer writes into it
-	slots verbs.MR     // receive buffers for state messages
-	owned bool         // resources not yet handed to a Conn
-	rwr   verbs.RecvWR // reused by postSlot (callers serialise): no allocation per post
+	ring  verbs.MR             // our receive ring: the peer writes into it
+	slots verbs.MR             // receive buffers for state messages
+	owned bool                 // resources not yet handed to a Conn
+	rwr   verbs.RecvWR         // reused by postSlot (callers serialise): no allocation per post
+	conn  atomic.Pointer[Conn] // the Conn the CQ's notifications go to, once started
 }
 
 // NewEndpoint opens a device from p and prepares a queue pair, the receive
@@ -74,7 +76,7 @@ func NewEndpoint(p verbs.Provider, oo verbs.OpenOptions, opts Options) (_ *Endpo
 	}
 	// Send completions (at most SendDepth) and receive completions (at most
 	// Credits) share the queue.
-	if e.cq, err = e.dev.NewCQ(opts.SendDepth + opts.Credits); err != nil {
+	if e.cq, err = e.dev.NewCQ(opts.SendDepth+opts.Credits, e.notify); err != nil {
 		return nil, fmt.Errorf("stream: completion queue: %w", err)
 	}
 	if e.ring, err = e.dev.AllocMR(opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
@@ -92,6 +94,14 @@ func NewEndpoint(p verbs.Provider, oo verbs.OpenOptions, opts Options) (_ *Endpo
 		}
 	}
 	return e, nil
+}
+
+// notify is the CQ's notification: it goes to the Conn once started
+// (nothing arms the CQ before).
+func (e *Endpoint) notify() {
+	if c := e.conn.Load(); c != nil {
+		c.notify()
+	}
 }
 
 // postSlot posts receive buffer i. Callers serialise (setup, then under the

@@ -52,7 +52,7 @@ func (c *Conn) progressLocked() bool {
 		for i := range c.wcs[:n] {
 			wc := &c.wcs[i]
 			switch wc.Op {
-			case verbs.OpRecv, verbs.OpRecvImm:
+			case verbs.OpRecv:
 				r, w := c.handleRecvLocked(wc)
 				rd, wr = rd || r, wr || w
 			default:
@@ -69,11 +69,13 @@ func (c *Conn) progressLocked() bool {
 	if n > 0 {
 		c.flushLocked()
 	}
-	if rd {
-		c.wakeLocked(dirRead)
-	}
-	if wr {
-		c.wakeLocked(dirWrite)
+	switch {
+	case rd && wr:
+		c.wakeLocked(evRead | evWrite)
+	case rd:
+		c.wakeLocked(evRead)
+	case wr:
+		c.wakeLocked(evWrite)
 	}
 	return n > 0
 }
@@ -87,12 +89,6 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) (rd, wr bool) {
 		if !c.closed {
 			c.suspectLocked(reset("receive failed", err))
 		}
-		return true, true
-	}
-	if wc.Op != verbs.OpRecv {
-		// Notifications are SENDs; the protocol never uses WRITE with
-		// immediate, and a peer that does breaks it.
-		c.failLocked(reset("peer broke the protocol", fmt.Errorf("%w: %v instead of a SEND", ring.ErrProtocol, wc.Op)))
 		return true, true
 	}
 	slot := int(wc.ID)
@@ -140,7 +136,7 @@ func (c *Conn) handleSendLocked(wc *verbs.Completion) bool {
 		c.sqDone = wc.ID
 	}
 	if c.closeSig != 0 && c.sqDone >= c.closeSig {
-		wake(c.closeWake)
+		c.wakeLocked(evClose)
 	}
 	// After the peer's CLOSE it tears its queue pair down: our requests
 	// may fail, and that is its goodbye, not a fault.
@@ -264,9 +260,7 @@ func (c *Conn) failLocked(err error) {
 		err = reset("transport failed", err)
 	}
 	c.err = err
-	c.wakeLocked(dirRead)
-	c.wakeLocked(dirWrite)
-	wake(c.closeWake)
+	c.wakeLocked(evRead | evWrite | evClose)
 	if c.closed {
 		return // Close says goodbye itself
 	}
@@ -278,30 +272,6 @@ func (c *Conn) failLocked(err error) {
 		_ = handshake.Write(c.boot, &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(reason)})
 		_ = c.boot.Close()
 	}(err.Error())
-}
-
-// eventLoop makes progress while no caller does: it parks on the completion
-// queue's notification (the Go netpoller or a channel, never a thread), so
-// credit updates and reposts happen even when the application is busy
-// elsewhere. While a blocked call waits on the queue itself (waitDirect)
-// the notifications go there, and the loop stays parked.
-func (c *Conn) eventLoop() {
-	defer c.loops.Done()
-	cq := c.ep.cq
-	for {
-		c.mu.Lock()
-		err := c.armLocked()
-		if err == nil {
-			c.progressLocked()
-		}
-		c.mu.Unlock()
-		if err != nil {
-			return
-		}
-		if err := cq.Wait(); err != nil {
-			return
-		}
-	}
 }
 
 // watchBootstrap reads the bootstrap connection after the switch. The peer
@@ -331,15 +301,22 @@ func (c *Conn) watchBootstrap() {
 }
 
 // awaitFinalLocked handles the peer's orderly goodbye: it gives the ring
-// messages the peer sent before it a bounded time to arrive, then marks the
-// peer gone so reads end with EOF after the data and writes fail.
+// messages the peer sent before it a bounded time to arrive (waiting as a
+// call does, woken by what reads wait for), then marks the peer gone so
+// reads end with EOF after the data and writes fail. mu is held on entry
+// and on return, released while it waits.
 func (c *Conn) awaitFinalLocked(final uint64) {
-	end := time.Now().Add(goodbyeGrace)
-	for c.st.PeerProd() < final && c.err == nil && !c.closed && time.Now().Before(end) {
-		if !c.progressLocked() {
-			c.mu.Unlock()
-			time.Sleep(time.Millisecond)
-			c.mu.Lock()
+	dl := newDeadline()
+	dl.set(time.Now().Add(goodbyeGrace))
+	defer dl.set(time.Time{})
+	for c.err == nil && !c.closed {
+		drain(c.finE.ch)
+		c.progressLocked()
+		if c.st.PeerProd() >= final || c.err != nil || c.closed {
+			break
+		}
+		if c.wait(c.finE, dl, nil) != nil {
+			break
 		}
 	}
 	if c.closed || c.err != nil {
@@ -350,8 +327,7 @@ func (c *Conn) awaitFinalLocked(final uint64) {
 		return
 	}
 	c.peerGone = true
-	c.wakeLocked(dirRead)
-	c.wakeLocked(dirWrite)
+	c.wakeLocked(evRead | evWrite)
 }
 
 // CloseWrite shuts down the writing side: the peer reads EOF after the data
@@ -360,7 +336,7 @@ func (c *Conn) CloseWrite() error {
 	if err := c.enter(); err != nil {
 		return err
 	}
-	defer c.calls.Done()
+	defer c.exit()
 	// No wrMu: a Write blocked for space must not hold CloseWrite up. A
 	// Write in flight either announced its bytes before the FIN or finds
 	// wrClosed and fails with ErrBrokenPipe.
@@ -386,7 +362,7 @@ func (c *Conn) CloseRead() error {
 	if err := c.enter(); err != nil {
 		return err
 	}
-	defer c.calls.Done()
+	defer c.exit()
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
@@ -399,7 +375,7 @@ func (c *Conn) CloseRead() error {
 		_ = c.st.Consumed(c.st.Readable())
 		c.flushLocked()
 	}
-	c.wakeLocked(dirRead)
+	c.wakeLocked(evRead)
 	c.mu.Unlock()
 	c.dropLease() // a lease no call holds (read.go)
 	return nil
@@ -418,8 +394,6 @@ func (c *Conn) Close() error {
 	c.closed = true
 	c.rdStop.Store(true)
 	close(c.done)
-	c.wakeDirect(dirRead)
-	c.wakeDirect(dirWrite)
 	c.st.SetClose()
 	c.mu.Unlock()
 
@@ -455,31 +429,23 @@ func (c *Conn) Close() error {
 // in the peer's memory before the peer reads our goodbye, then sends the
 // goodbye on the bootstrap connection and closes it.
 func (c *Conn) sayGoodbye() {
-	timer := time.NewTimer(closeAckTimeout)
-	defer timer.Stop()
+	dl := newDeadline()
+	dl.set(time.Now().Add(closeAckTimeout))
+	defer dl.set(time.Time{})
+	c.mu.Lock()
 	for {
-		c.mu.Lock()
+		drain(c.clE.ch)
 		if c.closeSig == 0 && c.err == nil && !c.peerGone {
 			c.sendSignaledLocked(0, true)
 		}
-		done := c.err != nil || c.peerGone || c.st.PeerClosed() || (c.closeSig != 0 && c.sqDone >= c.closeSig)
-		c.mu.Unlock()
-		if done {
+		c.progressLocked()
+		if c.err != nil || c.peerGone || c.st.PeerClosed() || (c.closeSig != 0 && c.sqDone >= c.closeSig) {
 			break
 		}
-		if c.progress() {
-			continue
-		}
-		select {
-		case <-c.closeWake:
-		case <-time.After(time.Millisecond):
-		case <-timer.C:
-			c.mu.Lock()
+		if err := c.wait(c.clE, dl, nil); err != nil {
 			c.failLocked(reset("final message not acknowledged", nil))
-			c.mu.Unlock()
 		}
 	}
-	c.mu.Lock()
 	gb := &handshake.Goodbye{FinalProd: c.st.Prod()}
 	if c.err != nil {
 		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(c.err.Error())}

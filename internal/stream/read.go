@@ -68,13 +68,13 @@ func (c *Conn) Read(b []byte) (int, error) {
 		c.mu.Unlock()
 		return 0, net.ErrClosed
 	}
-	c.calls.Add(1)
-	defer c.calls.Done()
+	c.enterLocked()
+	defer c.exit()
 	for {
 		// What this loop is about to check answers any wake-up sent so far
 		// (they are sent under mu): drop it, or the next wait would return
 		// for nothing.
-		drain(c.rdWake)
+		drain(c.rdE.ch)
 		if c.closed {
 			c.mu.Unlock()
 			return 0, net.ErrClosed
@@ -122,14 +122,14 @@ func (c *Conn) Read(b []byte) (int, error) {
 			c.mu.Unlock()
 			return 0, io.EOF
 		}
-		c.mu.Unlock()
 		if len(b) == 0 {
+			c.mu.Unlock()
 			return 0, nil
 		}
-		if err := c.wait(dirRead); err != nil {
+		if err := c.wait(c.rdE, c.rdDeadline, &c.rdSpin); err != nil {
+			c.mu.Unlock()
 			return 0, err
 		}
-		c.mu.Lock()
 	}
 }
 
@@ -157,6 +157,9 @@ func (c *Conn) readLease(b []byte) (uint64, error) {
 		if c.taken >= report || c.taken == c.lease {
 			c.mu.Lock()
 			err := c.syncLeaseLocked()
+			if !c.lent {
+				c.idleLocked() // a lease that ends arms as a call that leaves
+			}
 			c.mu.Unlock()
 			if err != nil {
 				return done, err
@@ -243,7 +246,7 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	if err := c.enter(); err != nil {
 		return 0, err, nil
 	}
-	defer c.calls.Done()
+	defer c.exit()
 	c.rdMu.Lock()
 	defer c.rdUnlock()
 	mem := c.ep.ring.Bytes()
@@ -257,18 +260,16 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	if err != nil {
 		return 0, err, nil
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for {
-		c.mu.Lock()
-		drain(c.rdWake) // as in Read
+		drain(c.rdE.ch) // as in Read
 		switch {
 		case c.closed:
-			c.mu.Unlock()
 			return n, net.ErrClosed, nil
 		case c.rdClosed:
-			c.mu.Unlock()
 			return n, nil, nil
 		case c.rdDeadline.expired():
-			c.mu.Unlock()
 			return n, os.ErrDeadlineExceeded, nil
 		}
 		if avail := c.st.Readable(); avail > 0 {
@@ -278,7 +279,6 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 			k, werr := writeSegs(w, mem[s1.Off:s1.Off+s1.Len], mem[s2.Off:s2.Off+s2.Len])
 			c.mu.Lock()
 			err := c.returnLentLocked(uint64(k))
-			c.mu.Unlock()
 			n += int64(k)
 			c.stats.BytesRead.Add(uint64(k))
 			switch {
@@ -289,15 +289,13 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 			}
 			continue
 		}
-		eof, err := c.st.EOF() || c.peerGone, c.err
-		c.mu.Unlock()
 		switch {
-		case eof:
+		case c.st.EOF() || c.peerGone:
 			return n, nil, nil
-		case err != nil:
-			return n, err, nil
+		case c.err != nil:
+			return n, c.err, nil
 		}
-		if err := c.wait(dirRead); err != nil {
+		if err := c.wait(c.rdE, c.rdDeadline, &c.rdSpin); err != nil {
 			return n, err, nil
 		}
 	}

@@ -1,0 +1,288 @@
+package stream
+
+import (
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Waiting: one mechanism for every blocked call on every provider.
+//
+// A call that cannot proceed (Read with nothing readable, Write with no
+// room, Close waiting for its final message, the goodbye waiting for the
+// peer's last data) registers an entry, which names the events it waits
+// for, and checks its condition again, both under mu; then it waits on the
+// entry's channel, its deadline and the Conn's close. Whoever changes the
+// state under mu signals the entries whose events happened (wakeLocked).
+// Entries are registered and signalled under mu, so a change either comes
+// before the check (which sees it) or signals the registered entry; the
+// channel has capacity 1 and keeps a signal that comes before its waiter
+// parks. That is the whole argument against lost wake-ups between calls.
+//
+// Completions reach the Conn one way: the completion queue's one-shot
+// notification (verbs.CQ), which calls notify. Its target is one waiting
+// entry, the poller: the first call to park takes the role, arms the queue
+// and polls once more before it parks (a completion that came before the
+// Arm is found by that poll, one after it fires notify: the CQ contract).
+// notify signals the poller's channel, and the poller, woken, polls and
+// signals the entries whose events the completions carried. A poller that
+// leaves hands the role to another parked entry, for which it arms and
+// polls; so while any call is parked, one of them is the poller and the
+// queue is armed for it. A blocked call on a quiet connection is thus
+// woken by the notification itself, one wake-up per message, on every
+// provider.
+//
+// Nothing waits while no call is parked, yet the peer may still need us:
+// our written bytes announced, our FIN sent, its messages' receive buffers
+// posted again. So when the last call leaves (idleLocked), the queue is
+// armed with no poller, and a notification then starts a short-lived
+// goroutine that makes that progress (background). A call that busy-polls
+// disarms the queue first (spin), so that peers do not pay for
+// notifications while it polls; it arms again when it parks or leaves.
+// A Read that leaves bytes lent (read.go) does not arm when we owe the
+// peer nothing: its holder comes back for them, and the peer's data
+// announcements would otherwise each cost a notification in a bulk stream.
+
+// Test hooks: a call about to park (after it became the poller or found
+// one, with mu released), and a poller that has let go of the role and
+// not yet polled (mu held).
+var testHookParking, testHookLeaving atomic.Pointer[func(*Conn)]
+
+// event is what a blocked call waits for.
+type event uint8
+
+const (
+	evRead  event = 1 << iota // bytes readable, EOF, the read side or the peer gone
+	evWrite                   // ring space, credits, send-queue room, the write side ended
+	evClose                   // the final message acknowledged
+)
+
+// entry is one waiting call's place: the events it waits for, its channel
+// (capacity 1), and the channel that ends its waits (the Conn's close; nil
+// for Close's own).
+type entry struct {
+	ev   event
+	ch   chan struct{}
+	stop <-chan struct{}
+}
+
+func newEntry(ev event, stop <-chan struct{}) *entry {
+	return &entry{ev: ev, ch: make(chan struct{}, 1), stop: stop}
+}
+
+// wakeLocked signals every waiting entry that waits for one of ev.
+func (c *Conn) wakeLocked(ev event) {
+	for _, e := range c.waiting {
+		if e.ev&ev != 0 {
+			wake(e.ch)
+		}
+	}
+}
+
+// wait blocks the calling goroutine on e until one of e's events, dl or
+// Close. The caller holds mu, has just checked its condition under it,
+// and has drained e.ch before that check; mu is held again when wait
+// returns (it is released while the call spins or parks). It returns nil
+// when woken (the caller checks its condition again: spurious wake-ups
+// happen), os.ErrDeadlineExceeded or net.ErrClosed. With sc non-nil and
+// BusyPoll set, it first polls the queue for the adaptive window (spin.go).
+func (c *Conn) wait(e *entry, dl *deadline, sc *spinCtl) error {
+	c.waiting = append(c.waiting, e)
+	defer c.leaveLocked(e)
+	start := time.Now()
+	var spun time.Duration
+	if sc != nil && c.opts.BusyPoll > 0 {
+		if w := sc.window(c.opts.BusyPoll); w > 0 {
+			done, err := c.spin(e, dl, w)
+			if done {
+				if err == nil {
+					sc.record(w, time.Since(start), c.opts.BusyPoll)
+				}
+				return err
+			}
+			spun = w
+		}
+	}
+	if c.poller.Load() == nil {
+		c.pollFor(e)
+	}
+	c.mu.Unlock()
+	if h := testHookParking.Load(); h != nil {
+		(*h)(c)
+	}
+	var err error
+	select {
+	case <-e.ch:
+		c.stats.Wakeups.Add(1)
+	case <-dl.wait():
+		err = os.ErrDeadlineExceeded
+	case <-e.stop:
+		err = net.ErrClosed
+	}
+	c.mu.Lock()
+	if err == nil && sc != nil && spun > 0 {
+		sc.record(spun, time.Since(start), c.opts.BusyPoll)
+	}
+	return err
+}
+
+// pollFor makes e the poller: the queue's notification goes to e, and
+// completions that came before are handled now. mu is held.
+func (c *Conn) pollFor(e *entry) {
+	c.poller.Store(e)
+	if c.armLocked() {
+		c.progressLocked()
+	}
+}
+
+// leaveLocked removes e from the waiting entries. A poller handles what
+// woke it, and hands the role to another waiting entry, or arms the queue
+// for background progress if it was the last (idleLocked).
+func (c *Conn) leaveLocked(e *entry) {
+	for i, w := range c.waiting {
+		if w == e {
+			c.waiting = append(c.waiting[:i], c.waiting[i+1:]...)
+			break
+		}
+	}
+	if c.poller.Load() != e {
+		return
+	}
+	c.poller.Store(nil)
+	if h := testHookLeaving.Load(); h != nil {
+		(*h)(c)
+	}
+	c.progressLocked()
+	if len(c.waiting) > 0 {
+		c.pollFor(c.waiting[0])
+		return
+	}
+	c.idleLocked()
+}
+
+// armLocked arms the queue's notification; a failure fails the Conn and
+// reports false.
+func (c *Conn) armLocked() bool {
+	if c.closed || c.err != nil {
+		return false
+	}
+	if err := c.ep.cq.Arm(); err != nil {
+		c.failLocked(reset("arming the completion queue", err))
+		return false
+	}
+	return true
+}
+
+// idleLocked arms the queue for background progress once no call is in
+// the Conn, no entry waits, and no lent bytes will bring a Read back (unless
+// we owe the peer something); then it polls for what came before the arm.
+func (c *Conn) idleLocked() {
+	if c.active.Load() > 0 || len(c.waiting) > 0 || c.closed || c.err != nil {
+		return
+	}
+	if !c.lent || c.owesPeerLocked() {
+		c.armLocked()
+	}
+	c.progressLocked()
+}
+
+// owesPeerLocked reports whether we hold something the peer waits for.
+func (c *Conn) owesPeerLocked() bool {
+	return c.st.Unannounced() > 0 || c.st.FINPending() || c.st.NeedUpdate()
+}
+
+// notify is the completion queue's notification (verbs.CQ): it wakes the
+// poller, or starts background progress if no entry waits and no call is
+// in the Conn (a call polls when it parks or leaves, which handles what the
+// notification was for). It does not block and takes no lock.
+func (c *Conn) notify() {
+	c.stats.Notifications.Add(1)
+	if e := c.poller.Load(); e != nil {
+		wake(e.ch)
+		return
+	}
+	if c.active.Load() == 0 && c.bgRun.CompareAndSwap(false, true) {
+		c.stats.Background.Add(1)
+		go c.background()
+	}
+}
+
+// background makes the progress a notification asked for while no call
+// waited, and arms the queue again if the Conn is still idle.
+func (c *Conn) background() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bgRun.Store(false) // before the poll: a later notification starts another
+	if c.closed || c.poller.Load() != nil {
+		return // the poller handles it (leaveLocked polls)
+	}
+	c.progressLocked()
+	c.idleLocked()
+}
+
+// enterLocked counts a call in the Conn; exitLocked uncounts it, and arms
+// for background progress when it was the last (idleLocked).
+func (c *Conn) enterLocked() { c.active.Add(1); c.calls.Add(1) }
+
+func (c *Conn) exitLocked() {
+	c.active.Add(-1)
+	c.idleLocked()
+	c.calls.Done()
+}
+
+// exit is exitLocked for a call that does not hold mu.
+func (c *Conn) exit() {
+	c.mu.Lock()
+	c.exitLocked()
+	c.mu.Unlock()
+}
+
+// spin polls the completion queue for up to w while e waits. It reports
+// done when e was signalled (or the deadline passed, or the Conn closed).
+// While it spins with no poller, the queue is disarmed, so the peer pays
+// no notification (shm: no eventfd write); whoever parks or leaves next
+// arms it again. mu is held on entry and on return, not while polling.
+func (c *Conn) spin(e *entry, dl *deadline, w time.Duration) (done bool, err error) {
+	if c.poller.Load() == nil {
+		c.ep.cq.Disarm()
+	}
+	c.mu.Unlock()
+	defer c.mu.Lock()
+	end := time.Now().Add(w)
+	for i := 1; ; i++ {
+		select {
+		case <-e.ch:
+			c.stats.SpinHits.Add(1)
+			return true, nil
+		default:
+		}
+		// Ask the queue before taking mu: a spinner that took it on every
+		// turn would contend with the goroutine writing on this Conn
+		// (measured: a quarter of a net/http server's transport time in
+		// mutex hand-offs).
+		if c.peek == nil || c.peek.Pending() {
+			c.progress()
+		}
+		if i%64 != 0 { // the clock and the deadline cost more than a poll
+			continue
+		}
+		// Let another runnable thread (often the peer process we wait for)
+		// have this core: spinning on an oversubscribed machine otherwise
+		// holds up the very peer it waits for. (runtime.Gosched here
+		// measured twice the round trip: it moves the spinner between
+		// threads.)
+		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		if dl.expired() {
+			return true, os.ErrDeadlineExceeded
+		}
+		if isClosed(e.stop) {
+			return true, net.ErrClosed
+		}
+		if time.Now().After(end) {
+			return false, nil
+		}
+	}
+}
