@@ -3,24 +3,11 @@ package stream
 import (
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"syscall"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/ring"
 	"github.com/rdmanet/rdmanet/internal/verbs"
-)
-
-// Bounds on the orderly close.
-const (
-	// closeAckTimeout bounds how long Close waits for the final message to
-	// be acknowledged before it says goodbye on the bootstrap connection.
-	closeAckTimeout = time.Second
-	// goodbyeGrace bounds how long, after the peer's goodbye, we wait for
-	// the ring messages it promised (its final producer cursor).
-	goodbyeGrace = time.Second
 )
 
 // progress polls the completion queue once and handles what it finds. It
@@ -43,7 +30,7 @@ func (c *Conn) progressLocked() bool {
 	for {
 		n, err := c.ep.cq.Poll(c.wcs[:])
 		if err != nil {
-			if !c.closed {
+			if c.life < lifeClosing {
 				c.failLocked(reset("polling completions", err))
 			}
 			return true
@@ -86,7 +73,7 @@ func (c *Conn) progressLocked() bool {
 // its wait for nothing.
 func (c *Conn) handleRecvLocked(wc *verbs.Completion) (rd, wr bool) {
 	if err := wc.Err(); err != nil {
-		if !c.closed {
+		if c.life < lifeClosing {
 			c.suspectLocked(reset("receive failed", err))
 		}
 		return true, true
@@ -108,7 +95,7 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) (rd, wr bool) {
 		return true, true
 	}
 	c.stats.MsgsRecv.Add(1)
-	if c.closed || c.err != nil {
+	if c.life >= lifeClosing || c.err != nil {
 		return true, true
 	}
 	if err := c.ep.postSlot(slot); err != nil {
@@ -118,7 +105,7 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) (rd, wr bool) {
 	if err := c.st.Reposted(); err != nil {
 		c.failLocked(err)
 	}
-	if c.rdClosed && !c.lent {
+	if c.rd.shut && !c.rd.lent {
 		// Nobody will read: consume and discard so the peer is not stalled
 		// (bytes lent to a Read or CopyTo are discarded when it is done).
 		_ = c.st.Consumed(c.st.Readable())
@@ -140,7 +127,7 @@ func (c *Conn) handleSendLocked(wc *verbs.Completion) bool {
 	}
 	// After the peer's CLOSE it tears its queue pair down: our requests
 	// may fail, and that is its goodbye, not a fault.
-	if err := wc.Err(); err != nil && !c.closed {
+	if err := wc.Err(); err != nil && c.life < lifeClosing {
 		c.suspectLocked(reset("send failed", err))
 	}
 	return true
@@ -179,7 +166,7 @@ func (c *Conn) sendLocked(extra ring.Flags) bool {
 func (c *Conn) sendSignaledLocked(extra ring.Flags, signal bool) bool {
 	// Nothing goes to a peer that closed: it reads no more and is tearing
 	// its queue pair down.
-	if c.err != nil || c.peerGone || c.st.PeerClosed() || !c.st.CanSendControl() || c.sqFreeLocked() <= 0 {
+	if c.err != nil || c.life == lifePeerGone || c.st.PeerClosed() || !c.st.CanSendControl() || c.sqFreeLocked() <= 0 {
 		return false
 	}
 	m, err := c.st.Next(extra)
@@ -187,14 +174,14 @@ func (c *Conn) sendSignaledLocked(extra ring.Flags, signal bool) bool {
 		return false
 	}
 	m.Marshal(c.msgBuf[:])
-	c.wr = verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:]}
-	if err := c.postLocked(&c.wr, signal); err != nil {
+	c.swr = verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:]}
+	if err := c.postLocked(&c.swr, signal); err != nil {
 		c.suspectLocked(reset("posting a state message", err))
 		return false
 	}
 	c.stats.MsgsSent.Add(1)
 	if signal {
-		c.closeSig = c.wr.ID
+		c.closeSig = c.swr.ID
 	}
 	return true
 }
@@ -205,7 +192,7 @@ func (c *Conn) flushLocked() {
 	switch {
 	case c.st.Unannounced() > 0 && c.st.CanSendData():
 		c.sendLocked(0)
-	case c.st.FINPending() && c.st.CanSendControl() && !c.closed:
+	case c.st.FINPending() && c.st.CanSendControl() && c.life < lifeClosing:
 		c.sendLocked(0)
 	case c.st.NeedUpdate():
 		c.sendLocked(0)
@@ -225,7 +212,7 @@ const suspectGrace = 250 * time.Millisecond
 // benign. A peer that died is still caught at once by the bootstrap
 // connection, and protocol violations fail at once.
 func (c *Conn) suspectLocked(err error) {
-	if c.err != nil || c.closed || c.peerGone || c.st.PeerClosed() || c.suspect != nil {
+	if c.err != nil || c.life >= lifeClosing || c.life == lifePeerGone || c.st.PeerClosed() || c.suspect != nil {
 		return
 	}
 	c.suspect = err
@@ -239,11 +226,11 @@ func (c *Conn) judge() {
 	defer c.loops.Done()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || c.err != nil {
+	if c.life >= lifeClosing || c.err != nil {
 		return
 	}
 	c.progressLocked()
-	if c.peerGone || c.st.PeerClosed() {
+	if c.life == lifePeerGone || c.st.PeerClosed() {
 		return
 	}
 	c.failLocked(c.suspect)
@@ -261,7 +248,7 @@ func (c *Conn) failLocked(err error) {
 	}
 	c.err = err
 	c.wakeLocked(evRead | evWrite | evClose)
-	if c.closed {
+	if c.life >= lifeClosing {
 		return // Close says goodbye itself
 	}
 	c.loops.Add(1)
@@ -272,199 +259,4 @@ func (c *Conn) failLocked(err error) {
 		_ = handshake.Write(c.boot, &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(reason)})
 		_ = c.boot.Close()
 	}(err.Error())
-}
-
-// watchBootstrap reads the bootstrap connection after the switch. The peer
-// sends one Goodbye there before closing it; end of stream without one
-// means the peer process died.
-func (c *Conn) watchBootstrap() {
-	defer c.loops.Done()
-	msg, err := handshake.Read(c.boot)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return
-	}
-	g, ok := msg.(*handshake.Goodbye)
-	switch {
-	case err == nil && ok && g.Abort:
-		c.failLocked(reset("peer aborted: "+g.Reason, nil))
-	case err == nil && ok:
-		c.awaitFinalLocked(g.FinalProd)
-	case err == nil:
-		c.failLocked(reset("unexpected bootstrap message", fmt.Errorf("%v", msg.Type())))
-	case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET):
-		c.failLocked(reset("peer vanished (bootstrap connection closed without goodbye)", err))
-	default:
-		c.failLocked(reset("bootstrap connection failed", err))
-	}
-}
-
-// awaitFinalLocked handles the peer's orderly goodbye: it gives the ring
-// messages the peer sent before it a bounded time to arrive (waiting as a
-// call does, woken by what reads wait for), then marks the peer gone so
-// reads end with EOF after the data and writes fail. mu is held on entry
-// and on return, released while it waits.
-func (c *Conn) awaitFinalLocked(final uint64) {
-	dl := newDeadline()
-	dl.set(time.Now().Add(goodbyeGrace))
-	defer dl.set(time.Time{})
-	for c.err == nil && !c.closed {
-		drain(c.finE.ch)
-		c.progressLocked()
-		if c.st.PeerProd() >= final || c.err != nil || c.closed {
-			break
-		}
-		if c.wait(c.finE, dl, nil) != nil {
-			break
-		}
-	}
-	if c.closed || c.err != nil {
-		return
-	}
-	if c.st.PeerProd() != final {
-		c.failLocked(reset("peer's goodbye does not match the data it sent", fmt.Errorf("have %d bytes, goodbye says %d", c.st.PeerProd(), final)))
-		return
-	}
-	c.peerGone = true
-	c.wakeLocked(evRead | evWrite)
-}
-
-// CloseWrite shuts down the writing side: the peer reads EOF after the data
-// already written; later Writes fail with ErrBrokenPipe.
-func (c *Conn) CloseWrite() error {
-	if err := c.enter(); err != nil {
-		return err
-	}
-	defer c.exit()
-	// No wrMu: a Write blocked for space must not hold CloseWrite up. A
-	// Write in flight either announced its bytes before the FIN or finds
-	// wrClosed and fails with ErrBrokenPipe.
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		return c.err
-	}
-	if c.wrClosed {
-		return nil
-	}
-	c.wrClosed = true
-	c.st.SetFIN()
-	// Without a credit now, the FIN stays pending and flushLocked sends it
-	// when the credit update that frees one arrives.
-	c.sendLocked(0)
-	return nil
-}
-
-// CloseRead shuts down the reading side: Reads return io.EOF, and data
-// that arrives is discarded.
-func (c *Conn) CloseRead() error {
-	if err := c.enter(); err != nil {
-		return err
-	}
-	defer c.exit()
-	c.mu.Lock()
-	if c.err != nil {
-		err := c.err
-		c.mu.Unlock()
-		return err
-	}
-	c.rdClosed = true
-	c.rdStop.Store(true)
-	if !c.lent { // else their holder discards them (returnLentLocked, dropLease)
-		_ = c.st.Consumed(c.st.Readable())
-		c.flushLocked()
-	}
-	c.wakeLocked(evRead)
-	c.mu.Unlock()
-	c.dropLease() // a lease no call holds (read.go)
-	return nil
-}
-
-// Close closes the Conn: blocked calls return net.ErrClosed, the peer reads
-// EOF after everything written, and the queue pair and memory are released
-// once in-flight calls have returned and flushed completions drained. A
-// second Close returns net.ErrClosed.
-func (c *Conn) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return net.ErrClosed
-	}
-	c.closed = true
-	c.rdStop.Store(true)
-	close(c.done)
-	c.st.SetClose()
-	c.mu.Unlock()
-
-	// Calls blocked in wait return at once; a call in the middle of a copy
-	// finishes it. Only then may memory go away.
-	c.calls.Wait()
-	// Reads from a lease are not among the calls (read.go): one may still
-	// be copying out of the ring; later ones see rdStop.
-	// Taking rdMu waits for such a Read: an empty critical section.
-	c.rdMu.Lock()
-	//lint:ignore SA2001 the empty critical section is the barrier
-	c.rdMu.Unlock()
-	c.sayGoodbye()
-
-	// Release: the QP first (outstanding work flushes), drain, then the
-	// completion queue (which stops the event loop), then the memory.
-	_ = c.ep.qp.Close()
-	c.drain()
-	_ = c.ep.cq.Close()
-	c.loops.Wait()
-	if c.stage != nil {
-		_ = c.stage.Close()
-	}
-	for _, mr := range []verbs.MR{c.ep.ring, c.ep.slots} {
-		_ = mr.Close()
-	}
-	_ = c.ep.dev.Close()
-	return nil
-}
-
-// sayGoodbye sends the final state message (FIN and CLOSE with our final
-// producer cursor), waits a bounded time for it to be acknowledged, so it is
-// in the peer's memory before the peer reads our goodbye, then sends the
-// goodbye on the bootstrap connection and closes it.
-func (c *Conn) sayGoodbye() {
-	dl := newDeadline()
-	dl.set(time.Now().Add(closeAckTimeout))
-	defer dl.set(time.Time{})
-	c.mu.Lock()
-	for {
-		drain(c.clE.ch)
-		if c.closeSig == 0 && c.err == nil && !c.peerGone {
-			c.sendSignaledLocked(0, true)
-		}
-		c.progressLocked()
-		if c.err != nil || c.peerGone || c.st.PeerClosed() || (c.closeSig != 0 && c.sqDone >= c.closeSig) {
-			break
-		}
-		if err := c.wait(c.clE, dl, nil); err != nil {
-			c.failLocked(reset("final message not acknowledged", nil))
-		}
-	}
-	gb := &handshake.Goodbye{FinalProd: c.st.Prod()}
-	if c.err != nil {
-		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(c.err.Error())}
-	}
-	c.mu.Unlock()
-	_ = c.boot.SetWriteDeadline(time.Now().Add(closeAckTimeout))
-	_ = handshake.Write(c.boot, gb)
-	_ = c.boot.Close()
-}
-
-// drain polls flushed completions for a bounded time after the QP closed.
-func (c *Conn) drain() {
-	end := time.Now().Add(100 * time.Millisecond)
-	for time.Now().Before(end) {
-		c.mu.Lock()
-		n, err := c.ep.cq.Poll(c.wcs[:])
-		c.mu.Unlock()
-		if err != nil || n == 0 {
-			return
-		}
-	}
 }

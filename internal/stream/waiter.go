@@ -166,7 +166,7 @@ func (c *Conn) leaveLocked(e *entry) {
 // armLocked arms the queue's notification; a failure fails the Conn and
 // reports false.
 func (c *Conn) armLocked() bool {
-	if c.closed || c.err != nil {
+	if c.life >= lifeClosing || c.err != nil {
 		return false
 	}
 	if err := c.ep.cq.Arm(); err != nil {
@@ -180,10 +180,10 @@ func (c *Conn) armLocked() bool {
 // the Conn, no entry waits, and no lent bytes will bring a Read back (unless
 // we owe the peer something); then it polls for what came before the arm.
 func (c *Conn) idleLocked() {
-	if c.active.Load() > 0 || len(c.waiting) > 0 || c.closed || c.err != nil {
+	if c.active.Load() > 0 || len(c.waiting) > 0 || c.life >= lifeClosing || c.err != nil {
 		return
 	}
-	if !c.lent || c.owesPeerLocked() {
+	if !c.rd.lent || c.owesPeerLocked() {
 		c.armLocked()
 	}
 	c.progressLocked()
@@ -216,7 +216,7 @@ func (c *Conn) background() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.bgRun.Store(false) // before the poll: a later notification starts another
-	if c.closed || c.poller.Load() != nil {
+	if c.life >= lifeClosing || c.poller.Load() != nil {
 		return // the poller handles it (leaveLocked polls)
 	}
 	c.progressLocked()

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
+	"sync/atomic"
 )
 
 // Reading and the read lease.
@@ -42,10 +44,23 @@ import (
 // atomics the lease saves); it sets rdStop, then takes and drops rdMu
 // after the registered calls returned, so a lease Read still copying
 // finishes before the ring is unmapped and a later one sees rdStop.
-type rdLease struct {
+type recvHalf struct {
+	mu   sync.Mutex // serialises Reads and CopyTo
+	e    *entry
+	dl   *deadline
+	spin spinCtl     // guarded by mu
+	stop atomic.Bool // Close or CloseRead was called: no more Reads from a lease; set under Conn.mu
+	shut bool        // CloseRead was called; guarded by Conn.mu
+	lent bool        // readable bytes are lent outside Conn.mu (a lease, a CopyTo piece): CloseRead leaves them to their holder; guarded by Conn.mu
+
 	base  uint64 // consumer cursor (ring.State.Cons) when the lease was taken or last reported
 	lease uint64 // bytes from base lent to Reads
 	taken uint64 // bytes of the lease copied out, not yet reported
+}
+
+func (h *recvHalf) init(stop <-chan struct{}) {
+	h.e = newEntry(evRead, stop)
+	h.dl = newDeadline()
 }
 
 // leaseReport is how many bytes, as a fraction of the ring, lease Reads
@@ -55,16 +70,16 @@ const leaseReportShift = 4 // 1/16
 // Read reads up to len(b) bytes. It returns io.EOF once the peer has closed
 // its writing side and every byte was read, and after CloseRead.
 func (c *Conn) Read(b []byte) (int, error) {
-	c.rdMu.Lock()
+	c.rd.mu.Lock()
 	defer c.rdUnlock()
-	if c.lease > c.taken && len(b) > 0 && !c.rdStop.Load() && !c.rdDeadline.expired() {
+	if c.rd.lease > c.rd.taken && len(b) > 0 && !c.rd.stop.Load() && !c.rd.dl.expired() {
 		n, err := c.readLease(b)
 		c.stats.BytesRead.Add(n)
 		return int(n), err
 	}
 	c.mu.Lock()
 	// enter, under the lock this loop takes anyway.
-	if c.closed {
+	if c.life >= lifeClosing {
 		c.mu.Unlock()
 		return 0, net.ErrClosed
 	}
@@ -74,16 +89,16 @@ func (c *Conn) Read(b []byte) (int, error) {
 		// What this loop is about to check answers any wake-up sent so far
 		// (they are sent under mu): drop it, or the next wait would return
 		// for nothing.
-		drain(c.rdE.ch)
-		if c.closed {
+		drain(c.rd.e.ch)
+		if c.life >= lifeClosing {
 			c.mu.Unlock()
 			return 0, net.ErrClosed
 		}
-		if c.rdClosed {
+		if c.rd.shut {
 			c.mu.Unlock()
 			return 0, io.EOF
 		}
-		if c.rdDeadline.expired() {
+		if c.rd.dl.expired() {
 			c.mu.Unlock()
 			return 0, os.ErrDeadlineExceeded
 		}
@@ -91,7 +106,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 			c.mu.Unlock()
 			return 0, err
 		}
-		if c.lease > 0 {
+		if c.rd.lease > 0 {
 			c.mu.Unlock()
 			if len(b) == 0 {
 				return 0, nil
@@ -116,7 +131,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 			c.mu.Unlock()
 			return 0, err
 		}
-		if c.peerGone {
+		if c.life == lifePeerGone {
 			// The peer closed and everything it wrote was read, but its
 			// final message never came: treat its goodbye as the FIN.
 			c.mu.Unlock()
@@ -126,7 +141,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 			c.mu.Unlock()
 			return 0, nil
 		}
-		if err := c.wait(c.rdE, c.rdDeadline, &c.rdSpin); err != nil {
+		if err := c.wait(c.rd.e, c.rd.dl, &c.rd.spin); err != nil {
 			c.mu.Unlock()
 			return 0, err
 		}
@@ -144,27 +159,27 @@ func (c *Conn) readLease(b []byte) (uint64, error) {
 	chunk := max(size/4, 1)
 	report := max(size>>leaseReportShift, 1)
 	var done uint64
-	for done < uint64(len(b)) && c.lease > c.taken {
-		n := min(uint64(len(b))-done, c.lease-c.taken, chunk)
+	for done < uint64(len(b)) && c.rd.lease > c.rd.taken {
+		n := min(uint64(len(b))-done, c.rd.lease-c.rd.taken, chunk)
 		// The peer does not write these bytes again until we report them
 		// consumed, and nothing else consumes them while lent, so the copy
 		// needs no lock.
-		off := (c.base + c.taken) & (size - 1)
+		off := (c.rd.base + c.rd.taken) & (size - 1)
 		k := copy(b[done:done+n], mem[off:])
 		copy(b[done+uint64(k):done+n], mem)
-		c.taken += n
+		c.rd.taken += n
 		done += n
-		if c.taken >= report || c.taken == c.lease {
+		if c.rd.taken >= report || c.rd.taken == c.rd.lease {
 			c.mu.Lock()
 			err := c.syncLeaseLocked()
-			if !c.lent {
+			if !c.rd.lent {
 				c.idleLocked() // a lease that ends arms as a call that leaves
 			}
 			c.mu.Unlock()
 			if err != nil {
 				return done, err
 			}
-			if c.rdStop.Load() {
+			if c.rd.stop.Load() {
 				break
 			}
 		}
@@ -177,22 +192,22 @@ func (c *Conn) readLease(b []byte) (uint64, error) {
 // discards the readable bytes instead and lends nothing. Called with rdMu
 // and mu held; it sends the peer what it is owed (flushLocked).
 func (c *Conn) syncLeaseLocked() error {
-	if c.taken > 0 {
-		if err := c.st.Consumed(c.taken); err != nil {
+	if c.rd.taken > 0 {
+		if err := c.st.Consumed(c.rd.taken); err != nil {
 			return err
 		}
-		c.base += c.taken
-		c.taken = 0
+		c.rd.base += c.rd.taken
+		c.rd.taken = 0
 	}
-	if c.rdClosed || c.closed {
+	if c.rd.shut || c.life >= lifeClosing {
 		_ = c.st.Consumed(c.st.Readable())
-		c.lease = 0
+		c.rd.lease = 0
 	} else {
-		c.lease = c.st.Readable()
+		c.rd.lease = c.st.Readable()
 	}
-	c.base = c.st.Cons()
-	c.lent = c.lease > 0
-	if !c.closed {
+	c.rd.base = c.st.Cons()
+	c.rd.lent = c.rd.lease > 0
+	if c.life < lifeClosing {
 		c.flushLocked()
 	}
 	return nil
@@ -201,8 +216,8 @@ func (c *Conn) syncLeaseLocked() error {
 // rdUnlock releases rdMu, and gives a lease back if CloseRead or Close
 // came meanwhile (see rdLease).
 func (c *Conn) rdUnlock() {
-	c.rdMu.Unlock()
-	if c.rdStop.Load() {
+	c.rd.mu.Unlock()
+	if c.rd.stop.Load() {
 		c.dropLease()
 	}
 }
@@ -210,24 +225,24 @@ func (c *Conn) rdUnlock() {
 // dropLease gives the lease back unless a call holds rdMu (that call does
 // it when it unlocks).
 func (c *Conn) dropLease() {
-	if !c.rdMu.TryLock() {
+	if !c.rd.mu.TryLock() {
 		return
 	}
 	c.mu.Lock()
-	if c.lent && !c.closed {
+	if c.rd.lent && c.life < lifeClosing {
 		_ = c.syncLeaseLocked()
 	}
 	c.mu.Unlock()
-	c.rdMu.Unlock()
+	c.rd.mu.Unlock()
 }
 
 // returnLentLocked ends a CopyTo's use of readable bytes outside mu: n of
 // them are consumed, and if CloseRead came meanwhile the rest is
 // discarded.
 func (c *Conn) returnLentLocked(n uint64) error {
-	c.lent = false
+	c.rd.lent = false
 	err := c.st.Consumed(n)
-	if c.rdClosed {
+	if c.rd.shut {
 		_ = c.st.Consumed(c.st.Readable())
 	}
 	if err == nil {
@@ -247,7 +262,7 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 		return 0, err, nil
 	}
 	defer c.exit()
-	c.rdMu.Lock()
+	c.rd.mu.Lock()
 	defer c.rdUnlock()
 	mem := c.ep.ring.Bytes()
 	chunk := max(uint64(len(mem))/4, 1)
@@ -255,7 +270,7 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	// A lease of earlier Reads comes back first: this reads the ring
 	// directly, from the consumer cursor.
 	err := c.syncLeaseLocked()
-	c.lease, c.lent = 0, false
+	c.rd.lease, c.rd.lent = 0, false
 	c.mu.Unlock()
 	if err != nil {
 		return 0, err, nil
@@ -263,18 +278,18 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
-		drain(c.rdE.ch) // as in Read
+		drain(c.rd.e.ch) // as in Read
 		switch {
-		case c.closed:
+		case c.life >= lifeClosing:
 			return n, net.ErrClosed, nil
-		case c.rdClosed:
+		case c.rd.shut:
 			return n, nil, nil
-		case c.rdDeadline.expired():
+		case c.rd.dl.expired():
 			return n, os.ErrDeadlineExceeded, nil
 		}
 		if avail := c.st.Readable(); avail > 0 {
 			s1, s2 := c.st.ReadSegments(min(avail, chunk))
-			c.lent = true
+			c.rd.lent = true
 			c.mu.Unlock()
 			k, werr := writeSegs(w, mem[s1.Off:s1.Off+s1.Len], mem[s2.Off:s2.Off+s2.Len])
 			c.mu.Lock()
@@ -290,12 +305,12 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 			continue
 		}
 		switch {
-		case c.st.EOF() || c.peerGone:
+		case c.st.EOF() || c.life == lifePeerGone:
 			return n, nil, nil
 		case c.err != nil:
 			return n, c.err, nil
 		}
-		if err := c.wait(c.rdE, c.rdDeadline, &c.rdSpin); err != nil {
+		if err := c.wait(c.rd.e, c.rd.dl, &c.rd.spin); err != nil {
 			return n, err, nil
 		}
 	}
@@ -325,3 +340,28 @@ func writeSegs(w io.Writer, a, b []byte) (int, error) {
 // errInvalidWrite is io's errInvalidWrite: a writer returned an impossible
 // count.
 var errInvalidWrite = errors.New("invalid write result")
+
+// CloseRead shuts down the reading side: Reads return io.EOF, and data
+// that arrives is discarded.
+func (c *Conn) CloseRead() error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.exit()
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	c.rd.shut = true
+	c.rd.stop.Store(true)
+	if !c.rd.lent { // else their holder discards them (returnLentLocked, dropLease)
+		_ = c.st.Consumed(c.st.Readable())
+		c.flushLocked()
+	}
+	c.wakeLocked(evRead)
+	c.mu.Unlock()
+	c.dropLease() // a lease no call holds (read.go)
+	return nil
+}

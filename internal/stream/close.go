@@ -1,0 +1,201 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// Bounds on the orderly close.
+const (
+	// closeAckTimeout bounds how long Close waits for the final message to
+	// be acknowledged before it says goodbye on the bootstrap connection.
+	closeAckTimeout = time.Second
+	// goodbyeGrace bounds how long, after the peer's goodbye, we wait for
+	// the ring messages it promised (its final producer cursor).
+	goodbyeGrace = time.Second
+)
+
+// watchBootstrap reads the bootstrap connection after the switch. The peer
+// sends one Goodbye there before closing it; end of stream without one
+// means the peer process died.
+func (c *Conn) watchBootstrap() {
+	defer c.loops.Done()
+	msg, err := handshake.Read(c.boot)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.life >= lifeClosing {
+		return
+	}
+	g, ok := msg.(*handshake.Goodbye)
+	switch {
+	case err == nil && ok && g.Abort:
+		c.failLocked(reset("peer aborted: "+g.Reason, nil))
+	case err == nil && ok:
+		c.awaitFinal(g.FinalProd)
+	case err == nil:
+		c.failLocked(reset("unexpected bootstrap message", fmt.Errorf("%v", msg.Type())))
+	case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET):
+		c.failLocked(reset("peer vanished (bootstrap connection closed without goodbye)", err))
+	default:
+		c.failLocked(reset("bootstrap connection failed", err))
+	}
+}
+
+// awaitFinal handles the peer's orderly goodbye: it gives the ring
+// messages the peer sent before it a bounded time to arrive (waiting as a
+// call does, woken by what reads wait for), then marks the peer gone so
+// reads end with EOF after the data and writes fail. mu is held on entry
+// and on return, released while it waits.
+func (c *Conn) awaitFinal(final uint64) {
+	dl := newDeadline()
+	dl.set(time.Now().Add(goodbyeGrace))
+	defer dl.set(time.Time{})
+	for c.err == nil && c.life < lifeClosing {
+		drain(c.finE.ch)
+		c.progressLocked()
+		if c.st.PeerProd() >= final || c.err != nil || c.life >= lifeClosing {
+			break
+		}
+		if c.wait(c.finE, dl, nil) != nil {
+			break
+		}
+	}
+	if c.life >= lifeClosing || c.err != nil {
+		return
+	}
+	if c.st.PeerProd() != final {
+		c.failLocked(reset("peer's goodbye does not match the data it sent", fmt.Errorf("have %d bytes, goodbye says %d", c.st.PeerProd(), final)))
+		return
+	}
+	c.life = lifePeerGone
+	c.wakeLocked(evRead | evWrite)
+}
+
+// life is where a Conn is in its lifecycle; docs/protocol.md §4 draws it.
+// It only moves forward, under mu:
+//
+//	open ──the peer's goodbye──▶ peerGone
+//	open, peerGone ──Close──▶ closing ──goodbye sent──▶ closed
+//
+// A transport failure (err, set once) is orthogonal: it ends the data
+// path in any state, and Close then says goodbye with an abort. In closing,
+// the final message goes out only if Close came from open with no failure.
+// The memory is released after closed, by the last reference (release).
+type life uint8
+
+const (
+	lifeOpen     life = iota
+	lifePeerGone      // the peer said goodbye: reads end with EOF after the data, writes fail
+	lifeClosing       // Close was called: calls fail with net.ErrClosed; the goodbye is on its way
+	lifeClosed        // the goodbye was sent and the bootstrap connection closed
+)
+
+// Close closes the Conn: blocked calls return net.ErrClosed at once, and
+// the peer reads EOF after everything written. It sends the final message
+// and waits, woken by its acknowledgement, at most closeAckTimeout for it,
+// then says goodbye on the bootstrap connection. The queue pair and memory
+// are released by the last reference: by Close if no call is in the Conn,
+// else in the background once the last one has left (a Read copying out of
+// the ring, a CopyTo whose writer blocks). A second Close returns
+// net.ErrClosed.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.life >= lifeClosing {
+		c.mu.Unlock()
+		return net.ErrClosed
+	}
+	final := c.life == lifeOpen && c.err == nil
+	c.life = lifeClosing
+	c.rd.stop.Store(true)
+	close(c.done)
+	c.st.SetClose()
+	c.sayGoodbye(final)
+	c.life = lifeClosed
+	c.mu.Unlock()
+	if c.active.Load() == 0 && c.rd.mu.TryLock() {
+		c.rd.mu.Unlock() // no Read is in the ring, and later ones see rd.stop
+		c.release()
+		return nil
+	}
+	go func() {
+		c.calls.Wait()
+		// A Read from a lease is not among the calls (recv.go): taking the
+		// receive half's lock waits for one still copying out of the ring.
+		c.rd.mu.Lock()
+		//lint:ignore SA2001 the empty critical section is the barrier
+		c.rd.mu.Unlock()
+		c.release()
+	}()
+	return nil
+}
+
+// release frees what the Conn holds once nothing uses it: the QP first
+// (outstanding work flushes), drained, then the completion queue, then
+// the memory.
+func (c *Conn) release() {
+	_ = c.ep.qp.Close()
+	c.drain()
+	_ = c.ep.cq.Close()
+	c.loops.Wait()
+	if c.stage != nil {
+		_ = c.stage.Close()
+	}
+	for _, mr := range []verbs.MR{c.ep.ring, c.ep.slots} {
+		_ = mr.Close()
+	}
+	_ = c.ep.dev.Close()
+}
+
+// sayGoodbye sends the final state message (FIN and CLOSE with our final
+// producer cursor) if final, waits a bounded time for it to be
+// acknowledged, so it is in the peer's memory before the peer reads our
+// goodbye, then sends the goodbye on the bootstrap connection and closes
+// it. mu is held on entry and on return, released while it waits and
+// while it writes the goodbye.
+func (c *Conn) sayGoodbye(final bool) {
+	dl := newDeadline()
+	dl.set(time.Now().Add(closeAckTimeout))
+	defer dl.set(time.Time{})
+	for final {
+		drain(c.clE.ch)
+		if c.closeSig == 0 && c.err == nil {
+			c.sendSignaledLocked(0, true)
+		}
+		c.progressLocked()
+		if c.err != nil || c.st.PeerClosed() || (c.closeSig != 0 && c.sqDone >= c.closeSig) {
+			break
+		}
+		if err := c.wait(c.clE, dl, nil); err != nil {
+			c.failLocked(reset("final message not acknowledged", nil))
+		}
+	}
+	gb := &handshake.Goodbye{FinalProd: c.st.Prod()}
+	if c.err != nil {
+		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(c.err.Error())}
+	}
+	c.mu.Unlock()
+	_ = c.boot.SetWriteDeadline(time.Now().Add(closeAckTimeout))
+	_ = handshake.Write(c.boot, gb)
+	_ = c.boot.Close()
+	c.mu.Lock()
+}
+
+// drain polls flushed completions for a bounded time after the QP closed.
+func (c *Conn) drain() {
+	end := time.Now().Add(100 * time.Millisecond)
+	for time.Now().Before(end) {
+		c.mu.Lock()
+		n, err := c.ep.cq.Poll(c.wcs[:])
+		c.mu.Unlock()
+		if err != nil || n == 0 {
+			return
+		}
+	}
+}

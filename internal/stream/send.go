@@ -1,0 +1,181 @@
+package stream
+
+import (
+	"net"
+	"os"
+	"sync"
+
+	"github.com/rdmanet/rdmanet/internal/ring"
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// sendHalf is the Conn's writing side: Writes are serialised by mu and
+// wait on e (for room, credits, or the side's end) until dl.
+type sendHalf struct {
+	mu   sync.Mutex
+	e    *entry
+	dl   *deadline
+	spin spinCtl // guarded by mu
+	shut bool    // CloseWrite was called; guarded by Conn.mu
+}
+
+func (h *sendHalf) init(stop <-chan struct{}) {
+	h.e = newEntry(evWrite, stop)
+	h.dl = newDeadline()
+}
+
+// Write writes all of b unless an error stops it first; it returns how many
+// bytes were placed in the peer's ring. The bytes are copied before Write
+// returns, so b may be reused at once. A deadline that passes mid-way
+// leaves a whole prefix written and reports its length.
+func (c *Conn) Write(b []byte) (int, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.exit()
+	c.wr.mu.Lock()
+	defer c.wr.mu.Unlock()
+	written := 0
+	stalled := false
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		// A write that placed every byte succeeded, whatever happened since
+		// (the peer closing, a concurrent Close or CloseWrite, the deadline).
+		if written == len(b) && written > 0 {
+			c.stats.Writes.Add(1)
+			return written, nil
+		}
+		drain(c.wr.e.ch) // what follows answers any wake-up sent so far
+		if err := c.writeErrLocked(); err != nil {
+			return written, err
+		}
+		if len(b) == 0 {
+			return 0, nil
+		}
+		space := c.st.Space()
+		// A data chunk needs: ring space, a data credit, and send-queue room
+		// for two WRITEs and the SEND (plus two slots kept for control).
+		if space == 0 || !c.st.CanSendData() || c.sqFreeLocked() < 5 {
+			if c.st.CanSendControl() && c.sqFreeLocked() > 0 && c.st.Block() {
+				c.sendLocked(ring.FlagBlocked)
+			}
+			if !stalled {
+				stalled = true
+				c.stats.CreditStalls.Add(1)
+			}
+			if err := c.wait(c.wr.e, c.wr.dl, &c.wr.spin); err != nil {
+				return written, err
+			}
+			continue
+		}
+		stalled = false
+		// At most a quarter of the peer's ring at a time, announced before
+		// the next: the peer can read the first piece while we copy the
+		// next one.
+		n := min(uint64(len(b)-written), space, max(c.peer.Size/4, 1))
+		s1, s2 := c.st.WriteSegments(n)
+		chunk := b[written : written+int(n)]
+		c.mu.Unlock()
+		// Copy outside the lock: only this writer moves the producer cursor,
+		// and the peer has released this space.
+		if c.direct != nil {
+			copy(c.direct[s1.Off:s1.Off+s1.Len], chunk)
+			copy(c.direct[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
+		} else if n > uint64(c.inline) {
+			st := c.stage.Bytes()
+			copy(st[s1.Off:s1.Off+s1.Len], chunk)
+			copy(st[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
+		}
+		c.mu.Lock()
+		if err := c.writeErrLocked(); err != nil {
+			return written, err
+		}
+		if err := c.postWritesLocked(chunk, s1, s2); err != nil {
+			// The bytes did not go; whether that is the peer's orderly
+			// close or a failure is decided shortly (suspectLocked).
+			c.suspectLocked(reset("posting a write", err))
+			if err := c.wait(c.wr.e, c.wr.dl, nil); err != nil {
+				return written, err
+			}
+			continue
+		}
+		if err := c.st.Wrote(n); err != nil {
+			c.failLocked(err)
+			return written, c.err
+		}
+		written += int(n)
+		c.stats.BytesWritten.Add(n)
+		if c.st.CanSendData() {
+			c.sendLocked(0)
+		}
+	}
+}
+
+// writeErrLocked says why no more can be written, or nil.
+func (c *Conn) writeErrLocked() error {
+	switch {
+	case c.life >= lifeClosing:
+		return net.ErrClosed
+	case c.err != nil:
+		return c.err
+	case c.wr.shut, c.st.PeerClosed(), c.life == lifePeerGone:
+		return ErrBrokenPipe
+	case c.wr.dl.expired():
+		return os.ErrDeadlineExceeded
+	}
+	return nil
+}
+
+// postWritesLocked posts the WRITEs for a chunk already copied to the peer's
+// mapping or to the staging buffer (or small enough to go inline).
+func (c *Conn) postWritesLocked(chunk []byte, s1, s2 ring.Seg) error {
+	if c.direct != nil {
+		return nil
+	}
+	inline := len(chunk) <= c.inline // as Write decided when it copied
+	for _, s := range []ring.Seg{s1, s2} {
+		if s.Len == 0 {
+			continue
+		}
+		c.swr = verbs.SendWR{Op: verbs.OpWrite, RemoteAddr: c.peer.Addr + s.Off, RKey: c.peer.RKey}
+		if inline {
+			c.swr.Inline = chunk[:s.Len]
+		} else {
+			c.swr.Local = verbs.SGE{MR: c.stage, Offset: int(s.Off), Length: int(s.Len)}
+		}
+		chunk = chunk[s.Len:]
+		err := c.postLocked(&c.swr, false)
+		c.swr = verbs.SendWR{} // drop the reference to the caller's buffer
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CloseWrite shuts down the writing side: the peer reads EOF after the data
+// already written; later Writes fail with ErrBrokenPipe.
+func (c *Conn) CloseWrite() error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.exit()
+	// No wrMu: a Write blocked for space must not hold CloseWrite up. A
+	// Write in flight either announced its bytes before the FIN or finds
+	// wrClosed and fails with ErrBrokenPipe.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	if c.wr.shut {
+		return nil
+	}
+	c.wr.shut = true
+	c.st.SetFIN()
+	// Without a credit now, the FIN stays pending and flushLocked sends it
+	// when the credit update that frees one arrives.
+	c.sendLocked(0)
+	return nil
+}
