@@ -79,6 +79,14 @@ type ConnInfo struct {
 	MsgsRecv     uint64 // ring state messages received
 	CreditStalls uint64 // times a Write waited for ring space or credits
 	Wakeups      uint64 // times a blocked call parked and was woken
+	SpinHits     uint64 // times a busy-polling call found what it waited for before parking
+	// Notifications counts the completion queue's notifications; Background
+	// those that came while no call waited and started background progress
+	// (posting receive buffers again, returning credits, sending what is
+	// owed). In event mode a ping-pong costs one wake-up and one
+	// notification per message, and almost no background progress.
+	Notifications uint64
+	Background    uint64
 }
 
 // Info returns the Conn's transport, the reason for it, and its counters.
@@ -94,6 +102,9 @@ func (c *Conn) Info() ConnInfo {
 		ci.MsgsRecv = st.MsgsRecv.Load()
 		ci.CreditStalls = st.CreditStalls.Load()
 		ci.Wakeups = st.Wakeups.Load()
+		ci.SpinHits = st.SpinHits.Load()
+		ci.Notifications = st.Notifications.Load()
+		ci.Background = st.Background.Load()
 	} else {
 		ci.BytesRead = c.bytesRead.Load()
 		ci.BytesWritten = c.bytesWritten.Load()

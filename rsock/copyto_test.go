@@ -112,10 +112,9 @@ func TestWriteToOnRings(t *testing.T) {
 	}
 }
 
-// TestNettestEventOnly: busy-polling off, so every blocked call waits on
-// the completion queue itself (shm, sim: verbs.DirectWaiter) or on its
-// channel, with deadlines, Close and the other direction's progress waking
-// it.
+// TestNettestEventOnly: busy-polling off, so every blocked call parks at
+// once: woken by the completion queue's notification as the poller, or by
+// the poller's progress, deadlines and Close.
 func TestNettestEventOnly(t *testing.T) {
 	registerSim(t)
 	for _, tr := range []string{"shm", "sim"} {

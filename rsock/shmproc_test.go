@@ -1595,10 +1595,10 @@ func TestShmOpenCloseNoLeaks(t *testing.T) {
 // sometimes returns (1, EPIPE) ("rsock: broken pipe"; the Conn state shows
 // the byte sent, consumed by the peer, and the peer's FIN and CLOSE).
 //
-// Cause (internal/stream/conn.go, Conn.Write): after posting the final
+// Cause (internal/stream's Write, since fixed): after posting the final
 // chunk the loop releases c.mu and starts over, and the top of the loop
 // checks writeErrLocked (closed, error, wrClosed, PeerClosed, peerGone,
-// deadline) before "written == len(b)". If the event loop or the
+// deadline) before "written == len(b)". If background progress or the
 // bootstrap watcher takes c.mu in that gap and records the peer's CLOSE
 // or goodbye, the completed Write reports EPIPE with n == len(b). The same
 // gap turns a completed Write into net.ErrClosed (a concurrent Close),
