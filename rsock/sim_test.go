@@ -209,7 +209,8 @@ func TestSimCloseUnblocksAndErrClosed(t *testing.T) {
 		_, err := c.Read(make([]byte, 10))
 		errc <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	// Close while the Read waits (not before it started).
+	require.Eventually(t, func() bool { return c.s.Waiting() == 1 }, 5*time.Second, 100*time.Microsecond)
 	require.NoError(t, c.Close())
 	select {
 	case err := <-errc:
@@ -256,7 +257,8 @@ func TestSimQPErrorUnblocksBothSides(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(20 * time.Millisecond)
+	// Mid-stream: bytes have arrived.
+	require.Eventually(t, func() bool { return s.Info().BytesRead > 0 }, 5*time.Second, 100*time.Microsecond)
 	c.s.QP().(*sim.QP).ForceError()
 	err := waitErr(t, wr, "client Write")
 	assert.ErrorIs(t, err, syscall.ECONNRESET)

@@ -210,6 +210,14 @@ func (c *Conn) QP() verbs.QP { return c.ep.qp }
 // peer process dying.
 func (c *Conn) Bootstrap() net.Conn { return c.boot }
 
+// Waiting reports how many calls wait in the Conn now (parked or
+// busy-polling), for tests that must act while a call blocks.
+func (c *Conn) Waiting() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.waiting)
+}
+
 // DebugState describes the protocol state and send queue, for debugging.
 func (c *Conn) DebugState() string {
 	c.mu.Lock()
