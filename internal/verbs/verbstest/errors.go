@@ -172,7 +172,7 @@ func (s *suite) testNotify(t *testing.T) {
 		if err := cq.Arm(); !errors.Is(err, verbs.ErrClosed) {
 			t.Errorf("Arm after Close: %v, want ErrClosed", err)
 		}
-		cq.Disarm()     // must not panic
+		cq.Disarm()    // must not panic
 		_ = cq.Close() // must not panic
 	})
 }
