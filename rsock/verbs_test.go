@@ -72,6 +72,24 @@ func verbsPipe(t testing.TB, ln *Listener, cfg *Config) (*Conn, *Conn, error) {
 	return c, s, nil
 }
 
+func onVerbs(t *testing.T, busyPoll time.Duration) (*Listener, *Config) {
+	cfg := verbsRing(64<<10, 0)
+	cfg.BusyPoll = busyPoll
+	return listenVerbs(t, cfg), cfg
+}
+
+func TestVerbsStress(t *testing.T) { stress(t, "verbs", onVerbs) }
+
+func TestVerbsOneWakeupPerMessage(t *testing.T) {
+	ln, cfg := onVerbs(t, -1)
+	oneWakeupPerMessage(t, ln, cfg, "verbs")
+}
+
+func TestVerbsBusyPollHits(t *testing.T) {
+	ln, cfg := onVerbs(t, time.Millisecond)
+	busyPollHits(t, ln, cfg, "verbs")
+}
+
 func TestNettestVerbs(t *testing.T) {
 	ln := listenVerbs(t, verbsCfg())
 	for _, swapped := range []bool{false, true} {
