@@ -87,8 +87,9 @@ func pingPong(t *testing.T, pairs [][2]*Conn, rounds, size int) {
 }
 
 // stress runs pingPong over 1, 4, 16 and 64 connections on tr, each mode
-// with its own listener from mk (given the mode's BusyPoll).
-func stress(t *testing.T, tr string, mk func(t *testing.T, busyPoll time.Duration) (*Listener, *Config)) {
+// with its own listener from mk (given the mode's BusyPoll): about total
+// round trips in all, at least 20 per connection.
+func stress(t *testing.T, tr string, total int, mk func(t *testing.T, busyPoll time.Duration) (*Listener, *Config)) {
 	for _, mode := range []struct {
 		name     string
 		busyPoll time.Duration
@@ -96,7 +97,7 @@ func stress(t *testing.T, tr string, mk func(t *testing.T, busyPoll time.Duratio
 		for _, n := range []int{1, 4, 16, 64} {
 			t.Run(fmt.Sprintf("%s/%d", mode.name, n), func(t *testing.T) {
 				ln, cfg := mk(t, mode.busyPoll)
-				pingPong(t, stressPairs(t, ln, cfg, tr, n), max(4000/n, 100), 64)
+				pingPong(t, stressPairs(t, ln, cfg, tr, n), max(total/n, 20), 64)
 			})
 		}
 	}
@@ -112,10 +113,10 @@ func onLocal(tr string) func(t *testing.T, busyPoll time.Duration) (*Listener, *
 
 func TestStressSim(t *testing.T) {
 	registerSim(t)
-	stress(t, "sim", onLocal("sim"))
+	stress(t, "sim", 4000, onLocal("sim"))
 }
 
-func TestStressShm(t *testing.T) { stress(t, "shm", onLocal("shm")) }
+func TestStressShm(t *testing.T) { stress(t, "shm", 4000, onLocal("shm")) }
 
 // In event mode a ping-pong costs one wake-up per message: the blocked
 // Read is woken by its message's notification itself, not through another
