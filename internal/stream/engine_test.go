@@ -197,3 +197,19 @@ func TestOneWakeupPerMessage(t *testing.T) {
 		require.LessOrEqual(t, st.Wakeups.Load()+st.Background.Load(), uint64(n)*5/4)
 	}
 }
+
+// Close waits for its final message's acknowledgement like any blocked
+// call: woken by the notification of its completion, which sim delays
+// here. The peer then reads EOF, not a reset (an unacknowledged final
+// message turns the goodbye into an abort after a second).
+func TestCloseWaitsForAck(t *testing.T) {
+	simProv.SetFaults(sim.Faults{Delay: 2 * time.Millisecond})
+	t.Cleanup(func() { simProv.SetFaults(sim.Faults{}) })
+	a, b := newPair(t, eventOnly)
+	_, err := a.Write([]byte("last words"))
+	require.NoError(t, err)
+	require.NoError(t, a.Close())
+	got, err := io.ReadAll(b)
+	require.NoError(t, err, "the peer's Read after an orderly close")
+	require.Equal(t, "last words", string(got))
+}

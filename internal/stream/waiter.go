@@ -164,9 +164,10 @@ func (c *Conn) leaveLocked(e *entry) {
 }
 
 // armLocked arms the queue's notification; a failure fails the Conn and
-// reports false.
+// reports false. (Close's own wait arms it too: only a failure, or the
+// release after Close, ends arming.)
 func (c *Conn) armLocked() bool {
-	if c.life >= lifeClosing || c.err != nil {
+	if c.err != nil {
 		return false
 	}
 	if err := c.ep.cq.Arm(); err != nil {
