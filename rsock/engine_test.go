@@ -30,10 +30,10 @@ func stressPairs(t *testing.T, ln *Listener, cfg *Config, tr string, n int) [][2
 	return pairs
 }
 
-// pingPong runs rounds round trips of size bytes on every pair at once:
+// echoRounds runs rounds round trips of size bytes on every pair at once:
 // the client writes, the server echoes, the client checks. Each side's
 // deadline turns a lost wake-up into an error.
-func pingPong(t *testing.T, pairs [][2]*Conn, rounds, size int) {
+func echoRounds(t *testing.T, pairs [][2]*Conn, rounds, size int) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	var wg sync.WaitGroup
@@ -86,7 +86,7 @@ func pingPong(t *testing.T, pairs [][2]*Conn, rounds, size int) {
 	}
 }
 
-// stress runs pingPong over 1, 4, 16 and 64 connections on tr, each mode
+// stress runs echoRounds over 1, 4, 16 and 64 connections on tr, each mode
 // with its own listener from mk (given the mode's BusyPoll): about total
 // round trips in all, at least 20 per connection.
 func stress(t *testing.T, tr string, total int, mk func(t *testing.T, busyPoll time.Duration) (*Listener, *Config)) {
@@ -97,7 +97,7 @@ func stress(t *testing.T, tr string, total int, mk func(t *testing.T, busyPoll t
 		for _, n := range []int{1, 4, 16, 64} {
 			t.Run(fmt.Sprintf("%s/%d", mode.name, n), func(t *testing.T) {
 				ln, cfg := mk(t, mode.busyPoll)
-				pingPong(t, stressPairs(t, ln, cfg, tr, n), max(total/n, 20), 64)
+				echoRounds(t, stressPairs(t, ln, cfg, tr, n), max(total/n, 20), 64)
 			})
 		}
 	}
@@ -125,7 +125,7 @@ func TestStressShm(t *testing.T) { stress(t, "shm", 4000, onLocal("shm")) }
 func oneWakeupPerMessage(t *testing.T, ln *Listener, cfg *Config, tr string) {
 	const rounds = 1000
 	pairs := stressPairs(t, ln, cfg, tr, 1)
-	pingPong(t, pairs, rounds, 64)
+	echoRounds(t, pairs, rounds, 64)
 	for _, c := range pairs[0] {
 		ci := c.Info()
 		t.Logf("%s: wake-ups %d, notifications %d, background %d, spin hits %d for %d messages in",
@@ -142,7 +142,7 @@ func oneWakeupPerMessage(t *testing.T, ln *Listener, cfg *Config, tr string) {
 func busyPollHits(t *testing.T, ln *Listener, cfg *Config, tr string) {
 	const rounds = 1000
 	pairs := stressPairs(t, ln, cfg, tr, 1)
-	pingPong(t, pairs, rounds, 64)
+	echoRounds(t, pairs, rounds, 64)
 	var hits uint64
 	for _, c := range pairs[0] {
 		ci := c.Info()

@@ -8,13 +8,11 @@ package ibverbs
 import "C"
 
 import (
-	"encoding/binary"
 	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"unsafe"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -28,27 +26,30 @@ const ackBatch = 64
 
 // CQ is a completion queue with its own completion channel. It implements
 // verbs.CQ. The channel's fd is non-blocking and its duplicate sits in the
-// Go netpoller, so Wait parks the goroutine, not an OS thread.
+// Go netpoller: one goroutine per CQ (events) parks there, not an OS
+// thread, and turns the channel's events into calls of notify.
 type CQ struct {
 	dev    *Device
 	cq     *C.struct_rs_cq
 	ch     *C.struct_rs_comp_channel
-	file   *os.File // duplicate of the channel fd; closing it ends Wait
+	file   *os.File // duplicate of the channel fd; closing it ends events
 	rc     syscall.RawConn
+	notify func()
+	armed  atomic.Bool // an Arm in effect: the next event calls notify
 	closed atomic.Bool
+	done   chan struct{} // closed when events has returned
 
-	// mu serialises Poll (the wc array) and guards qps.
+	// mu serialises Poll (the wc array) and Arm, and guards qps.
 	mu  sync.Mutex
 	wcs [pollBatch]C.struct_rs_wc
 	qps map[uint32]*QP // by QP number: translates completions
 
-	// waitMu: one Wait at a time, and Close waits for it.
-	waitMu  sync.Mutex
-	unacked C.uint
+	unacked C.uint // events read and not acknowledged; events' own until it returns
 }
 
-// NewCQ creates a completion queue of at least depth entries.
-func (d *Device) NewCQ(depth int) (verbs.CQ, error) {
+// NewCQ creates a completion queue of at least depth entries whose
+// notifications call notify (verbs.CQ).
+func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
@@ -60,7 +61,7 @@ func (d *Device) NewCQ(depth int) (verbs.CQ, error) {
 	if ch == nil {
 		return nil, errnoErr("create completion channel", e)
 	}
-	q := &CQ{dev: d, ch: ch, qps: map[uint32]*QP{}}
+	q := &CQ{dev: d, ch: ch, notify: notify, done: make(chan struct{}), qps: map[uint32]*QP{}}
 	fail := func(err error) (verbs.CQ, error) {
 		if q.file != nil {
 			q.file.Close()
@@ -85,6 +86,7 @@ func (d *Device) NewCQ(depth int) (verbs.CQ, error) {
 	if q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), ch, &e); q.cq == nil {
 		return fail(errnoErr(fmt.Sprintf("create CQ of %d entries", depth), e))
 	}
+	go q.events()
 	return q, nil
 }
 
@@ -132,13 +134,6 @@ func (q *CQ) translate(w *C.struct_rs_wc, c *verbs.Completion) bool {
 		c.ID, c.Op = qp.retireRecv(id &^ wrRecv)
 		if c.Status == verbs.StatusSuccess {
 			c.Len = int(w.byte_len)
-			if w.opcode == C.RS_WC_RECV_RDMA_WITH_IMM {
-				c.Op = verbs.OpRecvImm
-			}
-			if w.wc_flags&C.RS_WC_WITH_IMM != 0 {
-				c.HasImm = true
-				c.Imm = binary.BigEndian.Uint32((*[4]byte)(unsafe.Pointer(&w.imm_data))[:])
-			}
 		}
 		return true
 	}
@@ -165,58 +160,65 @@ func status(s C.uint32_t) verbs.Status {
 	return verbs.StatusFatal
 }
 
-// Arm requests an event for the next completion.
+// Arm requests one notification (verbs.CQ): the armed flag first, then
+// the device's arming, so that the event it causes finds the flag set.
 func (q *CQ) Arm() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed.Load() {
 		return verbs.ErrClosed
 	}
+	q.armed.Store(true)
 	if e := C.rs_req_notify_cq(q.cq); e != 0 {
+		q.armed.Store(false)
 		return errnoErr("arm CQ", e)
 	}
 	return nil
 }
 
-// Wait parks until an armed event arrives or the CQ is closed.
-func (q *CQ) Wait() error {
-	q.waitMu.Lock()
-	defer q.waitMu.Unlock()
-	if q.closed.Load() {
-		return verbs.ErrClosed
-	}
-	var e C.int
-	err := q.rc.Read(func(uintptr) bool {
-		e = C.rs_get_cq_event(q.ch)
-		if e == 0 {
-			// Every event read must be acknowledged before
-			// ibv_destroy_cq, which otherwise waits forever.
+// Disarm withdraws an Arm (verbs.CQ). The device's arming cannot be
+// withdrawn: its event, if it comes, is dropped.
+func (q *CQ) Disarm() { q.armed.Store(false) }
+
+// events reads the completion channel, parked in the Go netpoller, until
+// Close closes its file. Each event calls notify if an Arm is in effect;
+// every event read is acknowledged, in batches and at Close, before
+// ibv_destroy_cq, which otherwise waits forever.
+func (q *CQ) events() {
+	defer close(q.done)
+	_ = q.rc.Read(func(uintptr) bool {
+		for {
+			switch e := C.rs_get_cq_event(q.ch); {
+			case e == C.int(syscall.EAGAIN):
+				return false // park until the channel is readable again
+			case e != 0:
+				// The channel failed: the next Poll reports what the
+				// device does; an armed caller is told to look.
+				if q.armed.Swap(false) && !q.closed.Load() {
+					q.notify()
+				}
+				return true
+			}
 			q.unacked++
+			if q.unacked >= ackBatch {
+				C.rs_ack_cq_events(q.cq, q.unacked)
+				q.unacked = 0
+			}
+			if q.armed.Swap(false) && !q.closed.Load() {
+				q.notify()
+			}
 		}
-		return e != C.int(syscall.EAGAIN)
 	})
-	switch {
-	case err != nil || q.closed.Load():
-		return verbs.ErrClosed
-	case e != 0:
-		return errnoErr("CQ event", e)
-	}
-	if q.unacked >= ackBatch {
-		C.rs_ack_cq_events(q.cq, q.unacked)
-		q.unacked = 0
-	}
-	return nil
 }
 
-// Close destroys the CQ and its channel and ends a Wait. Close the QPs
-// first.
+// Close destroys the CQ and its channel. Close the QPs first. notify is
+// not called once it returned.
 func (q *CQ) Close() error {
 	if q.closed.Swap(true) {
 		return nil
 	}
-	q.file.Close() // wakes a parked Wait
-	q.waitMu.Lock()
-	defer q.waitMu.Unlock()
+	q.file.Close() // ends events
+	<-q.done
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.unacked > 0 {

@@ -208,10 +208,6 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 	switch {
 	case wr.Op == verbs.OpWrite:
 		opcode = C.RS_WR_RDMA_WRITE
-	case wr.Op == verbs.OpWriteImm:
-		opcode = C.RS_WR_RDMA_WRITE_WITH_IMM
-	case wr.Op == verbs.OpSend && wr.HasImm:
-		opcode = C.RS_WR_SEND_WITH_IMM
 	case wr.Op == verbs.OpSend:
 		opcode = C.RS_WR_SEND
 	default:
@@ -266,7 +262,7 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 		}
 	}
 	q.sends[seq%uint64(len(q.sends))] = sendRec{id: wr.ID, op: wr.Op}
-	if e := C.rs_post_send(q.qp, C.uint64_t(seq), opcode, flags, C.uint32_t(wr.Imm),
+	if e := C.rs_post_send(q.qp, C.uint64_t(seq), opcode, flags, 0,
 		C.uint64_t(laddr), C.uint32_t(n), C.uint32_t(lkey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), inl); e != 0 {
 		return q.postErr("post send", e)
 	}

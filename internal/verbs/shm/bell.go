@@ -11,50 +11,47 @@ import (
 
 // Bell page layout. Each side of a link owns one bell page (a memfd it
 // creates, passes to the peer at link setup and then closes): the peer's
-// QPs set bits in it to ring this side's CQs, and this side's readers
-// (lead.go) clear them. It replaces an eventfd per CQ (plus a duplicate
-// per peer) with two eventfds per link and direction, one per doorbell,
-// so that the owner of the link who waits on the direct one is not woken
-// for the event loops' rings, nor the dispatcher for the owner's:
+// QPs set bits in it to ring this side's CQs, and this side's dispatcher
+// (link.go) clears them. With one eventfd per link and side, it replaces
+// an eventfd per CQ (and a duplicate per peer):
 //
 //	offset   writer     field
 //	0        creator    magic, version (at creation)
-//	128      both       armed[direct], armed[wait]: set by the reader of
-//	                    that doorbell's eventfd before it sleeps, swapped
-//	                    to 0 by the producer that then writes it
-//	256      producer   summary of the direct bitmap: bit w = word w non-zero
-//	384      producer   summary of the wait bitmap
-//	4096     producer   direct bitmap: bit s = ring WaitDirect of slot s's CQ
-//	12288    producer   wait bitmap: bit s = ring Wait of slot s's CQ
+//	128      both       armed: set by the dispatcher before it sleeps,
+//	                    swapped to 0 by the producer that then writes the
+//	                    eventfd
+//	256      producer   summary: bit w = bitmap word w non-zero
+//	4096     producer   bitmap: bit s = ring the CQ of slot s's QP
 //
 // A slot is the low 16 bits of a QP's link id (see link.go). The producer
-// sets the bitmap bit, then the summary bit, then loads that doorbell's
-// armed; its reader stores armed, then swaps the summaries and the words
-// they name. Everything the peer writes here is only a hint: a bit names a slot
-// of this link, which is looked up (and may be empty) before anything is
-// rung, so a hostile peer can cause spurious wake-ups of its own QPs only.
+// sets the bitmap bit, then the summary bit, then loads armed; the
+// dispatcher stores armed, then swaps the summary and the words it names.
+// Everything the peer writes here is only a hint: a bit names a slot of
+// this link, which is looked up (and may be empty) before anything is
+// rung, so a hostile peer can cause spurious notifications of its own QPs
+// only.
 const (
 	bellMagic     = 0x6c656272 // "rbel", little-endian
-	bellVersion   = 2          // 1 had one armed word and one eventfd
+	bellVersion   = 3          // 2 had two doorbells, 1 one armed word and one eventfd
 	maxLinkSlots  = 1 << 16
 	bellWords     = maxLinkSlots / 64
 	bellSumWords  = bellWords / 64
 	bellBitsOff   = 4096
-	bellPageBytes = bellBitsOff + 2*bellWords*8
+	bellPageBytes = bellBitsOff + bellWords*8
 )
 
-// bellHeader overlays the start of a bell page; the bitmaps follow at
+// bellHeader overlays the start of a bell page; the bitmap follows at
 // bellBitsOff.
 type bellHeader struct {
 	magic   uint32
 	version uint32
 	_       [128 - 8]byte
-	armed   [2]atomic.Uint32 // [direct, wait]
-	_       [128 - 8]byte
-	sum     [2][bellSumWords]atomic.Uint64 // [direct, wait]
+	armed   atomic.Uint32
+	_       [128 - 4]byte
+	sum     [bellSumWords]atomic.Uint64
 }
 
-type bellBits [2][bellWords]atomic.Uint64 // [direct, wait]
+type bellBits [bellWords]atomic.Uint64
 
 var _ [bellBitsOff - unsafe.Sizeof(bellHeader{})]byte
 
@@ -81,9 +78,7 @@ func newBell() (int, bellPage, error) {
 	}
 	b := makeBell(mem)
 	b.hdr.magic, b.hdr.version = bellMagic, bellVersion
-	for k := range b.hdr.armed {
-		b.hdr.armed[k].Store(1) // nobody has drained the page yet: ring the eventfds
-	}
+	b.hdr.armed.Store(1) // nobody has drained the page yet: ring the eventfd
 	return fd, b, nil
 }
 
@@ -109,58 +104,37 @@ func (b *bellPage) release() {
 	*b = bellPage{}
 }
 
-// bellKind is the doorbell a value v (an inbox's sleeping value) rings:
-// 0 for WaitDirect, 1 for Wait (anything but armDirect). It indexes the
-// bitmaps, the armed words and the eventfds.
-func bellKind(v uint32) int {
-	if v == armDirect {
-		return bellDirect
-	}
-	return bellWait
-}
-
-const (
-	bellDirect = 0
-	bellWait   = 1
-)
-
-// ring sets slot's bit for doorbell v in the peer's bell page and writes
-// the peer's eventfd of that doorbell (efds) if its reader sleeps. The Or
-// operations and the load of armed are sequentially consistent: either the
-// reader's scan after it stored armed sees the bit, or this load sees
-// armed set.
-func (b *bellPage) ring(slot uint32, v uint32, efds *[2]int) {
-	k := bellKind(v)
+// ring sets slot's bit in the peer's bell page and writes the peer's
+// eventfd efd if its dispatcher sleeps. The Or operations and the load of
+// armed are sequentially consistent: either the dispatcher's scan after it
+// stored armed sees the bit, or this load sees armed set.
+func (b *bellPage) ring(slot uint32, efd int) {
 	w := (slot % maxLinkSlots) / 64
-	b.bits[k][w].Or(1 << (slot % 64))
-	b.hdr.sum[k][w/64].Or(1 << (w % 64))
-	if b.hdr.armed[k].Load() != 0 && b.hdr.armed[k].Swap(0) != 0 {
-		_, _ = unix.Write(efds[k], eventOne[:])
+	b.bits[w].Or(1 << (slot % 64))
+	b.hdr.sum[w/64].Or(1 << (w % 64))
+	if b.hdr.armed.Load() != 0 && b.hdr.armed.Swap(0) != 0 {
+		_, _ = unix.Write(efd, eventOne[:])
 	}
 }
 
-// drain stores doorbell k's armed word, then clears every bit set in this
-// side's bitmap k and calls fn for each (slot, doorbell value).
-func (b *bellPage) drain(k int, fn func(slot uint32, v uint32)) {
-	b.hdr.armed[k].Store(1)
-	v := uint32(armDirect)
-	if k == bellWait {
-		v = armWait
-	}
+// drain stores armed, then clears every bit set in this side's bitmap and
+// calls fn for each slot.
+func (b *bellPage) drain(fn func(slot uint32)) {
+	b.hdr.armed.Store(1)
 	for i := range bellSumWords {
-		if b.hdr.sum[k][i].Load() == 0 {
+		if b.hdr.sum[i].Load() == 0 {
 			continue
 		}
-		s := b.hdr.sum[k][i].Swap(0)
+		s := b.hdr.sum[i].Swap(0)
 		for s != 0 {
 			j := bits.TrailingZeros64(s)
 			s &= s - 1
 			w := i*64 + j
-			x := b.bits[k][w].Swap(0)
+			x := b.bits[w].Swap(0)
 			for x != 0 {
 				c := bits.TrailingZeros64(x)
 				x &= x - 1
-				fn(uint32(w*64+c), v)
+				fn(uint32(w*64 + c))
 			}
 		}
 	}

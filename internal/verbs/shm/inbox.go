@@ -20,9 +20,8 @@ import (
 //	128      producer  tail (entries published), fault (access violation)
 //	256      owner     head (entries consumed)
 //	384      owner     posted (RECVs ever posted)
-//	512      both      sleeping (set by the owner's Arm or ArmDirect to the
-//	                   doorbell wanted, cleared by the producer that then
-//	                   rings it: the owner's eventfd or control connection)
+//	512      both      sleeping (set by the owner's Arm, cleared by the
+//	                   producer that then rings the owner's link doorbell)
 //	4096     producer  entries
 //
 // Neither side ever reads back a field it writes: the owner keeps head and
@@ -39,7 +38,7 @@ const (
 	inboxHeaderSize = 4096
 	minInboxCap     = 64         // so that the entries fill whole 4 KiB pages
 	inboxMagic      = 0x6d687372 // "rshm", little-endian
-	inboxVersion    = 2
+	inboxVersion    = 3 // 2 had WRITE with immediate entries
 )
 
 // Owner states published in the inbox header.
@@ -49,14 +48,8 @@ const (
 	ownerClosed = 2
 )
 
-// Entry opcodes.
-const (
-	entrySend     = 1
-	entryWriteImm = 2
-)
-
-// entryHasImm is the flag bit of an entry that carries an immediate.
-const entryHasImm = 1
+// entrySend is the opcode of an entry: a SEND (the only one).
+const entrySend = 1
 
 // inboxHeader overlays the first page of an inbox.
 type inboxHeader struct {
@@ -79,9 +72,7 @@ type inboxHeader struct {
 // entry overlays one inbox entry.
 type entry struct {
 	op     uint8
-	flags  uint8
-	_      uint16
-	imm    uint32
+	_      [7]uint8
 	length uint32
 	_      uint32
 	data   [MaxSend]byte

@@ -35,22 +35,11 @@ type link struct {
 	pid    int32  // SO_PEERCRED of the peer, checked at setup
 	uid    uint32
 
-	own     bellPage           // rung by the peer, drained by its readers (lead.go)
-	efile   [2]*os.File        // this side's eventfds [direct, wait], waited on by dispatch
-	eraw    [2]syscall.RawConn // efile's
-	lfile   *os.File           // a duplicate of efile[bellDirect], waited on by the owner's WaitDirect
-	lraw    syscall.RawConn    // lfile's
-	peer    bellPage           // the peer's bell page
-	peerEvt [2]int             // the peer's eventfds, or -1
-
-	// The readers of the direct doorbell (lead.go): owner is the CQ whose
-	// WaitDirect waits on lfile (nil: none), disp whether dispatch waits on
-	// efile[bellDirect] (while there is no owner). They change under mu.
-	owner  atomic.Pointer[CQ]
-	leader atomic.Pointer[CQ] // the CQ whose WaitDirect reads lfile (lead)
-	disp   atomic.Bool
-	resume chan struct{} // wakes dispatch when disp is set; capacity 1
-	stop   chan struct{} // closed by release: dispatch returns
+	own     bellPage        // rung by the peer, drained by dispatch
+	efile   *os.File        // this side's eventfd, waited on by dispatch
+	eraw    syscall.RawConn // efile's
+	peer    bellPage        // the peer's bell page
+	peerEvt int             // the peer's eventfd, or -1
 
 	wmu sync.Mutex // serialises writes on c
 
@@ -69,16 +58,9 @@ type link struct {
 	// QP takes the hold over (getLink).
 	lingering bool
 	lingerGen uint64
-	dispWG    sync.WaitGroup // the dispatchers, once started
-	nWait     int            // QPs whose CQ last armed for Wait
-	direct    map[*CQ]int    // QPs whose CQ last armed for WaitDirect, by CQ
+	dispWG    sync.WaitGroup // the dispatcher, once started
 
-	wakeups     atomic.Uint64 // wake-ups of its readers by an eventfd edge
-	leadWakeups atomic.Uint64 // those of an owner's WaitDirect
-	moves       atomic.Uint64 // changes of owner
-	handoffs    atomic.Uint64 // owner's direct rings drained by another reader
-	takeovers   atomic.Uint64 // owners replaced by tryTake
-	leadSince   atomic.Int64  // monoNow when the owner's WaitDirect last started to lead
+	wakeups atomic.Uint64 // wake-ups of the dispatcher by an eventfd edge
 }
 
 type linkSlot struct {
@@ -270,9 +252,7 @@ var liveLinks atomic.Int64
 
 func newLink() *link {
 	liveLinks.Add(1)
-	l := &link{peerEvt: [2]int{-1, -1}, resume: make(chan struct{}, 1), stop: make(chan struct{})}
-	l.disp.Store(true) // no owner yet
-	return l
+	return &link{peerEvt: -1}
 }
 
 // release frees the link's resources; nothing uses them any more.
@@ -281,23 +261,16 @@ func (l *link) release() {
 	if l.c != nil {
 		_ = l.c.Close()
 	}
-	l.mu.Lock()
-	l.retargetLocked() // freed: nobody owns it any more
-	l.mu.Unlock()
-	close(l.stop)
-	if l.lfile != nil {
-		_ = l.lfile.Close() // a leading WaitDirect returns
-	}
-	for _, f := range l.efile {
-		if f != nil {
-			_ = f.Close() // dispatch returns
-		}
+	if l.efile != nil {
+		_ = l.efile.Close() // dispatch returns
 	}
 	l.dispWG.Wait()
 	l.own.release()
 	l.peer.release()
-	closeFDs(l.peerEvt[:])
-	l.peerEvt = [2]int{-1, -1}
+	if l.peerEvt >= 0 {
+		_ = unix.Close(l.peerEvt)
+		l.peerEvt = -1
+	}
 	if l.lnRef {
 		releaseListener()
 	}
@@ -308,10 +281,35 @@ func (l *link) start() {
 	l.mu.Lock()
 	l.reader = true
 	l.mu.Unlock()
-	l.dispWG.Add(2)
-	go l.dispatch(bellDirect)
-	go l.dispatch(bellWait)
+	l.dispWG.Add(1)
+	go l.dispatch()
 	go l.readLoop()
+}
+
+// dispatch waits on the link's eventfd in the Go netpoller, on its edges
+// (the counter is never read: every write is an edge, which wakes a parked
+// dispatcher or is remembered for one about to park), and each time it
+// wakes drains the bell page (storing armed first) and fires the CQ of
+// every QP rung. It returns when the eventfd is closed (release).
+func (l *link) dispatch() {
+	defer l.dispWG.Done()
+	woke := false
+	_ = l.eraw.Read(func(uintptr) bool {
+		if woke {
+			l.wakeups.Add(1)
+		}
+		woke = true
+		l.mu.Lock()
+		l.own.drain(func(slot uint32) {
+			if int(slot) < len(l.slots) {
+				if q := l.slots[slot].q; q != nil && q.cq != nil {
+					q.cq.fire()
+				}
+			}
+		})
+		l.mu.Unlock()
+		return false // park until the next edge
+	})
 }
 
 // readLoop serves the connection until it fails or is closed; then every
@@ -470,8 +468,8 @@ func (l *link) write(b []byte, fds []int) error {
 	return writeMsg(l.c, b, fds)
 }
 
-// ringPeer rings the peer QP peerID for doorbell v.
-func (l *link) ringPeer(peerID, v uint32) { l.peer.ring(peerID&0xffff, v, &l.peerEvt) }
+// ringPeer rings the peer QP peerID.
+func (l *link) ringPeer(peerID uint32) { l.peer.ring(peerID&0xffff, l.peerEvt) }
 
 // getLink returns the established link to the peer whose rendezvous is
 // name, with q bound to it (id) and wait registered for the answer to its
@@ -541,72 +539,55 @@ func (l *link) finishSetup(err error) {
 }
 
 // linkFDs is how many fds a link's first message carries before the
-// QP's: the sender's direct and wait eventfds, and its bell page.
-const linkFDs = 3
+// QP's: the sender's eventfd and its bell page.
+const linkFDs = 2
 
-// newLinkDoorbell makes this side's eventfds and bell page for a link and
+// newLinkDoorbell makes this side's eventfd and bell page for a link and
 // returns them in the order they are sent. The caller sends them, then
 // calls adoptDoorbell (or closes them).
 func (l *link) newLinkDoorbell() ([]int, error) {
-	fds := []int{-1, -1, -1}
-	for k := range 2 {
-		efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-		if err != nil {
-			closeFDs(fds)
-			return nil, fmt.Errorf("shm: eventfd: %w", err)
-		}
-		fds[k] = efd
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("shm: eventfd: %w", err)
 	}
-	var err error
-	if fds[2], l.own, err = newBell(); err != nil {
-		closeFDs(fds)
+	bfd, own, err := newBell()
+	if err != nil {
+		_ = unix.Close(efd)
 		return nil, err
 	}
-	return fds, nil
+	l.own = own
+	return []int{efd, bfd}, nil
 }
 
 // adoptDoorbell closes the bell page's memfd (the peer has it now) and
-// wraps this side's eventfds for the Go netpoller: efile for dispatch,
-// and a duplicate of the direct one, lfile, for an owner's leading
-// WaitDirect, so that each waiter parks on a file of its own. It takes
-// ownership of fds on success and failure.
+// wraps this side's eventfd for the Go netpoller. It takes ownership of
+// fds on success and failure.
 func (l *link) adoptDoorbell(fds []int) error {
-	_ = unix.Close(fds[2])
-	dup, err := unix.FcntlInt(uintptr(fds[bellDirect]), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		closeFDs(fds[:2])
-		return fmt.Errorf("shm: dup eventfd: %w", err)
-	}
-	l.efile[bellDirect] = os.NewFile(uintptr(fds[bellDirect]), "rsock-shm-link-direct")
-	l.efile[bellWait] = os.NewFile(uintptr(fds[bellWait]), "rsock-shm-link-wait")
-	l.lfile = os.NewFile(uintptr(dup), "rsock-shm-link-lead")
-	for k, f := range l.efile {
-		if l.eraw[k], err = f.SyscallConn(); err != nil {
-			return err
-		}
-	}
-	l.lraw, err = l.lfile.SyscallConn()
+	_ = unix.Close(fds[1])
+	l.efile = os.NewFile(uintptr(fds[0]), "rsock-shm-link")
+	var err error
+	l.eraw, err = l.efile.SyscallConn()
 	return err
 }
 
-// mapPeerDoorbell validates and maps the peer's eventfds and bell page,
+// mapPeerDoorbell validates and maps the peer's eventfd and bell page,
 // the first linkFDs of fds; it takes ownership of those on success and
 // failure.
 func (l *link) mapPeerDoorbell(fds []int) error {
 	if len(fds) < linkFDs {
 		return fmt.Errorf("shm: %d file descriptors, want the link's %d first", len(fds), linkFDs)
 	}
-	defer func() { fds[0], fds[1], fds[2] = -1, -1, -1 }()
-	b, err := mapPeerBell(fds[2])
-	_ = unix.Close(fds[2])
-	for k := 0; err == nil && k < 2; k++ {
-		err = checkEventfd(fds[k])
+	defer func() { fds[0], fds[1] = -1, -1 }()
+	b, err := mapPeerBell(fds[1])
+	_ = unix.Close(fds[1])
+	if err == nil {
+		err = checkEventfd(fds[0])
 	}
 	if err != nil {
 		b.release()
-		closeFDs(fds[:2])
+		_ = unix.Close(fds[0])
 		return err
 	}
-	l.peer, l.peerEvt = b, [2]int{fds[0], fds[1]}
+	l.peer, l.peerEvt = b, fds[0]
 	return nil
 }

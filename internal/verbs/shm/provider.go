@@ -240,14 +240,11 @@ func (d *Device) newRKeyLocked() uint32 {
 // completions (send completions and flushed receives; completions of
 // incoming messages are made by Poll and need no room). It fails with
 // verbs.ErrClosed after Close.
-func (d *Device) NewCQ(depth int) (verbs.CQ, error) {
+func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	if depth <= 0 || depth > MaxCQDepth {
 		return nil, fmt.Errorf("shm: completion queue depth %d (allowed 1..%d)", depth, MaxCQDepth)
 	}
-	cq, err := newCQ(d, depth)
-	if err != nil {
-		return nil, err
-	}
+	cq := newCQ(d, depth, notify)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {

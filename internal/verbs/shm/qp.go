@@ -66,7 +66,6 @@ type QP struct {
 	posted  uint64        // RECVs ever posted (published in the inbox)
 	head    atomic.Uint64 // inbox entries consumed; written under rmu
 
-	clink *link // link counted for cq's armed intent (guarded by cq.mu)
 
 	peerGone   atomic.Bool // the peer QP closed or its link ended
 	hasRevokes atomic.Bool
@@ -319,7 +318,6 @@ func (q *QP) install(p *peerSide, l *link, id, peerID uint32, exported []uint32)
 	if inFD >= 0 {
 		_ = unix.Close(inFD)
 	}
-	q.cq.linked(q, l)
 	q.dev.passedTo(q, exported)
 	return nil
 }

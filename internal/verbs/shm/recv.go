@@ -6,8 +6,7 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// PostRecv posts a buffer for one incoming SEND (or a WRITE with immediate,
-// which does not use it) and publishes the new count of posted RECVs in the
+// PostRecv posts a buffer for one incoming SEND and publishes the new count of posted RECVs in the
 // inbox, where the peer checks it before sending. It works from the QP's
 // creation on, before Connect. A zero-length buffer may leave Local.MR nil.
 // It does not block, make a system call or allocate. Errors:
@@ -106,8 +105,8 @@ func (q *QP) consumeLocked(wc []verbs.Completion) (int, verbs.Status) {
 	var one [1]verbs.Completion
 	for ; avail > 0 && (toLocal || n < len(wc)); avail-- {
 		e := q.in.entryAt(h)
-		op, flags, imm, length := e.op, e.flags, e.imm, e.length
-		if q.rcount == 0 || (op != entrySend && op != entryWriteImm) || (op == entrySend && length > MaxSend) {
+		op, length := e.op, e.length
+		if q.rcount == 0 || op != entrySend || length > MaxSend {
 			// A message without a RECV (the peer ignored its credits), an
 			// unknown opcode or an impossible length.
 			fail = verbs.StatusFatal
@@ -119,24 +118,17 @@ func (q *QP) consumeLocked(wc []verbs.Completion) (int, verbs.Status) {
 			c = &wc[n]
 		}
 		*c = verbs.Completion{ID: r.id, Op: verbs.OpRecv, Len: int(length)}
-		if op == entryWriteImm {
-			c.Op, c.Imm, c.HasImm = verbs.OpRecvImm, imm, true
-		} else {
-			if flags&entryHasImm != 0 {
-				c.Imm, c.HasImm = imm, true
-			}
-			switch {
-			case int(length) > r.n:
-				c.Status, c.Len = verbs.StatusLocalLength, 0
-				fail = verbs.StatusFlushed
-			case length == 0:
-			case r.mr.pin():
-				copy(r.mr.buf[r.off:r.off+int(length)], e.data[:length])
-				r.mr.unpin()
-			default: // the buffer's region was closed under the RECV
-				c.Status, c.Len = verbs.StatusFatal, 0
-				fail = verbs.StatusFlushed
-			}
+		switch {
+		case int(length) > r.n:
+			c.Status, c.Len = verbs.StatusLocalLength, 0
+			fail = verbs.StatusFlushed
+		case length == 0:
+		case r.mr.pin():
+			copy(r.mr.buf[r.off:r.off+int(length)], e.data[:length])
+			r.mr.unpin()
+		default: // the buffer's region was closed under the RECV
+			c.Status, c.Len = verbs.StatusFatal, 0
+			fail = verbs.StatusFlushed
 		}
 		h++
 		if toLocal {

@@ -14,9 +14,8 @@ import (
 //     first time the key is used: the only case where PostSend waits, at
 //     most pullTimeout). An unknown key or a range outside the region
 //     completes with verbs.StatusRemoteAccess.
-//   - SEND and WRITE with immediate publish an inbox entry (after the WRITE's
-//     copy). With no RECV posted at the peer they complete with
-//     verbs.StatusRNR.
+//   - SEND publishes an inbox entry. With no RECV posted at the peer it
+//     completes with verbs.StatusRNR.
 //   - A peer that closed its QP, is in the error state or whose process went
 //     away makes them complete with verbs.StatusRetryExceeded.
 //
@@ -47,7 +46,7 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 		return fmt.Errorf("%w: shm: not connected", verbs.ErrQPState)
 	}
 	switch wr.Op {
-	case verbs.OpWrite, verbs.OpWriteImm, verbs.OpSend:
+	case verbs.OpWrite, verbs.OpSend:
 	default:
 		return fmt.Errorf("shm: send work request with opcode %v", wr.Op)
 	}
@@ -90,8 +89,7 @@ func (q *QP) executeLocked(wr *verbs.SendWR, src []byte) verbs.Status {
 	if q.peerGone.Load() || q.out.hdr.state.Load() != ownerReady {
 		return verbs.StatusRetryExceeded
 	}
-	switch wr.Op {
-	case verbs.OpWrite, verbs.OpWriteImm:
+	if wr.Op == verbs.OpWrite {
 		var dst []byte
 		if len(src) > 0 { // zero-length WRITEs check neither key nor bounds
 			var st verbs.Status
@@ -103,25 +101,13 @@ func (q *QP) executeLocked(wr *verbs.SendWR, src []byte) verbs.Status {
 				return st
 			}
 		}
-		if wr.Op == verbs.OpWrite {
-			copy(dst, src)
-			return verbs.StatusSuccess
-		}
-		if st := q.creditLocked(); st != verbs.StatusSuccess {
-			return st
-		}
 		copy(dst, src)
-		return q.enqueueLocked(entryWriteImm, entryHasImm, wr.Imm, uint32(len(src)), nil)
-	default: // OpSend
-		if st := q.creditLocked(); st != verbs.StatusSuccess {
-			return st
-		}
-		var flags uint8
-		if wr.HasImm {
-			flags = entryHasImm
-		}
-		return q.enqueueLocked(entrySend, flags, wr.Imm, uint32(len(src)), src)
+		return verbs.StatusSuccess
 	}
+	if st := q.creditLocked(); st != verbs.StatusSuccess { // OpSend
+		return st
+	}
+	return q.enqueueLocked(src)
 }
 
 // creditLocked checks that the peer has a RECV posted for one more entry
@@ -145,24 +131,21 @@ func (q *QP) creditLocked() verbs.Status {
 	return verbs.StatusSuccess
 }
 
-// enqueueLocked writes an entry into the peer's inbox, publishes it (the
-// atomic store of tail orders the entry, and any WRITE's data copied before
-// it, before the peer's load of tail) and signals the peer if it sleeps.
-// The store of tail and the load of the sleeping flag are sequentially
-// consistent, which pairs with Arm's store of the flag and the Poll after
-// it: either that Poll sees the entry or this load sees the flag. The flag
-// names the doorbell (the peer's WaitDirect for armDirect, its Wait for
-// anything else), which rings through the link's bell page (bell.go).
-func (q *QP) enqueueLocked(op, flags uint8, imm, length uint32, payload []byte) verbs.Status {
+// enqueueLocked writes a SEND's entry into the peer's inbox, publishes it
+// (the atomic store of tail orders the entry, and any WRITE's data copied
+// before it, before the peer's load of tail) and rings the peer if it
+// sleeps. The store of tail and the load of the sleeping flag are
+// sequentially consistent, which pairs with Arm's store of the flag and the
+// Poll after it: either that Poll sees the entry or this load sees the
+// flag; the ring goes through the link's bell page (bell.go).
+func (q *QP) enqueueLocked(payload []byte) verbs.Status {
 	e := q.out.entryAt(q.tail)
-	e.op, e.flags, e.imm, e.length = op, flags, imm, length
+	e.op, e.length = entrySend, uint32(len(payload))
 	copy(e.data[:], payload)
 	q.tail++
 	q.out.hdr.tail.Store(q.tail)
-	if q.out.hdr.sleeping.Load() != 0 {
-		if v := q.out.hdr.sleeping.Swap(0); v != 0 {
-			q.link.ringPeer(q.peerID, v)
-		}
+	if q.out.hdr.sleeping.Load() != 0 && q.out.hdr.sleeping.Swap(0) != 0 {
+		q.link.ringPeer(q.peerID)
 	}
 	return verbs.StatusSuccess
 }
@@ -213,9 +196,8 @@ func (q *QP) remoteLocked(raddr uint64, rkey uint32, n int) ([]byte, verbs.Statu
 
 // MapRemote returns the peer's memory at addr..addr+length of the region
 // named by rkey, mapped in this process, so that a writer can copy into it
-// directly instead of posting a WRITE. Bytes copied before a SEND or WRITE
-// with immediate is posted are visible to the peer when that message's
-// receive completion is (the entry's publication orders them). The slice
+// directly instead of posting a WRITE. Bytes copied before a SEND is
+// posted are visible to the peer when that message's receive completion is (the entry's publication orders them). The slice
 // stays valid until Close, even if the peer deregisters the region. It may
 // wait like PostSend the first time rkey is used. Errors: verbs.ErrClosed,
 // verbs.ErrQPState when not connected, and an error wrapping

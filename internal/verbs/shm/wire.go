@@ -16,7 +16,7 @@ import (
 // Info wire format (all integers little-endian):
 //
 //	0   magic "rshm"
-//	4   version (3: links; 2 had a control connection per QP)
+//	4   version (4: one doorbell per link; 3 had two; 2 a control connection per QP)
 //	5   length of the rendezvous name
 //	6   reserved (2 bytes)
 //	8   boot id (16 bytes)
@@ -25,7 +25,7 @@ import (
 //	72  rendezvous name: an abstract Unix socket name, "@rsock-shm-..."
 const (
 	infoMagic   = "rshm"
-	infoVersion = 3
+	infoVersion = 4
 	infoFixed   = 72
 	secretLen   = 32
 	// namePrefix is the prefix of every rendezvous name: a peer's Info
@@ -114,7 +114,7 @@ func checkSameHost(local, peer hostID) error {
 // per region: rkey u32, addr u64, size u64.
 const (
 	wireMagic     = "rsrv"
-	wireVersion   = 3
+	wireVersion   = 4
 	wireHeaderLen = 8
 	recordLen     = 20
 
