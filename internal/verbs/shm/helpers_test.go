@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,11 +30,11 @@ func openEnd(t testing.TB, depth int) *end {
 	}
 	e := &end{dev: dev}
 	t.Cleanup(e.close)
-	cq, err := dev.NewCQ(4 * depth)
+	cq, err := newTestCQ(dev, 4*depth)
 	if err != nil {
 		t.Fatalf("NewCQ: %v", err)
 	}
-	e.cq = cq.(*CQ)
+	e.cq = cq
 	qp, err := dev.NewQP(verbs.QPAttr{CQ: cq, SendDepth: depth, RecvDepth: depth, MaxInline: 32})
 	if err != nil {
 		t.Fatalf("NewQP: %v", err)
@@ -121,6 +123,47 @@ func pollN(t testing.TB, cq *CQ, n int) []verbs.Completion {
 		}
 	}
 	return out
+}
+
+// bells holds each test CQ's notification channel (capacity 1) and count.
+var bells sync.Map // *CQ -> *bell
+
+type bell struct {
+	ch chan struct{}
+	n  atomic.Int64
+}
+
+// newTestCQ creates a CQ whose notifications signal its bell.
+func newTestCQ(dev *Device, depth int) (*CQ, error) {
+	b := &bell{ch: make(chan struct{}, 1)}
+	cq, err := dev.NewCQ(depth, func() {
+		b.n.Add(1)
+		select {
+		case b.ch <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	bells.Store(cq, b)
+	return cq.(*CQ), nil
+}
+
+func bellOf(cq *CQ) *bell {
+	b, _ := bells.Load(cq)
+	return b.(*bell)
+}
+
+// notified waits for a notification of cq, at most hangGuard; false means
+// none came.
+func notified(cq *CQ, hangGuard time.Duration) bool {
+	select {
+	case <-bellOf(cq).ch:
+		return true
+	case <-time.After(hangGuard):
+		return false
+	}
 }
 
 // drain polls cq until it is empty.

@@ -38,7 +38,7 @@ const (
 	inboxHeaderSize = 4096
 	minInboxCap     = 64         // so that the entries fill whole 4 KiB pages
 	inboxMagic      = 0x6d687372 // "rshm", little-endian
-	inboxVersion    = 3 // 2 had WRITE with immediate entries
+	inboxVersion    = 3          // 2 had WRITE with immediate entries
 )
 
 // Owner states published in the inbox header.

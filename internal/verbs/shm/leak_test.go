@@ -22,7 +22,7 @@ func cycle(t *testing.T, i int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cq, err := dev.NewCQ(64)
+		cq, err := newTestCQ(dev, 64)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -30,7 +30,7 @@ func cycle(t *testing.T, i int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &end{dev: dev, cq: cq.(*CQ), qp: qp.(*QP)}
+		return &end{dev: dev, cq: cq, qp: qp.(*QP)}
 	}
 	a, b := newEnd(), newEnd()
 	alloc := func(e *end, size int, access verbs.Access) *MR {
@@ -65,18 +65,17 @@ func cycle(t *testing.T, i int) {
 	if c := pollN(t, b.cq, 1)[0]; c.Err() != nil || !bytes.Equal(ringB.Bytes()[100:106], []byte("direct")) || !bytes.Equal(late.Bytes()[8:12], []byte("late")) {
 		t.Fatalf("cycle %d: b got %+v", i, c)
 	}
-	// b -> a, with a parked in Wait.
-	woke := make(chan error, 1)
+	// b -> a, with a armed and waiting for its notification.
 	if err := a.cq.Arm(); err != nil {
 		t.Fatal(err)
 	}
 	drain(t, a.cq)
-	go func() { woke <- a.cq.Wait() }()
-	post(b, verbs.SendWR{ID: 3, Op: verbs.OpWriteImm, Inline: []byte("imm"), RemoteAddr: ringA.Addr(), RKey: ringA.RKey(), Imm: 7, Signaled: true})
-	if err := <-woke; err != nil {
-		t.Fatalf("cycle %d: Wait: %v", i, err)
+	post(b, verbs.SendWR{ID: 3, Op: verbs.OpWrite, Inline: []byte("imm"), RemoteAddr: ringA.Addr(), RKey: ringA.RKey()})
+	post(b, verbs.SendWR{ID: 4, Op: verbs.OpSend, Inline: []byte("msg"), Signaled: true})
+	if !notified(a.cq, 10*time.Second) {
+		t.Fatalf("cycle %d: no notification", i)
 	}
-	if c := pollN(t, a.cq, 1)[0]; c.Err() != nil || c.Imm != 7 || !bytes.Equal(ringA.Bytes()[:3], []byte("imm")) {
+	if c := pollN(t, a.cq, 1)[0]; c.Err() != nil || !bytes.Equal(ringA.Bytes()[:3], []byte("imm")) {
 		t.Fatalf("cycle %d: a got %+v", i, c)
 	}
 	if i%2 == 0 {
@@ -209,11 +208,11 @@ func TestSharedCQ(t *testing.T) {
 	}
 	srv := &end{dev: dev}
 	t.Cleanup(srv.close)
-	cq, err := dev.NewCQ(256)
+	cq, err := newTestCQ(dev, 256)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.cq = cq.(*CQ)
+	srv.cq = cq
 	slots := srv.alloc(t, n*64, verbs.AccessLocalWrite)
 	var clients []*end
 	for i := range n {
@@ -239,16 +238,11 @@ func TestSharedCQ(t *testing.T) {
 		if wc := drain(t, srv.cq); len(wc) != 0 {
 			t.Fatalf("completions before anything was sent: %+v", wc)
 		}
-		woke := make(chan error, 1)
-		go func() { woke <- srv.cq.Wait() }()
 		sendInline(t, clients[i], 1, []byte{byte(i)})
 		select {
-		case err := <-woke:
-			if err != nil {
-				t.Fatal(err)
-			}
+		case <-bellOf(srv.cq).ch:
 		case <-ctx.Done():
-			t.Fatalf("no wake-up for QP %d", i)
+			t.Fatalf("no notification for QP %d", i)
 		}
 		if c := pollN(t, srv.cq, 1)[0]; c.Err() != nil || c.ID != uint64(i) || slots.Bytes()[i*64] != byte(i) {
 			t.Fatalf("QP %d: %+v", i, c)

@@ -66,7 +66,6 @@ type QP struct {
 	posted  uint64        // RECVs ever posted (published in the inbox)
 	head    atomic.Uint64 // inbox entries consumed; written under rmu
 
-
 	peerGone   atomic.Bool // the peer QP closed or its link ended
 	hasRevokes atomic.Bool
 
