@@ -470,12 +470,12 @@ func (p *svcProc) lastInfo(t testing.TB) (name string, secret []byte) {
 }
 
 // parseShmInfo reads an shm QP Info (internal/verbs/shm/wire.go): magic
-// "rshm", version 3, name length at 5, secret at 40..72, name from 72.
+// "rshm", version 4, name length at 5, secret at 40..72, name from 72.
 func parseShmInfo(t testing.TB, info []byte) (name string, secret []byte) {
 	t.Helper()
 	require.GreaterOrEqual(t, len(info), 72, "shm info %x", info)
 	require.Equal(t, "rshm", string(info[:4]))
-	require.Equal(t, byte(3), info[4], "shm info version")
+	require.Equal(t, byte(4), info[4], "shm info version")
 	require.Len(t, info, 72+int(info[5]))
 	return string(info[72:]), info[40:72]
 }
