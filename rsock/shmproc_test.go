@@ -1051,11 +1051,11 @@ func runShmIntruder() {
 }
 
 // connectMsg is a well-formed shm rendezvous connect message (see
-// internal/verbs/shm/wire.go): header "rsrv", version 3, kind 1; the
+// internal/verbs/shm/wire.go): header "rsrv", version 4, kind 1; the
 // secret; the sender's link id; an exchange with inbox capacity 64 and no
 // regions.
 func connectMsg(secret []byte) []byte {
-	b := append([]byte("rsrv"), 3, 1, 0, 0)
+	b := append([]byte("rsrv"), 4, 1, 0, 0)
 	b = append(b, secret...)
 	b = binary.LittleEndian.AppendUint32(b, 0)
 	b = binary.LittleEndian.AppendUint32(b, 64)
