@@ -33,10 +33,9 @@
 // Each QP owns an inbox (its own memfd, see inbox.go for the layout): a
 // single-producer single-consumer queue that the connected peer writes and
 // this side reads. Its capacity is a power of two at least RecvDepth and 64;
-// entries are EntrySize (64) bytes: opcode, flags, immediate, length and up
-// to MaxSend (48) bytes of inline payload. A SEND's payload is copied into
-// the entry when it is posted; a WRITE with immediate's entry carries only
-// the length. The header also carries the owner's published count of posted
+// entries are EntrySize (64) bytes: opcode (SEND), length and up to
+// MaxSend (48) bytes of inline payload, copied into the entry when the
+// SEND is posted. The header also carries the owner's published count of posted
 // RECVs: the sender compares it with the entries it has sent, and posts
 // against no RECV complete with StatusRNR (RC's receiver-not-ready). Since
 // a RECV is posted before its count is published, and the count minus the
@@ -58,79 +57,50 @@
 // load. The same holds across processes, because the guarantee comes from
 // the instructions (on amd64 a plain MOV load and an XCHG store; on arm64
 // LDAR and STLR) acting on the same physical memory, and Go's compiler does
-// not move plain accesses across atomics. So data copied before a SEND or
-// WRITE with immediate is posted is visible when its receive completion is,
+// not move plain accesses across atomics. So data copied before a SEND is
+// posted is visible when its receive completion is,
 // whether it was copied by a WRITE or directly into a MapRemote slice. The
 // consumer publishes head and the posted count with atomic stores after it
 // is done with the entries and buffers they cover.
 //
-// Sleeping uses UCX's signal bit, with two doorbells, rung through the
-// QP's link (see Connection and trust model). CQ.Arm stores sleeping=1
-// (armWait) in the inbox of each attached QP, CQ.ArmDirect stores 2
-// (armDirect); then the caller polls once more, loading tail. The producer
-// stores tail, then loads sleeping and, if set, swaps it to 0 and rings
-// the doorbell it names. A CQ owns no file descriptor; the peer reaches
-// it through its link's bell page and the link's eventfd of that doorbell
-// (bell.go):
+// Sleeping uses UCX's signal bit, rung through the QP's link (see
+// Connection and trust model). CQ.Arm stores sleeping=1 in the inbox of
+// each attached QP; then the caller polls once more, loading tail. The
+// producer stores tail, then loads sleeping and, if set, swaps it to 0 and
+// rings: a CQ owns no file descriptor, the peer reaches it through its
+// link's bell page and eventfd (bell.go):
 //
 //  1. The producer sets the bit of the consumer QP's link slot in the
-//     bell page's bitmap for that doorbell, then the bit of that word in
-//     the summary, with atomic ORs; then it loads the doorbell's armed
-//     word and, if set, swaps it to 0 and writes the doorbell's eventfd.
-//  2. The reader of that eventfd, when its wait starts and each time it
-//     wakes, stores armed=1, then swaps the summaries and the words they
-//     name to 0 and rings the CQ of each QP whose bit was set (the slot
-//     is looked up in the link: an empty slot is skipped); then it parks
-//     in the Go netpoller until the next write. It never reads the
-//     counter: every write is an edge of the netpoller's epoll, so a
-//     wait and a wake-up cost no system call.
+//     consumer's bell page, then the bit of that word in the summary, with
+//     atomic ORs; then it loads the page's armed word and, if set, swaps
+//     it to 0 and writes the consumer's link eventfd.
+//  2. The link's dispatcher goroutine (link.go) parks on that eventfd in
+//     the Go netpoller. Each time it wakes it stores armed=1, then swaps
+//     the summary and the words it names to 0 and fires the CQ of each QP
+//     whose bit was set (an empty slot is skipped): the CQ calls its
+//     notify function if it is armed, once per Arm. It never reads the
+//     counter: every write is an edge of the netpoller's epoll, so a wait
+//     and a wake-up cost no system call.
 //
-// Who reads (lead.go): the wait doorbell's eventfd has a dispatcher
-// goroutine per link that rings the channels Wait parks on. For the
-// direct doorbell, one CQ armed direct owns the link (rsock: a connection
-// to that peer process whose blocked call waits on the queue) and its
-// WaitDirect waits on the eventfd itself: its own ring wakes it with no
-// goroutine hand-off, as a CQ's own eventfd did before links. Other CQs
-// armed direct ask their peers for the wait doorbell, whose dispatcher
-// wakes their WaitDirect (one hand-off per wake-up); with no owner, a
-// second dispatcher waits on the direct eventfd. The owner keeps the role
-// while it stays armed direct, or until another CQ arming direct finds it
-// parked for 1 ms (idle) and takes it; moving the role wakes the reader
-// that loses it (a read deadline in the past on its file, no system
-// call). WakeDirect wakes a WaitDirect the same way, or through its
-// channel.
+// No notification is lost. Both levels are Dekker's pattern: each side
+// stores then loads, with sequentially consistent atomics (XCHG and LOCK
+// OR are full barriers), so at least one sees the other's store. QP level:
+// either the poll after Arm finds the entry, or the producer sees sleeping
+// and rings. Link level: armed starts set; either the dispatcher's drain
+// after it stored armed sees the bit, or the producer's load sees armed
+// and writes the eventfd, whose edge wakes the parked dispatcher or is
+// remembered for it while it drains (an edge the runtime forgets when a
+// wait starts belongs to a bit that the drain before the wait sees). The
+// swap of sleeping makes one ring per Arm, the swap of armed one eventfd
+// write per dispatcher wake-up: the rings of many QPs while the dispatcher
+// runs cost no system call. A busy receiver does not arm, so it costs the
+// sender nothing. A local completion (a send's, made at post time) fires
+// the CQ directly.
 //
-// No wake-up is lost. Both levels are Dekker's pattern: each side stores
-// then loads, with sequentially consistent atomics (XCHG and LOCK OR are
-// full barriers), so at least one sees the other's store. QP level: either
-// the poll after Arm finds the entry, or the producer sees sleeping and
-// performs step 1. Link level: armed starts set; either the reader's
-// drain after it stored armed sees the bit, or the producer's load sees
-// armed and it writes the eventfd, whose edge wakes the parked reader or
-// is remembered for one about to park (an edge the runtime forgets when a
-// wait starts belongs to a bit that wait's first drain sees). While the
-// owner's WaitDirect is not running nobody waits on the direct eventfd,
-// but then only the owner is armed direct and its next WaitDirect drains
-// first (a direct ring of a CQ that has armed otherwise since is stale:
-// the poll after its Arm finds the entry); a CQ that arms direct moves
-// the role before its Arm returns. The channels have capacity 1 and are
-// only signalled, so a ring that arrives before the waiter parks is kept.
-// The swap of sleeping makes one ring per Arm, the swap of armed one
-// eventfd write per reader wake-up; rings of many QPs while a reader runs
-// cost no system call. A busy receiver does not arm, so it costs the
-// sender nothing.
-//
-// Two doorbells let a caller that waits on the CQ itself (rsock's blocked
-// Read or Write) be woken without waking the goroutine that makes progress
-// in the background (parked in Wait). In rsock's event-only mode
-// (busy-poll off) a 64-byte ping-pong takes the owner's path as long as
-// its connection is the only one to that peer process whose call waits
-// on the queue (idle connections whose event loops wait do not count):
-// its round trip is what it was with an eventfd per CQ. Several
-// connections to one peer process with blocked calls at once share the
-// direct dispatcher: one hand-off per wake-up (about 4 us per round trip
-// in event-only mode, measured before owners); the default mode, which
-// busy-polls before it sleeps, is not affected.
+// The dispatcher is one goroutine between the peer's eventfd write and the
+// caller that waits for the notification: a goroutine hand-off per
+// wake-up, the price of sharing one eventfd among all QPs of a process
+// pair rather than costing a descriptor per connection (BENCHMARKS.md).
 //
 // CQ.Pending (verbs.Peeker) takes no lock: it reads a copy of the
 // attached QPs, counted as a reader by epoch parity, and a QP's detach
@@ -188,9 +158,7 @@
 // lingering link is kept under stays valid. A QP's close sends "gone" to its peer QP;
 // the link's end tells every QP on it that the peer process is gone. So a
 // connection costs no file descriptor of its own: each process holds, per
-// peer process, one Unix socket, its own two eventfds (the direct one
-// twice: the dispatcher and an owner's WaitDirect each park on a file of
-// their own) and the peer's two.
+// peer process, one Unix socket, its own eventfd and the peer's.
 //
 // The secret travels only inside the Info exchanged over rsock's TCP
 // bootstrap connection, so only the process at the other end of that
