@@ -174,7 +174,12 @@ func (c *Conn) sendSignaledLocked(extra ring.Flags, signal bool) bool {
 		return false
 	}
 	m.Marshal(c.msgBuf[:])
-	c.swr = verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:]}
+	// The message of a writer blocked for message credits is solicited: it
+	// reaches the peer even when the peer is idle (waiter.go), since only
+	// the peer's progress (its receive buffers posted again) frees them. A
+	// writer blocked for ring space waits for the peer's application to
+	// read, which answers it then.
+	c.swr = verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:], Solicited: extra&ring.FlagBlocked != 0 && !c.st.CanSendData()}
 	if err := c.postLocked(&c.swr, signal); err != nil {
 		c.suspectLocked(reset("posting a state message", err))
 		return false

@@ -37,14 +37,14 @@ import (
 //
 // Nothing waits while no call is parked, yet the peer may still need us:
 // our written bytes announced, our FIN sent, its messages' receive buffers
-// posted again. So when the last call leaves (idleLocked), the queue is
-// armed with no poller, and a notification then starts a short-lived
-// goroutine that makes that progress (background). A call that busy-polls
-// disarms the queue first (spin), so that peers do not pay for
-// notifications while it polls; it arms again when it parks or leaves.
-// A Read that leaves bytes lent (read.go) does not arm when we owe the
-// peer nothing: its holder comes back for them, and the peer's data
-// announcements would otherwise each cost a notification in a bulk stream.
+// posted again when it is blocked on us. So when the last call leaves
+// (idleLocked), the queue is armed with no poller: for every completion if
+// we owe the peer something, else for solicited ones (the messages of a
+// blocked peer; not while bytes are lent to Reads, whose holder comes
+// back), and a notification then starts a short-lived goroutine that makes
+// that progress (background). A call that busy-polls disarms
+// the queue first (spin), so that peers do not pay for notifications while
+// it polls; it arms again when it parks or leaves.
 
 // Test hooks: a call about to park (after it became the poller or found
 // one, with mu released), and a poller that has let go of the role and
@@ -178,14 +178,27 @@ func (c *Conn) armLocked() bool {
 }
 
 // idleLocked arms the queue for background progress once no call is in
-// the Conn, no entry waits, and no lent bytes will bring a Read back (unless
-// we owe the peer something); then it polls for what came before the arm.
+// the Conn and no entry waits, then polls for what came before the arm.
+// It arms for every completion if we owe the peer something (the credits
+// we wait for may come in any message); else, for solicited ones only:
+// the messages of a peer blocked on our receive buffers, unless bytes
+// are lent to Reads (recv.go), whose holder comes back for them and then
+// answers the peer as a call does. So an idle or streaming receiver costs
+// the peer no notification per message, and a blocked peer is answered.
 func (c *Conn) idleLocked() {
 	if c.active.Load() > 0 || len(c.waiting) > 0 || c.life >= lifeClosing || c.err != nil {
 		return
 	}
-	if !c.rd.lent || c.owesPeerLocked() {
-		c.armLocked()
+	var err error
+	switch {
+	case c.owesPeerLocked():
+		err = c.ep.cq.Arm()
+	case !c.rd.lent:
+		err = c.ep.cq.ArmSolicited()
+	}
+	if err != nil {
+		c.failLocked(reset("arming the completion queue", err))
+		return
 	}
 	c.progressLocked()
 }

@@ -168,6 +168,9 @@ type SendWR struct {
 	// Signaled requests a completion on success. Failed requests always
 	// complete. Unsignaled requests are retired by a later signaled one.
 	Signaled bool
+	// Solicited marks a SEND whose receive completion is solicited: it
+	// fires the peer's CQ armed by ArmSolicited (the Solicited Event bit).
+	Solicited bool
 }
 
 // RecvWR is a receive-queue work request: a buffer for one incoming SEND.
@@ -218,6 +221,11 @@ type MR interface {
 // it, so a caller polls once more after Arm before it waits for notify;
 // either that poll finds the completion or notify is called. A failure that
 // makes Poll fail (a CQ overrun) fires an armed notification too.
+// ArmSolicited is Arm for solicited completions only (ibv_req_notify_cq's
+// solicited_only): the receive completion of a SEND posted with
+// SendWR.Solicited, or any failed completion. The latest Arm or
+// ArmSolicited decides; a provider may notify for more than asked (a
+// device whose earlier full Arm is still pending), never for less.
 //
 // notify runs on a goroutine of the provider's, or inside a post on one of
 // the CQ's QPs, possibly with the provider's locks held: it must return
@@ -229,6 +237,9 @@ type CQ interface {
 	Poll(wc []Completion) (int, error)
 	// Arm requests one notification (see above).
 	Arm() error
+	// ArmSolicited requests one notification for a solicited completion
+	// (see above).
+	ArmSolicited() error
 	// Disarm withdraws an Arm that has not fired, so that peers stop paying
 	// for notifications (shm: no eventfd write) while a caller busy-polls.
 	// Providers that cannot withdraw it drop the notification instead.

@@ -162,14 +162,20 @@ func status(s C.uint32_t) verbs.Status {
 
 // Arm requests one notification (verbs.CQ): the armed flag first, then
 // the device's arming, so that the event it causes finds the flag set.
-func (q *CQ) Arm() error {
+func (q *CQ) Arm() error { return q.arm(0) }
+
+// ArmSolicited is Arm for solicited completions only (verbs.CQ): the
+// device's solicited_only arming.
+func (q *CQ) ArmSolicited() error { return q.arm(1) }
+
+func (q *CQ) arm(solicitedOnly C.int) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed.Load() {
 		return verbs.ErrClosed
 	}
 	q.armed.Store(true)
-	if e := C.rs_req_notify_cq(q.cq); e != 0 {
+	if e := C.rs_req_notify_cq(q.cq, solicitedOnly); e != 0 {
 		q.armed.Store(false)
 		return errnoErr("arm CQ", e)
 	}

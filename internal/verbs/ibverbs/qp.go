@@ -235,6 +235,9 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 	if wr.Signaled {
 		flags |= C.RS_SEND_SIGNALED
 	}
+	if wr.Solicited {
+		flags |= C.RS_SEND_SOLICITED
+	}
 	q.smu.Lock()
 	defer q.smu.Unlock()
 	switch q.state.Load() {

@@ -196,7 +196,10 @@ int rs_get_cq_event(struct rs_comp_channel *ch)
 
 void rs_ack_cq_events(struct rs_cq *cq, unsigned int n) { ibv.ack_cq_events(cq, n); }
 
-int rs_req_notify_cq(struct rs_cq *cq) { return cq->context->ops.req_notify_cq(cq, 0); }
+int rs_req_notify_cq(struct rs_cq *cq, int solicited_only)
+{
+	return cq->context->ops.req_notify_cq(cq, solicited_only);
+}
 
 // rs_poll_cq returns the number of completions (>= 0) or a negative value
 // on error, as ibv_poll_cq does.

@@ -293,6 +293,7 @@ enum {
 	RS_WR_SEND_WITH_IMM = 3,
 
 	RS_SEND_SIGNALED = 1 << 1,
+	RS_SEND_SOLICITED = 1 << 2,
 	RS_SEND_INLINE = 1 << 3,
 
 	RS_WC_SUCCESS = 0,
@@ -338,7 +339,7 @@ struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_chann
 int rs_destroy_cq(struct rs_cq *cq);
 int rs_get_cq_event(struct rs_comp_channel *ch);
 void rs_ack_cq_events(struct rs_cq *cq, unsigned int n);
-int rs_req_notify_cq(struct rs_cq *cq);
+int rs_req_notify_cq(struct rs_cq *cq, int solicited_only);
 int rs_poll_cq(struct rs_cq *cq, int n, struct rs_wc *wc);
 struct rs_qp *rs_create_qp(struct rs_pd *pd, struct rs_cq *cq, struct rs_qp_cap *cap, int *err);
 int rs_destroy_qp(struct rs_qp *qp);

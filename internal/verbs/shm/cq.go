@@ -19,12 +19,13 @@ import (
 // with the QP's oldest posted RECV. So a busy CQ costs one mutex and, per
 // attached QP, two loads of shared memory when nothing arrived.
 //
-// Notification (verbs.CQ): Arm sets the CQ's armed flag and the sleeping
-// word in the inbox of every attached QP; a peer that publishes an entry
-// and finds the word set clears it and rings its link's doorbell for that
-// QP (bell.go), whose dispatcher calls fire; a local completion calls fire
-// itself. fire calls notify once per Arm. A busy CQ (not armed) costs its
-// peers no system call.
+// Notification (verbs.CQ): Arm (ArmSolicited) sets the CQ's armed value
+// and the sleeping word in the inbox of every attached QP to armAll
+// (armSolicited); a peer that publishes an entry and finds the word set
+// (for a solicited entry, either value) clears it and rings its link's
+// doorbell for that QP (bell.go), whose dispatcher calls fire; a local
+// completion calls fire itself. fire calls notify once per Arm. A busy CQ
+// (not armed) costs its peers no system call.
 type CQ struct {
 	dev    *Device
 	depth  int
@@ -32,7 +33,7 @@ type CQ struct {
 
 	closed  atomic.Bool
 	overrun atomic.Bool
-	armed   atomic.Bool
+	armed   atomic.Uint32 // 0, armAll or armSolicited: the inboxes' sleeping value too
 
 	// mu serialises the consumers of the attached QPs' inboxes (Poll) and
 	// guards qps. It is taken before a QP's rmu, never after.
@@ -164,7 +165,19 @@ func (cq *CQ) publishLocked() {
 // entry a peer publishes in the inbox of an attached QP. Poll once more
 // after Arm. It makes no system call. Errors: verbs.ErrClosed after Close,
 // ErrCQOverrun after an overrun.
-func (cq *CQ) Arm() error {
+func (cq *CQ) Arm() error { return cq.arm(armAll) }
+
+// ArmSolicited is Arm for solicited completions only (verbs.CQ): a SEND
+// posted with SendWR.Solicited, or a failure.
+func (cq *CQ) ArmSolicited() error { return cq.arm(armSolicited) }
+
+// The values of CQ.armed and of an inbox's sleeping word.
+const (
+	armAll       = 1
+	armSolicited = 2
+)
+
+func (cq *CQ) arm(v uint32) error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.closed.Load() {
@@ -175,9 +188,9 @@ func (cq *CQ) Arm() error {
 	}
 	// Each store is sequentially consistent: it is ordered before the loads
 	// of the Poll that must follow (see the package documentation).
-	cq.armed.Store(true)
+	cq.armed.Store(v)
 	for _, q := range cq.qps {
-		q.in.hdr.sleeping.Store(1)
+		q.in.hdr.sleeping.Store(v)
 	}
 	return nil
 }
@@ -187,17 +200,18 @@ func (cq *CQ) Arm() error {
 func (cq *CQ) Disarm() {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
-	cq.armed.Store(false)
+	cq.armed.Store(0)
 	for _, q := range cq.qps {
 		q.in.hdr.sleeping.Store(0)
 	}
 }
 
-// fire calls notify if the CQ is armed, once per Arm: for a ring of an
-// attached QP's doorbell (a peer published an entry) or a local
+// fire calls notify if the CQ is armed for it (sol: a solicited
+// completion), once per Arm: for a ring of an attached QP's doorbell (a
+// peer published an entry while the inbox asked for it) or a local
 // completion.
-func (cq *CQ) fire() {
-	if cq.armed.Load() && cq.armed.Swap(false) {
+func (cq *CQ) fire(sol bool) {
+	if v := cq.armed.Load(); (v == armAll || v == armSolicited && sol) && cq.armed.CompareAndSwap(v, 0) {
 		cq.notify()
 	}
 }
@@ -212,7 +226,7 @@ func (cq *CQ) Close() error {
 		cq.mu.Unlock()
 		return verbs.ErrClosed
 	}
-	cq.armed.Store(false)
+	cq.armed.Store(0)
 	cq.qps = nil
 	cq.publishLocked()
 	cq.mu.Unlock()
@@ -232,9 +246,7 @@ func (cq *CQ) attach(q *QP) bool {
 		return false
 	}
 	cq.qps = append(cq.qps, q)
-	if cq.armed.Load() {
-		q.in.hdr.sleeping.Store(1)
-	}
+	q.in.hdr.sleeping.Store(cq.armed.Load())
 	cq.publishLocked()
 	return true
 }
@@ -264,7 +276,7 @@ func (cq *CQ) push(c verbs.Completion, used *atomic.Int32, slots int32) {
 		cq.local, cq.lhead, cq.ln = nil, 0, 0
 		cq.lcount.Store(0)
 		cq.lmu.Unlock()
-		cq.fire()
+		cq.fire(true)
 		return
 	}
 	if cq.ln == len(cq.local) {
@@ -277,7 +289,7 @@ func (cq *CQ) push(c verbs.Completion, used *atomic.Int32, slots int32) {
 	cq.ln++
 	cq.lcount.Add(1)
 	cq.lmu.Unlock()
-	cq.fire()
+	cq.fire(c.Status != verbs.StatusSuccess)
 }
 
 // popLocal moves queued local completions into wc.

@@ -20,8 +20,10 @@ import (
 //	128      producer  tail (entries published), fault (access violation)
 //	256      owner     head (entries consumed)
 //	384      owner     posted (RECVs ever posted)
-//	512      both      sleeping (set by the owner's Arm, cleared by the
-//	                   producer that then rings the owner's link doorbell)
+//	512      both      sleeping (set by the owner's Arm to 1, ArmSolicited to
+//	                   2; cleared by the producer that then rings the
+//	                   owner's link doorbell: for any entry if 1, for a
+//	                   solicited one if 2)
 //	4096     producer  entries
 //
 // Neither side ever reads back a field it writes: the owner keeps head and

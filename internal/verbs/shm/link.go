@@ -303,7 +303,7 @@ func (l *link) dispatch() {
 		l.own.drain(func(slot uint32) {
 			if int(slot) < len(l.slots) {
 				if q := l.slots[slot].q; q != nil && q.cq != nil {
-					q.cq.fire()
+					q.cq.fire(true) // the producer rang only as the inbox asked
 				}
 			}
 		})

@@ -107,7 +107,7 @@ func (q *QP) executeLocked(wr *verbs.SendWR, src []byte) verbs.Status {
 	if st := q.creditLocked(); st != verbs.StatusSuccess { // OpSend
 		return st
 	}
-	return q.enqueueLocked(src)
+	return q.enqueueLocked(src, wr.Solicited)
 }
 
 // creditLocked checks that the peer has a RECV posted for one more entry
@@ -137,14 +137,17 @@ func (q *QP) creditLocked() verbs.Status {
 // sleeps. The store of tail and the load of the sleeping flag are
 // sequentially consistent, which pairs with Arm's store of the flag and the
 // Poll after it: either that Poll sees the entry or this load sees the
-// flag; the ring goes through the link's bell page (bell.go).
-func (q *QP) enqueueLocked(payload []byte) verbs.Status {
+// flag; the ring goes through the link's bell page (bell.go). A peer armed
+// for solicited entries only (sleeping 2) is rung for a solicited one; a
+// change of the flag meanwhile makes the swap fail, and the peer's poll
+// after that change finds the entry.
+func (q *QP) enqueueLocked(payload []byte, solicited bool) verbs.Status {
 	e := q.out.entryAt(q.tail)
 	e.op, e.length = entrySend, uint32(len(payload))
 	copy(e.data[:], payload)
 	q.tail++
 	q.out.hdr.tail.Store(q.tail)
-	if q.out.hdr.sleeping.Load() != 0 && q.out.hdr.sleeping.Swap(0) != 0 {
+	if v := q.out.hdr.sleeping.Load(); v != 0 && (v != armSolicited || solicited) && q.out.hdr.sleeping.CompareAndSwap(v, 0) {
 		q.link.ringPeer(q.peerID)
 	}
 	return verbs.StatusSuccess

@@ -28,6 +28,7 @@ type entry struct {
 	wq    *workQueue
 	slots int32     // work-queue slots freed when polled
 	at    time.Time // when it becomes visible
+	sol   bool      // solicited: the receive of a solicited SEND, or a failure
 }
 
 // CQ is a simulated completion queue. It implements verbs.CQ.
@@ -41,7 +42,7 @@ type CQ struct {
 	mu          sync.Mutex
 	closed      bool
 	overrun     bool
-	armed       bool
+	armed       byte    // 0, armAll or armSolicited
 	ready       []entry // visible, in order, from head on
 	head        int
 	pending     []entry // delayed, in generation order
@@ -94,14 +95,31 @@ func (cq *CQ) Arm() error {
 	if err := cq.errLocked(); err != nil {
 		return err
 	}
-	cq.armed = true
+	cq.armed = armAll
 	return nil
 }
+
+// ArmSolicited is Arm for solicited completions only (verbs.CQ).
+func (cq *CQ) ArmSolicited() error {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if err := cq.errLocked(); err != nil {
+		return err
+	}
+	cq.armed = armSolicited
+	return nil
+}
+
+// Values of CQ.armed.
+const (
+	armAll       = 1
+	armSolicited = 2
+)
 
 // Disarm withdraws an Arm that has not fired.
 func (cq *CQ) Disarm() {
 	cq.mu.Lock()
-	cq.armed = false
+	cq.armed = 0
 	cq.mu.Unlock()
 }
 
@@ -115,7 +133,7 @@ func (cq *CQ) Close() error {
 		return verbs.ErrClosed
 	}
 	cq.closed = true
-	cq.armed = false
+	cq.armed = 0
 	cq.dropLocked()
 	clear(cq.qps)
 	cq.mu.Unlock()
@@ -158,9 +176,9 @@ func (cq *CQ) detach(q *QP) {
 	delete(cq.qps, q)
 }
 
-// push adds a completion generated now, delayed according to f. The caller
-// may hold QP locks.
-func (cq *CQ) push(c verbs.Completion, wq *workQueue, slots int32, f *Faults) {
+// push adds a completion generated now, delayed according to f; sol marks
+// the receive of a solicited SEND. The caller may hold QP locks.
+func (cq *CQ) push(c verbs.Completion, wq *workQueue, slots int32, f *Faults, sol bool) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.closed || cq.overrun {
@@ -185,12 +203,12 @@ func (cq *CQ) push(c verbs.Completion, wq *workQueue, slots int32, f *Faults) {
 	if at.After(cq.lastVisible) {
 		cq.lastVisible = at
 	}
-	e := entry{c: c, wq: wq, slots: slots, at: at}
+	e := entry{c: c, wq: wq, slots: slots, at: at, sol: sol || c.Status != verbs.StatusSuccess}
 	if !at.After(now) {
 		// Nothing of this queue (or, without Reorder, of this CQ) is still
 		// pending: everything that was due has just been promoted.
 		cq.ready = append(cq.ready, e)
-		cq.notifyLocked()
+		cq.notifyLocked(e.sol)
 		return
 	}
 	cq.pending = append(cq.pending, e)
@@ -202,7 +220,7 @@ func (cq *CQ) push(c verbs.Completion, wq *workQueue, slots int32, f *Faults) {
 // in generation order keeps the per-queue order.
 func (cq *CQ) promoteLocked(now time.Time) {
 	kept := cq.pending[:0]
-	moved := false
+	moved, sol := false, false
 	var next time.Time
 	for _, e := range cq.pending {
 		if e.at.After(now) {
@@ -213,12 +231,12 @@ func (cq *CQ) promoteLocked(now time.Time) {
 			continue
 		}
 		cq.ready = append(cq.ready, e)
-		moved = true
+		moved, sol = true, sol || e.sol
 	}
 	clear(cq.pending[len(kept):])
 	cq.pending = kept
 	if moved {
-		cq.notifyLocked()
+		cq.notifyLocked(sol)
 	}
 	if !next.IsZero() {
 		cq.scheduleLocked(next, now)
@@ -250,11 +268,12 @@ func (cq *CQ) onTimer() {
 	}
 }
 
-// notifyLocked fires an armed notification. notify is called under mu: it
+// notifyLocked fires an armed notification for completions just made
+// visible, sol if one of them is solicited. notify is called under mu: it
 // does not block and does not call the CQ (verbs.CQ).
-func (cq *CQ) notifyLocked() {
-	if cq.armed {
-		cq.armed = false
+func (cq *CQ) notifyLocked(sol bool) {
+	if cq.armed == armAll || cq.armed == armSolicited && sol {
+		cq.armed = 0
 		cq.notify()
 	}
 }
@@ -265,7 +284,7 @@ func (cq *CQ) notifyLocked() {
 func (cq *CQ) overrunLocked() {
 	cq.overrun = true
 	cq.dropLocked()
-	cq.notifyLocked()
+	cq.notifyLocked(true)
 	qps := slices.Collect(maps.Keys(cq.qps))
 	go func() {
 		for _, q := range qps {

@@ -68,6 +68,7 @@ type transfer struct {
 	raddr    uint64
 	rkey     uint32
 	signaled bool
+	solicit  bool
 	due      time.Time // earliest delivery (loss); zero for at once
 }
 
@@ -244,7 +245,7 @@ func (q *QP) PostRecv(wr *verbs.RecvWR) error {
 	q.rq.used.Add(1)
 	r := recvWR{id: wr.ID, mr: mr, off: wr.Local.Offset, n: wr.Local.Length}
 	if q.state == stateError {
-		q.cq.push(recvFlush(r.id), &q.rq, 1, &f)
+		q.cq.push(recvFlush(r.id), &q.rq, 1, &f, false)
 		return nil
 	}
 	q.recvs.push(r)
@@ -274,6 +275,7 @@ func (q *QP) prepareSend(wr *verbs.SendWR) (transfer, error) {
 		raddr:    wr.RemoteAddr,
 		rkey:     wr.RKey,
 		signaled: wr.Signaled,
+		solicit:  wr.Solicited,
 	}
 	switch wr.Op {
 	case verbs.OpWrite, verbs.OpSend:

@@ -144,13 +144,13 @@ func (q *QP) deliverLocked(p *QP, t *transfer, fq, fp *Faults) {
 			}
 		}
 		if status != verbs.StatusSuccess {
-			p.cq.push(verbs.Completion{ID: r.id, Op: verbs.OpRecv, Status: status}, &p.rq, 1, fp)
+			p.cq.push(verbs.Completion{ID: r.id, Op: verbs.OpRecv, Status: status}, &p.rq, 1, fp, false)
 			q.failLocked(t, verbs.StatusRemoteAccess, fq)
 			p.flushLocked(fp)
 			return
 		}
 		copy(dst, src)
-		p.cq.push(verbs.Completion{ID: r.id, Op: verbs.OpRecv, Len: t.n}, &p.rq, 1, fp)
+		p.cq.push(verbs.Completion{ID: r.id, Op: verbs.OpRecv, Len: t.n}, &p.rq, 1, fp, t.solicit)
 	}
 	q.completeSendLocked(t, verbs.StatusSuccess, fq)
 }
@@ -165,7 +165,7 @@ func (q *QP) completeSendLocked(t *transfer, status verbs.Status, f *Faults) {
 	}
 	slots := 1 + q.unretired
 	q.unretired = 0
-	q.cq.push(verbs.Completion{ID: t.id, Op: t.op, Status: status}, &q.sq, slots, f)
+	q.cq.push(verbs.Completion{ID: t.id, Op: t.op, Status: status}, &q.sq, slots, f, false)
 }
 
 // failLocked completes t with status and moves q to the error state.
@@ -184,7 +184,7 @@ func (q *QP) flushLocked(f *Faults) {
 		q.completeSendLocked(&t, verbs.StatusFlushed, f)
 	}
 	for _, r := range q.recvs.take() {
-		q.cq.push(recvFlush(r.id), &q.rq, 1, f)
+		q.cq.push(recvFlush(r.id), &q.rq, 1, f, false)
 	}
 	if q.timer != nil {
 		q.timer.Stop()
