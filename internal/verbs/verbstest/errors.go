@@ -141,6 +141,42 @@ func (s *suite) testNotify(t *testing.T) {
 		}
 	})
 
+	t.Run("Solicited", func(t *testing.T) {
+		pr := s.newPair(t, defaultConfig)
+		rbuf := pr.alloc(pr.b, 64*4, localWrite)
+		for i := range 4 {
+			pr.postRecv(pr.b, rbuf, i, 64)
+		}
+		b := bellOf(pr.b.cq)
+		send := func(id uint64, solicited bool) {
+			pr.postSend(pr.a, verbs.SendWR{ID: id, Op: verbs.OpSend, Inline: []byte{byte(id)}, Signaled: true, Solicited: solicited})
+			expectOK(t, pr.one(pr.a.cq), verbs.OpSend, id)
+		}
+		// Armed for solicited completions: an unsolicited SEND does not
+		// fire it, the solicited one after it does (once).
+		if err := pr.b.cq.ArmSolicited(); err != nil {
+			t.Fatalf("ArmSolicited: %v", err)
+		}
+		send(1, false)
+		expectOK(t, pr.spin(pr.b.cq), verbs.OpRecv, 0)
+		send(2, true)
+		pr.ring(b)
+		expectOK(t, pr.one(pr.b.cq), verbs.OpRecv, 1)
+		if n := b.n.Load(); n != 1 {
+			t.Errorf("%d notifications, want 1: for the solicited SEND only", n)
+		}
+		// Arm after ArmSolicited: any completion fires it.
+		if err := pr.b.cq.ArmSolicited(); err != nil {
+			t.Fatalf("ArmSolicited: %v", err)
+		}
+		if err := pr.b.cq.Arm(); err != nil {
+			t.Fatalf("Arm: %v", err)
+		}
+		send(3, false)
+		pr.ring(b)
+		expectOK(t, pr.one(pr.b.cq), verbs.OpRecv, 2)
+	})
+
 	t.Run("LocalCompletion", func(t *testing.T) {
 		pr := s.newPair(t, defaultConfig)
 		rbuf := pr.alloc(pr.b, 64, localWrite)
