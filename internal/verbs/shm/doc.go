@@ -65,9 +65,9 @@
 //
 // Sleeping uses UCX's signal bit, rung through the QP's link (see
 // Connection and trust model). CQ.Arm stores sleeping=1 in the inbox of
-// each attached QP; then the caller polls once more, loading tail. The
-// producer stores tail, then loads sleeping and, if set, swaps it to 0 and
-// rings: a CQ owns no file descriptor, the peer reaches it through its
+// each attached QP (ArmSolicited 2); then the caller polls once more,
+// loading tail. The producer stores tail, then loads sleeping and, if set
+// (2: and its SEND is solicited), swaps it to 0 and rings: a CQ owns no file descriptor, the peer reaches it through its
 // link's bell page and eventfd (bell.go):
 //
 //  1. The producer sets the bit of the consumer QP's link slot in the
