@@ -24,7 +24,7 @@ import (
 // So readable bytes are lent to the reading side for longer than one call:
 // a Read that finds bytes takes all that are readable as a lease (under
 // mu, marking them lent, so that nothing else consumes them), and later
-// Reads copy from the lease holding only rdMu, with no other lock. What
+// Reads copy from the lease holding only rd.mu, with no other lock. What
 // they copy is reported consumed (ring.State.Consumed, which may send the
 // peer its space back) under mu once leaseReport bytes were taken, and
 // when the lease runs out, when the next Read has to wait anyway: so a
@@ -35,15 +35,16 @@ import (
 // reported before the next, so the peer refills the ring while it copies.
 //
 // What ends a lease: CopyTo takes it back first (it reads from the ring
-// directly); CloseRead and Close set rdStop, which Reads check before
+// directly); CloseRead and Close set rd.stop, which Reads check before
 // using a lease. CloseRead gives the lease back itself if no call holds
-// rdMu, else the call that holds it does when it unlocks (rdUnlock): the
-// store of rdStop comes before CloseRead's TryLock, the Unlock before the
-// holder's load of rdStop, so one of them sees the other. Close does not
+// rd.mu, else the call that holds it does when it unlocks (rdUnlock): the
+// store of rd.stop comes before CloseRead's TryLock, the Unlock before the
+// holder's load of rd.stop, so one of them sees the other. Close does not
 // count lease Reads among its in-flight calls (registering costs the
-// atomics the lease saves); it sets rdStop, then takes and drops rdMu
-// after the registered calls returned, so a lease Read still copying
-// finishes before the ring is unmapped and a later one sees rdStop.
+// atomics the lease saves); it sets rd.stop, and the release of the ring
+// waits for rd.mu after the registered calls returned (close.go), so a
+// lease Read still copying finishes before the ring is unmapped and a
+// later one sees rd.stop.
 type recvHalf struct {
 	mu   sync.Mutex // serialises Reads and CopyTo
 	e    *entry
@@ -148,11 +149,11 @@ func (c *Conn) Read(b []byte) (int, error) {
 	}
 }
 
-// readLease copies up to len(b) bytes of the lease into b; rdMu is held.
+// readLease copies up to len(b) bytes of the lease into b; rd.mu is held.
 // Pieces are at most a quarter of the ring; after each, what was taken is
 // reported under mu if it reaches leaseReport or ends the lease (which
 // takes what became readable since as the new lease). It stops early once
-// rdStop is set.
+// rd.stop is set.
 func (c *Conn) readLease(b []byte) (uint64, error) {
 	mem := c.ep.ring.Bytes()
 	size := uint64(len(mem))
@@ -189,7 +190,7 @@ func (c *Conn) readLease(b []byte) (uint64, error) {
 
 // syncLeaseLocked reports the bytes taken from the lease consumed and lends
 // everything readable as the new lease; after CloseRead or Close it
-// discards the readable bytes instead and lends nothing. Called with rdMu
+// discards the readable bytes instead and lends nothing. Called with rd.mu
 // and mu held; it sends the peer what it is owed (flushLocked).
 func (c *Conn) syncLeaseLocked() error {
 	if c.rd.taken > 0 {
@@ -213,7 +214,7 @@ func (c *Conn) syncLeaseLocked() error {
 	return nil
 }
 
-// rdUnlock releases rdMu, and gives a lease back if CloseRead or Close
+// rdUnlock releases rd.mu, and gives a lease back if CloseRead or Close
 // came meanwhile (see rdLease).
 func (c *Conn) rdUnlock() {
 	c.rd.mu.Unlock()
@@ -222,7 +223,7 @@ func (c *Conn) rdUnlock() {
 	}
 }
 
-// dropLease gives the lease back unless a call holds rdMu (that call does
+// dropLease gives the lease back unless a call holds rd.mu (that call does
 // it when it unlocks).
 func (c *Conn) dropLease() {
 	if !c.rd.mu.TryLock() {
@@ -362,6 +363,6 @@ func (c *Conn) CloseRead() error {
 	}
 	c.wakeLocked(evRead)
 	c.mu.Unlock()
-	c.dropLease() // a lease no call holds (read.go)
+	c.dropLease() // a lease no call holds
 	return nil
 }

@@ -161,7 +161,7 @@ func (c *Conn) CloseWrite() error {
 		return err
 	}
 	defer c.exit()
-	// No wrMu: a Write blocked for space must not hold CloseWrite up. A
+	// No wr.mu: a Write blocked for space must not hold CloseWrite up. A
 	// Write in flight either announced its bytes before the FIN or finds
 	// wrClosed and fails with ErrBrokenPipe.
 	c.mu.Lock()

@@ -39,7 +39,7 @@ const (
 )
 
 // spinCtl is one direction's adaptive window. Waits of one direction are
-// serialised (rdMu, wrMu), which guards it.
+// serialised (the halves' mu), which guards it.
 type spinCtl struct {
 	closed bool // spinLimit misses in a row, and no hit since
 	misses int  // misses in a row

@@ -180,7 +180,8 @@ func (c *Conn) armLocked() bool {
 // idleLocked arms the queue for background progress once no call is in
 // the Conn and no entry waits, then polls for what came before the arm.
 // It arms for every completion if we owe the peer something (the credits
-// we wait for may come in any message); else, for solicited ones only:
+// we wait for may come in any message) or the read side is shut (what
+// arrives is discarded here, not by a Read); else, for solicited ones only:
 // the messages of a peer blocked on our receive buffers, unless bytes
 // are lent to Reads (recv.go), whose holder comes back for them and then
 // answers the peer as a call does. So an idle or streaming receiver costs
@@ -191,7 +192,7 @@ func (c *Conn) idleLocked() {
 	}
 	var err error
 	switch {
-	case c.owesPeerLocked():
+	case c.owesPeerLocked() || c.rd.shut:
 		err = c.ep.cq.Arm()
 	case !c.rd.lent:
 		err = c.ep.cq.ArmSolicited()
