@@ -200,6 +200,12 @@ func (c *Conn) syncLeaseLocked() error {
 		c.rd.base += c.rd.taken
 		c.rd.taken = 0
 	}
+	if c.st.Readable() == 0 {
+		// Drained: look for what came meanwhile, more bytes or a peer
+		// blocked for the space just freed (its BLOCKED is not solicited,
+		// waiter.go), which flushLocked then answers.
+		c.progressLocked()
+	}
 	if c.rd.shut || c.life >= lifeClosing {
 		_ = c.st.Consumed(c.st.Readable())
 		c.rd.lease = 0
