@@ -173,7 +173,10 @@ func (c *Conn) sayGoodbye(final bool) {
 			break
 		}
 		if err := c.wait(c.clE, dl, nil); err != nil {
-			c.failLocked(reset("final message not acknowledged", nil))
+			// Say why, for the peer's log and ours: no credit to send it,
+			// or sent and not acknowledged.
+			c.failLocked(reset("final message not acknowledged", fmt.Errorf("sent %v, credits %d, send queue free %d",
+				c.closeSig != 0, c.st.Credits(), c.sqFreeLocked())))
 		}
 	}
 	gb := &handshake.Goodbye{FinalProd: c.st.Prod()}
