@@ -1,6 +1,10 @@
 package stream
 
-import "time"
+import (
+	"runtime"
+	"sync/atomic"
+	"time"
+)
 
 // Adaptive busy-polling. A blocked call may poll the completion queue
 // itself for up to Options.BusyPoll before it parks: that saves the wake-up
@@ -79,4 +83,25 @@ func (s *spinCtl) record(spun, took, max time.Duration) {
 			s.closed, s.gap, s.n = true, firstProbe, 0
 		}
 	}
+}
+
+// At most spinSlots calls of the whole process busy-poll at once; the
+// others park at once. A spinner holds its core, and more spinners than
+// half the cores starve the goroutines (and the peer process) whose work
+// they wait for: with 64 connections ping-ponging on 2 cores, every call
+// spinning made the slowest round trips 3-6x TCP's, while parking them all
+// (event only) kept them under TCP's (BENCHMARKS.md).
+var (
+	spinning  atomic.Int32
+	spinSlots = int32(max(runtime.GOMAXPROCS(0)/2, 1))
+)
+
+// takeSpinSlot takes a spinning slot if one is free; the caller gives it
+// back (spinning.Add(-1)) when it stops polling.
+func takeSpinSlot() bool {
+	if spinning.Add(1) <= spinSlots {
+		return true
+	}
+	spinning.Add(-1)
+	return false
 }

@@ -95,8 +95,9 @@ func (c *Conn) wait(e *entry, dl *deadline, sc *spinCtl) error {
 	start := time.Now()
 	var spun time.Duration
 	if sc != nil && c.opts.BusyPoll > 0 {
-		if w := sc.window(c.opts.BusyPoll); w > 0 {
+		if w := sc.window(c.opts.BusyPoll); w > 0 && takeSpinSlot() {
 			done, err := c.spin(e, dl, w)
+			spinning.Add(-1)
 			if done {
 				if err == nil {
 					sc.record(w, time.Since(start), c.opts.BusyPoll)
