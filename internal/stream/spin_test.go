@@ -83,3 +83,23 @@ func TestSpinCtl(t *testing.T) {
 		}
 	})
 }
+
+// At most spinSlots calls spin at once; a slot given back is free again.
+func TestSpinSlots(t *testing.T) {
+	for range spinSlots {
+		if !takeSpinSlot() {
+			t.Fatal("a free slot was refused")
+		}
+	}
+	if takeSpinSlot() {
+		t.Fatalf("slot %d of %d granted", spinSlots+1, spinSlots)
+	}
+	spinning.Add(-1)
+	if !takeSpinSlot() {
+		t.Fatal("a slot given back was refused")
+	}
+	spinning.Add(-spinSlots)
+	if n := spinning.Load(); n != 0 {
+		t.Fatalf("%d slots still taken", n)
+	}
+}
