@@ -22,7 +22,7 @@ func (c *Conn) progressLocked() bool {
 	if c.ep.cq == nil {
 		return false
 	}
-	// Drain the queue: the event loop arms before it polls, and an armed
+	// Drain the queue: a waiter arms before it polls, and an armed
 	// notification fires only for completions added after Arm, so any left
 	// behind here would wait for the next one.
 	rd, wr := false, false
