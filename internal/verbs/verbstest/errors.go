@@ -94,22 +94,31 @@ func (s *suite) testCloseFlushesRecvs(t *testing.T) {
 	_ = pr.b.qp.Close() // must not panic
 }
 
+// notifyPair is a pair with four RECVs posted on b, and b's CQ's bell.
+func (s *suite) notifyPair(t *testing.T) (*pair, *bell) {
+	pr := s.newPair(t, defaultConfig)
+	rbuf := pr.alloc(pr.b, 64*4, localWrite)
+	for i := range 4 {
+		pr.postRecv(pr.b, rbuf, i, 64)
+	}
+	return pr, bellOf(pr.b.cq)
+}
+
+// sendOne sends one byte from a to b and waits for a's send completion.
+func (pr *pair) sendOne(id uint64, solicited bool) {
+	pr.t.Helper()
+	pr.postSend(pr.a, verbs.SendWR{ID: id, Op: verbs.OpSend, Inline: []byte{byte(id)}, Signaled: true, Solicited: solicited})
+	expectOK(pr.t, pr.one(pr.a.cq), verbs.OpSend, id)
+}
+
 // testNotify: notify is called once per Arm, for a completion that comes
 // after it; never without an Arm or after Disarm; Arm fails after Close.
 // The negative checks are deterministic: a completion polled while unarmed
 // is followed by an armed one, whose notification must be the only one.
 func (s *suite) testNotify(t *testing.T) {
 	t.Run("Wake", func(t *testing.T) {
-		pr := s.newPair(t, defaultConfig)
-		rbuf := pr.alloc(pr.b, 64*4, localWrite)
-		for i := range 4 {
-			pr.postRecv(pr.b, rbuf, i, 64)
-		}
-		b := bellOf(pr.b.cq)
-		send := func(id uint64) {
-			pr.postSend(pr.a, verbs.SendWR{ID: id, Op: verbs.OpSend, Inline: []byte{byte(id)}, Signaled: true})
-			expectOK(t, pr.one(pr.a.cq), verbs.OpSend, id)
-		}
+		pr, b := s.notifyPair(t)
+		send := func(id uint64) { pr.sendOne(id, false) }
 		// Unarmed: the completion comes, no notification.
 		send(1)
 		expectOK(t, pr.spin(pr.b.cq), verbs.OpRecv, 0)
@@ -142,16 +151,8 @@ func (s *suite) testNotify(t *testing.T) {
 	})
 
 	t.Run("Solicited", func(t *testing.T) {
-		pr := s.newPair(t, defaultConfig)
-		rbuf := pr.alloc(pr.b, 64*4, localWrite)
-		for i := range 4 {
-			pr.postRecv(pr.b, rbuf, i, 64)
-		}
-		b := bellOf(pr.b.cq)
-		send := func(id uint64, solicited bool) {
-			pr.postSend(pr.a, verbs.SendWR{ID: id, Op: verbs.OpSend, Inline: []byte{byte(id)}, Signaled: true, Solicited: solicited})
-			expectOK(t, pr.one(pr.a.cq), verbs.OpSend, id)
-		}
+		pr, b := s.notifyPair(t)
+		send := pr.sendOne
 		// Armed for solicited completions: an unsolicited SEND does not
 		// fire it, the solicited one after it does (once).
 		if err := pr.b.cq.ArmSolicited(); err != nil {
