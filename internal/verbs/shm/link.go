@@ -134,7 +134,7 @@ func (l *link) unbind(id uint32) {
 		l.free = append(l.free, s)
 	}
 	delete(l.attaching, id)
-	l.dropLocked()
+	l.dropUnlock()
 }
 
 // drop releases a hold taken by getLink: the dialing side lingers or closes the
@@ -142,11 +142,11 @@ func (l *link) unbind(id uint32) {
 // frees the link.
 func (l *link) drop() {
 	l.mu.Lock()
-	l.dropLocked()
+	l.dropUnlock()
 }
 
-// dropLocked is drop with mu held; it unlocks mu.
-func (l *link) dropLocked() {
+// dropUnlock is drop for a caller holding mu; it unlocks mu.
+func (l *link) dropUnlock() {
 	l.qps--
 	if linger := time.Duration(linkLinger.Load()); l.qps == 0 && l.dialed && !l.closing && l.reader && linger > 0 {
 		// The last QP has gone: keep the link a while for the next one
@@ -195,15 +195,15 @@ func (l *link) endLinger(gen uint64) {
 		l.mu.Unlock()
 		return
 	}
-	l.endLingerLocked()
+	l.endLingerUnlock()
 }
 
-// endLingerLocked ends l's linger: it closes the link and drops the hold
+// endLingerUnlock ends l's linger: it closes the link and drops the hold
 // the linger took. It unlocks mu.
-func (l *link) endLingerLocked() {
+func (l *link) endLingerUnlock() {
 	l.lingering = false
 	l.closeLocked()
-	l.dropLocked()
+	l.dropUnlock()
 }
 
 // EndIdleLinks ends every lingering link of this process now, rather than
@@ -221,7 +221,7 @@ func EndIdleLinks() {
 			l.mu.Unlock()
 			continue
 		}
-		l.endLingerLocked() // its timer then finds it not lingering
+		l.endLingerUnlock() // its timer then finds it not lingering
 	}
 }
 
