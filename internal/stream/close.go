@@ -14,8 +14,16 @@ import (
 
 // Bounds on the orderly close.
 const (
-	// closeAckTimeout bounds how long Close waits for the final message to
-	// be acknowledged before it says goodbye on the bootstrap connection.
+	// finalAckTimeout bounds how long Close waits for the final message to
+	// be acknowledged before it says goodbye (an abort, then) on the
+	// bootstrap connection. On RC hardware a lost packet is sent again
+	// after the QP's ACK timeout (537 ms, internal/verbs/ibverbs), so a
+	// final message behind a loss completes after that: the bound leaves
+	// room for several retransmissions. A peer whose transport gives up
+	// fails the send (an error completion ends the wait at once), and a
+	// dead peer process is found by the bootstrap connection instead.
+	finalAckTimeout = 4 * time.Second
+	// closeAckTimeout bounds a goodbye's write on the bootstrap connection.
 	closeAckTimeout = time.Second
 	// goodbyeGrace bounds how long, after the peer's goodbye, we wait for
 	// the ring messages it promised (its final producer cursor).
@@ -99,7 +107,7 @@ const (
 
 // Close closes the Conn: blocked calls return net.ErrClosed at once, and
 // the peer reads EOF after everything written. It sends the final message
-// and waits, woken by its acknowledgement, at most closeAckTimeout for it,
+// and waits, woken by its acknowledgement, at most finalAckTimeout for it,
 // then says goodbye on the bootstrap connection. The queue pair and memory
 // are released by the last reference: by Close if no call is in the Conn,
 // else in the background once the last one has left (a Read copying out of
@@ -161,7 +169,7 @@ func (c *Conn) release() {
 // while it writes the goodbye.
 func (c *Conn) sayGoodbye(final bool) {
 	dl := newDeadline()
-	dl.set(time.Now().Add(closeAckTimeout))
+	dl.set(time.Now().Add(finalAckTimeout))
 	defer dl.set(time.Time{})
 	for final {
 		drain(c.clE.ch)
@@ -175,8 +183,9 @@ func (c *Conn) sayGoodbye(final bool) {
 		if err := c.wait(c.clE, dl, nil); err != nil {
 			// Say why, for the peer's log and ours: no credit to send it,
 			// or sent and not acknowledged.
-			c.failLocked(reset("final message not acknowledged", fmt.Errorf("sent %v, credits %d, send queue free %d",
-				c.closeSig != 0, c.st.Credits(), c.sqFreeLocked())))
+			polled := c.progressLocked()
+			c.failLocked(reset("final message not acknowledged", fmt.Errorf("sent %v, credits %d, send queue free %d, done %d of %d, last poll found %v, notifications %d",
+				c.closeSig != 0, c.st.Credits(), c.sqFreeLocked(), c.sqDone, c.closeSig, polled, c.stats.Notifications.Load())))
 		}
 	}
 	gb := &handshake.Goodbye{FinalProd: c.st.Prod()}
