@@ -147,6 +147,7 @@ func TestReadAndWriteWaitTogether(t *testing.T) {
 func TestBackgroundProgress(t *testing.T) {
 	opts := Options{RingSize: 64 << 10, Credits: 4}
 	a, b := newPair(t, opts)
+	require.NoError(t, a.SetWriteDeadline(time.Now().Add(hangGuard)))
 	const n = 200 // 50 times the credits, far below the ring
 	for i := range n {
 		_, err := a.Write([]byte{byte(i)})
@@ -212,4 +213,44 @@ func TestCloseWaitsForAck(t *testing.T) {
 	got, err := io.ReadAll(b)
 	require.NoError(t, err, "the peer's Read after an orderly close")
 	require.Equal(t, "last words", string(got))
+}
+
+// A receiver that holds lent bytes, or is idle, costs a streaming sender
+// no notification per message: its queue is not armed for the sender's
+// data announcements, nor for the BLOCKED message of a sender waiting for
+// ring space (only the receiver's reading frees space, and its Read
+// answers). Counted on the receiver while the sender writes and then
+// blocks; removing the solicited arming makes every message notify.
+func TestStreamingPeerCostsNoNotifications(t *testing.T) {
+	opts := Options{RingSize: 64 << 10, Credits: 16}
+	a, b := newPair(t, opts)
+	_, err := a.Write([]byte("x"))
+	require.NoError(t, err)
+	readFull(t, b, []byte("x")) // b is idle now, its ring drained
+	before := b.Stats().Notifications.Load()
+	chunk := bytes.Repeat([]byte("y"), 4<<10)
+	for range 8 { // eight announcements, well within b's credits
+		_, err := a.Write(chunk)
+		require.NoError(t, err)
+	}
+	require.Equal(t, before, b.Stats().Notifications.Load(), "data announcements to an idle receiver notified it")
+	// Fill b's ring: a blocks for space and says so, unsolicited.
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Write(bytes.Repeat([]byte("z"), 64<<10))
+		done <- err
+	}()
+	for a.Stats().CreditStalls.Load() == 0 {
+		select {
+		case err := <-done:
+			t.Fatalf("the Write that fills the ring did not block: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	require.Equal(t, before, b.Stats().Notifications.Load(), "a writer blocked for space notified the idle receiver")
+	// b's reading answers it.
+	got := make([]byte, 8*len(chunk)+64<<10)
+	_, err = io.ReadFull(b, got)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
 }
