@@ -32,17 +32,20 @@ import (
 // leaves hands the role to another parked entry, for which it arms and
 // polls; so while any call is parked, one of them is the poller and the
 // queue is armed for it. A blocked call on a quiet connection is thus
-// woken by the notification itself, one wake-up per message, on every
-// provider.
+// woken straight from the provider's notification, one wake-up per message
+// and no goroutine of the Conn's in between; the provider's own reader
+// (shm's link dispatcher, ibverbs' completion-channel goroutine; sim has
+// none) is the one hand-off left.
 //
 // Nothing waits while no call is parked, yet the peer may still need us:
 // our written bytes announced, our FIN sent, its messages' receive buffers
 // posted again when it is blocked on us. So when the last call leaves
 // (idleLocked), the queue is armed with no poller: for every completion if
-// we owe the peer something, else for solicited ones (the messages of a
-// blocked peer; not while bytes are lent to Reads, whose holder comes
-// back), and a notification then starts a short-lived goroutine that makes
-// that progress (background). A call that busy-polls disarms
+// we owe the peer something or the read side is shut, else for solicited
+// ones (the message of a peer starved of our receive buffers; nothing while
+// bytes are lent to Reads, whose holder comes back), and a notification
+// then starts a short-lived goroutine that makes that progress
+// (background). A call that busy-polls disarms
 // the queue first (spin), so that peers do not pay for notifications while
 // it polls; it arms again when it parks or leaves.
 
