@@ -11,21 +11,19 @@ import (
 
 // After the exchange, the link's connection (link.go) carries for each QP
 // what RC hardware does without asking the peer's CPU: resolving a remote
-// key the peer registered after the exchange (pull), dropping the mapping
-// of a region the peer deregistered (revoke), and the peer QP's end (gone;
-// the link's end means the peer process is gone), after which sends fail
-// with StatusRetryExceeded. The link's reader serves them.
+// key the peer registered after the exchange (pull), and the peer QP's end
+// (gone; the link's end means the peer process is gone), after which sends
+// fail with StatusRetryExceeded. The link's reader serves them. A region
+// the peer deregisters is not revoked here (see Deviations in the package
+// documentation).
 const (
 	// pullTimeout bounds how long a post waits for the peer to answer a
 	// remote-key fetch.
 	pullTimeout = 5 * time.Second
 	// ctlWriteTimeout bounds a control write (the peer reads at once).
 	ctlWriteTimeout = time.Second
-	// maxQueuedRevokes bounds the revocations queued between two WRITEs;
-	// beyond it every unpinned peer region is dropped (and re-fetched on
-	// use).
-	maxQueuedRevokes = 1024
-	// maxPeerMRs bounds the peer regions mapped per QP.
+	// maxPeerMRs bounds the peer regions mapped per QP (deregistered
+	// ones stay mapped until the QP closes).
 	maxPeerMRs = 4096
 )
 
@@ -161,57 +159,4 @@ func (q *QP) pullLocked(rkey uint32) (*peerMR, verbs.Status) {
 	}
 	q.peerMRs[rkey] = p
 	return p, verbs.StatusSuccess
-}
-
-// queueRevoke records that the peer deregistered rkey; the next WRITE or
-// MapRemote applies it (the reader must not wait for smu, which a post
-// fetching a key holds while it waits for this reader).
-func (q *QP) queueRevoke(rkey uint32) {
-	q.cmu.Lock()
-	defer q.cmu.Unlock()
-	if len(q.revokes) < maxQueuedRevokes {
-		q.revokes = append(q.revokes, rkey)
-	} else {
-		q.revokeAll = true
-	}
-	q.hasRevokes.Store(true)
-}
-
-// applyRevokesLocked drops the peer regions revoked so far. A region handed
-// out by MapRemote stays mapped (its user may still copy into it) until
-// Close, but is no longer found by its key.
-func (q *QP) applyRevokesLocked() {
-	q.cmu.Lock()
-	keys, all := q.revokes, q.revokeAll
-	q.revokes, q.revokeAll = nil, false
-	q.hasRevokes.Store(false)
-	q.cmu.Unlock()
-	drop := func(p *peerMR) {
-		delete(q.peerMRs, p.rkey)
-		if q.lastMR == p {
-			q.lastMR = nil
-		}
-		if p.pinned {
-			q.retired = append(q.retired, p)
-		} else {
-			_ = unmap(p.mem)
-		}
-	}
-	if all {
-		for _, p := range q.peerMRs {
-			drop(p)
-		}
-		return
-	}
-	for _, k := range keys {
-		if p := q.peerMRs[k]; p != nil {
-			drop(p)
-		}
-	}
-}
-
-// sendRevoke tells the peer that rkey is gone (best effort).
-func (q *QP) sendRevoke(rkey uint32) {
-	b := binary.LittleEndian.AppendUint32(q.ctlHeader(msgRevoke), rkey)
-	_ = q.ctlWrite(b, nil)
 }

@@ -194,9 +194,14 @@
 //     StatusLocalLength, but the sender's completion (made at post time) is
 //     a success; the sender's next post fails with StatusRetryExceeded.
 //   - SENDs carry at most MaxSend bytes (ErrSendTooLong at post otherwise).
-//   - A region the peer deregistered stays writable here until the link
-//     has delivered the revocation (and forever through a MapRemote slice,
-//     until Close): the writes land in memory only this side still maps.
+//   - Deregistering a region revokes nothing: a peer that mapped it (in
+//     the exchange, by fetching it, or through MapRemote) keeps it mapped
+//     until its QP closes, and its WRITEs to it succeed, into memory only
+//     that peer still maps (whose pages live until then). A remote key is
+//     never reused by the device, so such a WRITE cannot reach a newer
+//     region. A QP maps at most 4096 peer regions, deregistered ones
+//     included (later keys complete with StatusRemoteAccess). rsock
+//     registers one region per device, for the connection's lifetime.
 //   - A peer process that dies without closing its QP is noticed when the
 //     link ends: sends posted before that succeed into memory nobody reads
 //     (rsock learns of the death from its TCP bootstrap).

@@ -394,10 +394,6 @@ func (l *link) handle(b []byte, fds []int) bool {
 		} else {
 			closeFDs(fds)
 		}
-	case kind == msgRevoke && len(body) == 4 && len(fds) == 0:
-		if q != nil {
-			q.queueRevoke(binary.LittleEndian.Uint32(body))
-		}
 	case kind == msgGone && len(body) == 0 && len(fds) == 0:
 		if q != nil {
 			q.peerGone.Store(true)

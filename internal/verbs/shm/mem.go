@@ -53,12 +53,11 @@ func (m *MR) Addr() uint64 { return m.addr }
 // the region was registered with verbs.AccessRemoteWrite, else zero.
 func (m *MR) RKey() uint32 { return m.rkey }
 
-// Close deregisters the region and frees its memory. It waits (briefly)
-// for copies in progress from or into the region to finish. Connected
-// peers that mapped the region are told to drop it over the control
-// connection; until they have processed that, their WRITEs still land in
-// the (now private to them) memory instead of failing. A second Close
-// returns verbs.ErrClosed.
+// Close deregisters the region and unmaps it here. It waits (briefly)
+// for copies in progress from or into the region to finish. Peers that
+// mapped the region keep it until their QP closes: their WRITEs into it
+// still succeed, into memory only they map (see Deviations in the package
+// documentation). A second Close returns verbs.ErrClosed.
 func (m *MR) Close() error {
 	if m.pins.Or(mrClosed)&mrClosed != 0 {
 		return verbs.ErrClosed
@@ -71,9 +70,6 @@ func (m *MR) Close() error {
 		}
 	}
 	fd := m.dev.forgetMR(m)
-	if m.rkey != 0 {
-		m.dev.revoke(m.rkey)
-	}
 	if fd >= 0 {
 		_ = unix.Close(fd)
 	}
@@ -99,11 +95,10 @@ func sgeIn(off, n, size int) bool {
 
 // peerMR is a remote-writable region of the peer, mapped here.
 type peerMR struct {
-	rkey   uint32
-	addr   uint64
-	size   uint64 // the region's size; mem may be longer (page-rounded)
-	mem    []byte
-	pinned bool // handed out by MapRemote: stays mapped until QP Close
+	rkey uint32
+	addr uint64
+	size uint64 // the region's size; mem may be longer (page-rounded)
+	mem  []byte // mapped until the QP closes
 }
 
 // rangeOf returns the region's memory at raddr..raddr+n, or nil if that is

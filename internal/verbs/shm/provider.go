@@ -412,16 +412,6 @@ func (d *Device) settleLocked() {
 	}
 }
 
-// revoke tells the peers of every connected QP that rkey is gone.
-func (d *Device) revoke(rkey uint32) {
-	d.mu.Lock()
-	qps := slices.Collect(maps.Keys(d.qps))
-	d.mu.Unlock()
-	for _, q := range qps {
-		q.sendRevoke(rkey)
-	}
-}
-
 // forgetMR deregisters mr and returns its memfd (or -1) for the caller
 // to close.
 func (d *Device) forgetMR(mr *MR) int {

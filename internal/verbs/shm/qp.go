@@ -50,8 +50,7 @@ type QP struct {
 	id        uint32 // this QP's link id (also under cmu)
 	peerID    uint32 // the peer QP's link id (also under cmu)
 	peerMRs   map[uint32]*peerMR
-	lastMR    *peerMR   // the region of the previous WRITE
-	retired   []*peerMR // revoked but pinned by MapRemote: unmapped at Close
+	lastMR    *peerMR // the region of the previous WRITE
 	sqDepth   int32
 	sqUsed    atomic.Int32 // slots held until a retiring completion is polled
 	unretired int32        // successful unsignaled sends since the last completion
@@ -66,8 +65,7 @@ type QP struct {
 	posted  uint64        // RECVs ever posted (published in the inbox)
 	head    atomic.Uint64 // inbox entries consumed; written under rmu
 
-	peerGone   atomic.Bool // the peer QP closed or its link ended
-	hasRevokes atomic.Bool
+	peerGone atomic.Bool // the peer QP closed or its link ended
 
 	// Connection bookkeeping, guarded by cmu.
 	cmu       sync.Mutex
@@ -77,8 +75,6 @@ type QP struct {
 	passive   bool
 	pend      *pullWait
 	pullSeq   uint32
-	revokes   []uint32
-	revokeAll bool
 	isClosing bool
 	closing   chan struct{} // closed when Close starts
 	estDone   chan struct{} // closed when the passive exchange has finished
@@ -359,14 +355,10 @@ func (q *QP) Close() error {
 	q.inFD = -1
 	lnRef := q.lnRef
 	q.lnRef = false
-	q.revokes = nil
 	q.cmu.Unlock()
 	peer := peerSide{in: q.out, mrs: q.peerMRs}
 	peer.release()
-	for _, m := range q.retired {
-		_ = unmap(m.mem)
-	}
-	q.out, q.peerMRs, q.lastMR, q.retired = inbox{}, nil, nil, nil
+	q.out, q.peerMRs, q.lastMR = inbox{}, nil, nil
 	q.smu.Unlock()
 
 	if l != nil {

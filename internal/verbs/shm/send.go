@@ -173,9 +173,6 @@ func (q *QP) completeLocked(wr *verbs.SendWR, status verbs.Status) {
 // It returns StatusRemoteAccess for an unknown key or a range outside the
 // region, and StatusRetryExceeded if the peer did not answer a fetch.
 func (q *QP) remoteLocked(raddr uint64, rkey uint32, n int) ([]byte, verbs.Status) {
-	if q.hasRevokes.Load() {
-		q.applyRevokesLocked()
-	}
 	p := q.lastMR
 	if p == nil || p.rkey != rkey {
 		p = q.peerMRs[rkey]
@@ -224,6 +221,5 @@ func (q *QP) MapRemote(addr uint64, rkey uint32, length int) ([]byte, error) {
 		return nil, fmt.Errorf("%w: shm: %d bytes at %#x of remote key %#x are not remote-writable at the peer (%v)",
 			verbs.ErrBounds, length, addr, rkey, st)
 	}
-	q.lastMR.pinned = true
 	return dst, nil
 }

@@ -107,7 +107,6 @@ func checkSameHost(local, peer hostID) error {
 //	pull    dst, request id u32, rkey u32
 //	reply   dst, request id u32, found u8, 3 reserved, region record
 //	                                      fds: the region if found
-//	revoke  dst, rkey u32
 //	gone    dst                           (the sender's QP is closed)
 //
 // exchange: inbox capacity u32, region count u16, 2 reserved bytes, then
@@ -122,8 +121,7 @@ const (
 	msgAccept    = 2
 	msgPull      = 3
 	msgPullReply = 4
-	msgRevoke    = 5
-	msgAttach    = 6
+	msgAttach    = 6 // 5 was revoke (a violation now)
 	msgRefuse    = 7
 	msgGone      = 8
 
