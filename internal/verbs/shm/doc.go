@@ -58,44 +58,49 @@
 // the instructions (on amd64 a plain MOV load and an XCHG store; on arm64
 // LDAR and STLR) acting on the same physical memory, and Go's compiler does
 // not move plain accesses across atomics. So data copied before a SEND is
-// posted is visible when its receive completion is,
-// whether it was copied by a WRITE or directly into a MapRemote slice. The
-// consumer publishes head and the posted count with atomic stores after it
-// is done with the entries and buffers they cover.
+// posted is visible when its receive completion is, whether it was copied
+// by a WRITE or directly into a MapRemote slice. The consumer publishes
+// head and the posted count with atomic stores after it is done with the
+// entries and buffers they cover.
 //
-// Sleeping uses UCX's signal bit, rung through the QP's link (see
-// Connection and trust model). CQ.Arm stores sleeping=1 in the inbox of
-// each attached QP (ArmSolicited 2); then the caller polls once more,
-// loading tail. The producer stores tail, then loads sleeping and, if set
-// (2: and its SEND is solicited), swaps it to 0 and rings: a CQ owns no file descriptor, the peer reaches it through its
-// link's bell page and eventfd (bell.go):
+// # Sleeping
 //
-//  1. The producer sets the bit of the consumer QP's link slot in the
-//     consumer's bell page, then the bit of that word in the summary, with
-//     atomic ORs; then it loads the page's armed word and, if set, swaps
-//     it to 0 and writes the consumer's link eventfd.
-//  2. The link's dispatcher goroutine (link.go) parks on that eventfd in
-//     the Go netpoller. Each time it wakes it stores armed=1, then swaps
-//     the summary and the words it names to 0 and fires the CQ of each QP
-//     whose bit was set (an empty slot is skipped): the CQ calls its
-//     notify function if it is armed, once per Arm. It never reads the
-//     counter: every write is an edge of the netpoller's epoll, so a wait
-//     and a wake-up cost no system call.
+// Notification (verbs.CQ's Arm and notify) uses UCX's signal bit at the
+// QP level and one doorbell per link and direction at the process level.
+// A CQ owns no file descriptor.
+//
+//  1. CQ.Arm stores sleeping=1 in the inbox of each attached QP
+//     (ArmSolicited 2); the caller then polls once more, loading tail.
+//  2. The producer stores tail, then loads sleeping; if it is set (2: and
+//     the SEND is solicited) it swaps it to 0 and rings: it sets the bit
+//     of the consumer QP's link slot in the consumer's bell page (bell.go)
+//     and the bit of that word in the page's summary, then loads the
+//     page's armed word and, if set, swaps it to 0 and writes the
+//     consumer's eventfd of that link.
+//  3. The link's one dispatcher goroutine (link.go) waits on that eventfd
+//     in the Go netpoller (RawConn.Read, edge-triggered; it never reads
+//     the counter). Each time it wakes it stores armed=1, then swaps the
+//     summary and the words it names to 0 and calls fire on the CQ of each
+//     QP rung (an empty slot is skipped). fire calls notify if the CQ is
+//     armed, swapping its armed value to 0: one notification per Arm.
+//
+// A local completion (a send's, made at post time, or a failure) calls
+// fire itself, and so does an overrun.
 //
 // No notification is lost. Both levels are Dekker's pattern: each side
-// stores then loads, with sequentially consistent atomics (XCHG and LOCK
-// OR are full barriers), so at least one sees the other's store. QP level:
-// either the poll after Arm finds the entry, or the producer sees sleeping
-// and rings. Link level: armed starts set; either the dispatcher's drain
-// after it stored armed sees the bit, or the producer's load sees armed
-// and writes the eventfd, whose edge wakes the parked dispatcher or is
-// remembered for it while it drains (an edge the runtime forgets when a
-// wait starts belongs to a bit that the drain before the wait sees). The
-// swap of sleeping makes one ring per Arm, the swap of armed one eventfd
-// write per dispatcher wake-up: the rings of many QPs while the dispatcher
-// runs cost no system call. A busy receiver does not arm, so it costs the
-// sender nothing. A local completion (a send's, made at post time) fires
-// the CQ directly.
+// stores, then loads what the other stores, with sequentially consistent
+// atomics (XCHG and LOCK OR are full barriers), so at least one of them
+// sees the other's store. Inbox: either the poll after Arm sees tail, or
+// the producer sees sleeping and rings. Link: armed starts set; either the
+// drain after the dispatcher stored armed sees the bit, or the producer
+// sees armed and writes the eventfd. Every eventfd write is an edge that
+// the netpoller delivers to the parked dispatcher, or remembers for it
+// while it drains; the runtime forgets readiness only when the
+// dispatcher's RawConn.Read starts, before its first drain, which sees
+// every bit set before. The swap of sleeping makes one ring per Arm, the
+// swap of armed one eventfd write per wake-up of the dispatcher, however
+// many QPs ring meanwhile. A busy receiver does not arm, so it costs the
+// sender nothing.
 //
 // The dispatcher is one goroutine between the peer's eventfd write and the
 // caller that waits for the notification: a goroutine hand-off per

@@ -175,14 +175,14 @@ func (l *link) dropUnlock() {
 
 // linkLinger is how long a dialed link outlives its last QP. A QP to the
 // same peer process within it attaches to the link (one message each
-// way) instead of dialing a new one (a Unix connection, credentials,
-// two eventfds and a bell page per side): in a loop of connect, one
-// round trip and close, dial takes 303 us instead of 391 (p50, two
-// processes here; rsockperf's setup figure moves less, since its control
-// connection keeps the link up anyway).
-// Meanwhile the link costs each side its descriptors (per side: the
-// Unix socket, two eventfds of its own, the peer's two) and its three
-// goroutines, parked.
+// way) instead of dialing a new one (a Unix connection, credentials, an
+// eventfd and a bell page per side): in a loop of connect, one round trip
+// and close, dial took 303 us instead of 391 (p50, two processes here,
+// measured with two doorbells per link; rsockperf's setup figure moves
+// less, since its control connection keeps the link up anyway).
+// Meanwhile the link costs each side three descriptors (the Unix socket,
+// its eventfd and the peer's) and two goroutines (reader and dispatcher),
+// parked.
 var linkLinger atomic.Int64 // a time.Duration
 
 func init() { linkLinger.Store(int64(time.Second)) }

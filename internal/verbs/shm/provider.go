@@ -37,7 +37,7 @@ const (
 )
 
 var (
-	// ErrCQOverrun is returned by CQ.Poll and CQ.Wait once more local
+	// ErrCQOverrun is returned by CQ.Poll and CQ.Arm once more local
 	// completions were generated than the CQ's depth allows; the QPs using
 	// the CQ are then in the error state.
 	ErrCQOverrun = errors.New("shm: completion queue overrun")

@@ -171,10 +171,12 @@ func (q *QP) PeerCred() (pid int, uid int) {
 // rendezvous listener and returns at once; Established waits for the
 // active side's exchange.
 //
-// Active: dials the peer's rendezvous socket, sends the peer's secret and
-// this side's file descriptors (inbox, CQ eventfd, remote-writable regions)
-// in one SCM_RIGHTS message, receives the peer's the same way and maps
-// them. It blocks until then or until ctx is done (ctx's error).
+// Active: sends the peer's secret and this side's file descriptors (inbox,
+// remote-writable regions; on a new link first its eventfd and bell page)
+// in one SCM_RIGHTS message on the link to the peer's process (dialing the
+// peer's rendezvous socket if there is none), receives the peer's the same
+// way and maps them. It blocks until then or until ctx is done (ctx's
+// error).
 //
 // Errors: verbs.ErrClosed after Close; verbs.ErrQPState if Connect already
 // ran; an error wrapping verbs.ErrPeerInfo if peer does not parse, or the
