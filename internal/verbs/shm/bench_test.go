@@ -53,7 +53,7 @@ type pingPonger struct {
 	msg    [32]byte
 	wc     [1]verbs.Completion
 	sent   int
-	parks  int // times recv parked in Wait
+	parks  int // times recv waited for a notification
 }
 
 func newPingPongers(b *testing.B, ringSize int) (x, y *pingPonger) {
@@ -86,8 +86,8 @@ func (p *pingPonger) send(b *testing.B, data []byte, off int) {
 	}
 }
 
-// spinFor is how long a benchmark waiter busy-polls before it parks in
-// CQ.Wait (rsock's BusyPoll). It only matters when cores are short: with a
+// spinFor is how long a benchmark waiter busy-polls before it arms the CQ
+// and waits for its notification (rsock's BusyPoll). It only matters when cores are short: with a
 // free core per side, the answer comes well within it.
 const spinFor = 50 * time.Microsecond
 

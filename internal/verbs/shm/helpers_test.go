@@ -2,12 +2,15 @@ package shm
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -231,4 +234,83 @@ func waitLinks(t testing.TB) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// sharedCQ is one device whose n QPs share one CQ, each connected
+// (passive) to a client end of its own; all of them are on one link.
+type sharedCQ struct {
+	cq      *CQ
+	qps     []*QP
+	slots   *MR // recvs RECVs of 64 bytes per QP: QP i's RECV j is ID i*recvs+j
+	clients []*end
+}
+
+func newSharedCQ(t testing.TB, n, recvs int) *sharedCQ {
+	t.Helper()
+	dev, err := New().OpenDevice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &end{dev: dev}
+	t.Cleanup(srv.close)
+	cq, err := newTestCQ(dev, 256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.cq = cq
+	s := &sharedCQ{cq: cq, slots: srv.alloc(t, n*recvs*64, verbs.AccessLocalWrite)}
+	for i := range n {
+		qp, err := dev.NewQP(verbs.QPAttr{CQ: cq, SendDepth: 8, RecvDepth: max(recvs, 8)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := qp.(*QP)
+		t.Cleanup(func() { _ = q.Close() })
+		for j := range recvs {
+			id := i*recvs + j
+			if err := q.PostRecv(&verbs.RecvWR{ID: uint64(id), Local: verbs.SGE{MR: s.slots, Offset: id * 64, Length: 64}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c := openEnd(t, 8)
+		connect(t, c, &end{dev: dev, cq: cq, qp: q})
+		s.qps = append(s.qps, q)
+		s.clients = append(s.clients, c)
+	}
+	for _, q := range s.qps[1:] {
+		if q.link != s.qps[0].link {
+			t.Fatal("the shared CQ's QPs are not on one link")
+		}
+	}
+	return s
+}
+
+// sleeping returns the sleeping words of the QPs' inboxes.
+func (s *sharedCQ) sleeping() []uint32 {
+	var v []uint32
+	for _, q := range s.qps {
+		v = append(v, q.in.hdr.sleeping.Load())
+	}
+	return v
+}
+
+// eventfdWrites returns how many times peers wrote l's eventfd since the
+// last call (or since the link was set up), and resets the count. The
+// dispatcher never reads the counter, so this does not disturb it: a read
+// makes no edge, and the dispatcher waits for edges only.
+func eventfdWrites(t testing.TB, l *link) uint64 {
+	t.Helper()
+	var buf [8]byte
+	var n int
+	var rerr error
+	if err := l.eraw.Control(func(fd uintptr) { n, rerr = unix.Read(int(fd), buf[:]) }); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case rerr == unix.EAGAIN:
+		return 0
+	case rerr != nil || n != 8:
+		t.Fatalf("reading the link's eventfd: %d bytes, %v", n, rerr)
+	}
+	return binary.NativeEndian.Uint64(buf[:])
 }

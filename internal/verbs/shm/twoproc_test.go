@@ -25,7 +25,7 @@ const helperEnv = "RSOCK_SHM_TEST_HELPER"
 // TestTwoProcesses runs the two ends in two processes: this one (passive)
 // and a re-executed copy of the test binary (active), with a socketpair as
 // the bootstrap connection. Data goes both ways through the rings, by
-// MapRemote copies, WRITEs and WRITEs with immediate, and is checked byte
+// MapRemote copies and WRITEs, and is checked byte
 // for byte. The helper then exits without closing anything: the kernel's
 // cleanup must make this side's sends fail.
 func TestTwoProcesses(t *testing.T) {

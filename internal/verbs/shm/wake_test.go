@@ -9,9 +9,10 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// The notification path of shm, over one link's doorbell and dispatcher.
-// (The CQ contract itself, once per Arm and never unarmed, is checked for
-// every provider by verbstest's Notify.)
+// The notification path of shm, over one link's doorbell and dispatcher:
+// the CQ contract on a CQ shared by QPs of one link (verbstest's Notify
+// checks it with one QP for every provider), what an unarmed CQ costs its
+// senders, and no lost notification under load.
 
 // hangGuard bounds the waits of these tests; it is never a timing
 // assertion.
@@ -119,8 +120,9 @@ func pingSide(t *testing.T, e *end, i, rounds int, active bool) {
 }
 
 // TestRingBeforeDispatcherParks: a ring that comes before the link's
-// dispatcher is parked on its eventfd (the runtime forgets readiness when
-// a wait starts, and the dispatcher never reads the counter) still
+// dispatcher is parked on its eventfd (the dispatcher never reads the
+// counter, and the runtime forgets readiness when its RawConn.Read starts)
+// still
 // notifies: the dispatcher drains the bell page each time it wakes, and
 // the page's armed word makes the producer write the eventfd again only
 // after a drain. Here the rings come in bursts on many QPs at once, so
@@ -156,5 +158,147 @@ func TestRingBeforeDispatcherParks(t *testing.T) {
 			}
 			drain(t, p[0].cq)
 		}
+	}
+}
+
+// settle waits until a drain of the shared QPs' link that is in progress
+// has fired every CQ it rings: the dispatcher drains and fires with the
+// link's mu held. With a notification received, every ring made before
+// the one that sent it has then been fired.
+func (s *sharedCQ) settle() {
+	l := s.qps[0].link
+	l.mu.Lock()
+	//lint:ignore SA2001 an empty critical section: a barrier
+	l.mu.Unlock()
+}
+
+// barrier arms the shared CQ, sends one message to QP 0 (whose RECV id
+// is want), waits for the notification and the completion, and returns
+// the number of notifications so far once the link's dispatcher has
+// fired everything rung before.
+func (s *sharedCQ) barrier(t *testing.T, want uint64) int64 {
+	t.Helper()
+	if err := s.cq.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	if wc := drain(t, s.cq); len(wc) != 0 {
+		t.Fatalf("completions before the barrier's message: %+v", wc)
+	}
+	sendInline(t, s.clients[0], 99, []byte{99})
+	if !notified(s.cq, hangGuard) {
+		t.Fatal("no notification for the barrier's message")
+	}
+	if c := pollN(t, s.cq, 1)[0]; c.Err() != nil || c.ID != want {
+		t.Fatalf("barrier's completion: %+v, want RECV %d", c, want)
+	}
+	s.settle()
+	return bellOf(s.cq).n.Load()
+}
+
+// sendAll sends one message from every client and polls the n receive
+// completions.
+func (s *sharedCQ) sendAll(t *testing.T) {
+	t.Helper()
+	for i, c := range s.clients {
+		sendInline(t, c, uint64(i), []byte{byte(i)})
+	}
+	if wc := pollN(t, s.cq, len(s.clients)); len(wc) != len(s.clients) {
+		t.Fatalf("%d completions, want %d", len(wc), len(s.clients))
+	}
+}
+
+// TestOneNotifyPerArm: one Arm, messages on every QP of the CQ (each inbox
+// asked to ring): notify is called once; the next Arm gets the next one.
+func TestOneNotifyPerArm(t *testing.T) {
+	const n, recvs = 4, 2
+	s := newSharedCQ(t, n, recvs)
+	if err := s.cq.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	if wc := drain(t, s.cq); len(wc) != 0 {
+		t.Fatalf("completions before anything was sent: %+v", wc)
+	}
+	for i, v := range s.sleeping() {
+		if v != armAll {
+			t.Fatalf("QP %d's inbox sleeping %d after Arm, want %d", i, v, armAll)
+		}
+	}
+	s.sendAll(t)
+	if !notified(s.cq, hangGuard) {
+		t.Fatal("no notification")
+	}
+	if got := s.barrier(t, 1); got != 2 {
+		t.Errorf("%d notifications for two Arms, want 2", got)
+	}
+}
+
+// TestUnarmedCostsNothing: without an Arm, or after Disarm, messages make
+// no notification and the senders ring nobody (no eventfd write).
+func TestUnarmedCostsNothing(t *testing.T) {
+	const n, recvs = 4, 3
+	s := newSharedCQ(t, n, recvs)
+	l := s.qps[0].link
+	eventfdWrites(t, l)
+
+	s.sendAll(t) // never armed
+	if w := eventfdWrites(t, l); w != 0 {
+		t.Errorf("%d eventfd writes for messages to an unarmed CQ, want 0", w)
+	}
+
+	if err := s.cq.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	s.cq.Disarm()
+	for i, v := range s.sleeping() {
+		if v != 0 {
+			t.Fatalf("QP %d's inbox sleeping %d after Disarm, want 0", i, v)
+		}
+	}
+	s.sendAll(t)
+	if w := eventfdWrites(t, l); w != 0 {
+		t.Errorf("%d eventfd writes for messages to a disarmed CQ, want 0", w)
+	}
+
+	if got := s.barrier(t, 2); got != 1 {
+		t.Errorf("%d notifications, want 1: the barrier's only", got)
+	}
+}
+
+// TestLocalCompletionFires: a local completion (a signaled send's, made
+// in PostSend) calls notify inside the post when the CQ is armed, once;
+// armed for solicited completions only, a success does not, a failure
+// does.
+func TestLocalCompletionFires(t *testing.T) {
+	a, b := pair(t, 8)
+	b.postRecvs(t, 1, 64)
+	bl := bellOf(a.cq)
+	if err := a.cq.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	sendInline(t, a, 1, []byte{1})
+	if got := bl.n.Load(); got != 1 {
+		t.Fatalf("%d notifications after an armed signaled send, want 1", got)
+	}
+	sendInline(t, a, 2, []byte{2}) // no RECV left at b: fails with StatusRNR
+	if got := bl.n.Load(); got != 1 {
+		t.Fatalf("%d notifications with the Arm used up, want 1", got)
+	}
+	if wc := drain(t, a.cq); len(wc) != 2 || wc[0].Err() != nil || wc[1].Status != verbs.StatusRNR {
+		t.Fatalf("completions %+v, want a success and an RNR", wc)
+	}
+
+	c, d := pair(t, 8)
+	d.postRecvs(t, 1, 64)
+	bl = bellOf(c.cq)
+	if err := c.cq.ArmSolicited(); err != nil {
+		t.Fatal(err)
+	}
+	sendInline(t, c, 1, []byte{1})
+	if got := bl.n.Load(); got != 0 {
+		t.Fatalf("%d notifications for a successful send under ArmSolicited, want 0", got)
+	}
+	sendInline(t, c, 2, []byte{2}) // RNR
+	if got := bl.n.Load(); got != 1 {
+		t.Fatalf("%d notifications for a failed send under ArmSolicited, want 1", got)
 	}
 }
