@@ -205,7 +205,10 @@ type MR interface {
 	// Addr is the address a peer uses in SendWR.RemoteAddr for offset 0.
 	Addr() uint64
 	// RKey is the remote key a peer uses to WRITE into the region (zero
-	// unless registered with AccessRemoteWrite).
+	// unless registered with AccessRemoteWrite). The peer of a QP may use
+	// it if the region was registered before the QP connected; a provider
+	// may allow later ones (RC hardware does, shm does not: it passes the
+	// regions in its connection exchange).
 	RKey() uint32
 	// Close deregisters the region and frees its memory.
 	Close() error

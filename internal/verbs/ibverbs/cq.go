@@ -37,7 +37,8 @@ type CQ struct {
 	notify func()
 	armed  atomic.Bool // an Arm in effect: the next event calls notify
 	closed atomic.Bool
-	done   chan struct{} // closed when events has returned
+	failed atomic.Pointer[error] // set once the CQ or its channel failed (fail)
+	done   chan struct{}         // closed when events has returned
 
 	// mu serialises Poll (the wc array) and Arm, and guards qps.
 	mu  sync.Mutex
@@ -86,6 +87,9 @@ func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	if q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), ch, &e); q.cq == nil {
 		return fail(errnoErr(fmt.Sprintf("create CQ of %d entries", depth), e))
 	}
+	d.dc.mu.Lock()
+	d.dc.cqs[q.cq] = q
+	d.dc.mu.Unlock()
 	go q.events()
 	return q, nil
 }
@@ -96,6 +100,9 @@ func (q *CQ) Poll(wc []verbs.Completion) (int, error) {
 	defer q.mu.Unlock()
 	if q.closed.Load() {
 		return 0, verbs.ErrClosed
+	}
+	if err := q.failed.Load(); err != nil {
+		return 0, *err
 	}
 	got := 0
 	for got < len(wc) {
@@ -174,6 +181,9 @@ func (q *CQ) arm(solicitedOnly C.int) error {
 	if q.closed.Load() {
 		return verbs.ErrClosed
 	}
+	if err := q.failed.Load(); err != nil {
+		return *err
+	}
 	q.armed.Store(true)
 	if e := C.rs_req_notify_cq(q.cq, solicitedOnly); e != 0 {
 		q.armed.Store(false)
@@ -197,12 +207,11 @@ func (q *CQ) events() {
 			switch e := C.rs_get_cq_event(q.ch); {
 			case e == C.int(syscall.EAGAIN):
 				return false // park until the channel is readable again
+			case e == C.int(syscall.EINTR):
+				continue
 			case e != 0:
-				// The channel failed: the next Poll reports what the
-				// device does; an armed caller is told to look.
-				if q.armed.Swap(false) && !q.closed.Load() {
-					q.notify()
-				}
+				// No event can come any more: Poll and Arm report it.
+				q.fail(errnoErr("read completion channel", e))
 				return true
 			}
 			q.unacked++
@@ -217,12 +226,28 @@ func (q *CQ) events() {
 	})
 }
 
+// fail records a failure of the CQ (an overrun, its channel unreadable):
+// Poll and Arm return err from now on, and an armed notification fires,
+// so that the waiting caller polls and learns it (verbs.CQ). Taking mu
+// orders it before Close's return.
+func (q *CQ) fail(err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.failed.CompareAndSwap(nil, &err)
+	if q.armed.Swap(false) && !q.closed.Load() {
+		q.notify()
+	}
+}
+
 // Close destroys the CQ and its channel. Close the QPs first. notify is
 // not called once it returned.
 func (q *CQ) Close() error {
 	if q.closed.Swap(true) {
 		return nil
 	}
+	q.dev.dc.mu.Lock()
+	delete(q.dev.dc.cqs, q.cq)
+	q.dev.dc.mu.Unlock()
 	q.file.Close() // ends events
 	<-q.done
 	q.mu.Lock()

@@ -54,6 +54,7 @@ type devCtx struct {
 
 	mu   sync.Mutex
 	qps  map[*C.struct_rs_qp]*QP // for attributing asynchronous errors
+	cqs  map[*C.struct_rs_cq]*CQ // for attributing overruns
 	dead error                   // set on IBV_EVENT_DEVICE_FATAL
 }
 
@@ -75,7 +76,7 @@ func openContext(dev string) (*devCtx, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: ibverbs: open device %s: %v", verbs.ErrUnavailable, dev, syscall.Errno(e))
 	}
-	dc := &devCtx{name: dev, ctx: ctx, qps: map[*C.struct_rs_qp]*QP{}}
+	dc := &devCtx{name: dev, ctx: ctx, qps: map[*C.struct_rs_qp]*QP{}, cqs: map[*C.struct_rs_cq]*CQ{}}
 	if err := dc.startAsync(); err != nil {
 		C.rs_close(ctx)
 		return nil, err
@@ -140,7 +141,8 @@ var asyncName = map[C.uint32_t]string{
 // handle records an asynchronous event. A QP error needs no action here:
 // the device has moved the QP to the error state, so its outstanding work
 // requests complete as flushed and the connection sees them; the event
-// only makes the error message clearer.
+// only makes the error message clearer. A CQ overrun loses completions,
+// so it fails the CQ (CQ.fail), which tells its user.
 func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 	name, ok := asyncName[ev.event_type]
 	if !ok {
@@ -154,6 +156,14 @@ func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 		dc.mu.Unlock()
 		if qp != nil {
 			qp.asyncErr.Store(&name)
+		}
+	case C.RS_EVENT_CQ_ERR:
+		cqp := *(**C.struct_rs_cq)(unsafe.Pointer(&ev.element))
+		dc.mu.Lock()
+		cq := dc.cqs[cqp]
+		dc.mu.Unlock()
+		if cq != nil {
+			cq.fail(fmt.Errorf("ibverbs: %s", name))
 		}
 	case C.RS_EVENT_DEVICE_FATAL:
 		dc.mu.Lock()

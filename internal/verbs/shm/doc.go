@@ -16,12 +16,9 @@
 //   - An inbox closes its memfd once the peer has mapped it (when the
 //     exchange completes).
 //   - A remote-writable region keeps its memfd until no peer can need it:
-//     the device has QPs, none of them is still to connect (an unconnected
-//     QP passes the region in its exchange), and the peer of every
-//     connected one has mapped it, in the exchange or by fetching it. Those
-//     that exist when a QP connects are passed in the exchange; later ones
-//     keep their memfd until fetched over the link on first use of their
-//     remote key (PostSend then waits for the peer, once per region).
+//     the device has QPs and none of them is still to connect. The regions
+//     that exist when a QP connects (up to 128) are passed in its exchange,
+//     and only those are the peer's to WRITE (verbs.MR).
 //
 // So rsock's connection (one QP per device, its ring registered before it
 // connects) keeps no memfd open once connected. Addr is a distinct non-zero
@@ -199,14 +196,16 @@
 //     StatusLocalLength, but the sender's completion (made at post time) is
 //     a success; the sender's next post fails with StatusRetryExceeded.
 //   - SENDs carry at most MaxSend bytes (ErrSendTooLong at post otherwise).
+//   - A region registered after a QP connected is not the QP's peer's to
+//     WRITE (its key completes with StatusRemoteAccess there): RC hardware
+//     allows it, verbs.MR does not promise it.
 //   - Deregistering a region revokes nothing: a peer that mapped it (in
-//     the exchange, by fetching it, or through MapRemote) keeps it mapped
+//     the exchange, or through MapRemote) keeps it mapped
 //     until its QP closes, and its WRITEs to it succeed, into memory only
 //     that peer still maps (whose pages live until then). A remote key is
 //     never reused by the device, so such a WRITE cannot reach a newer
-//     region. A QP maps at most 4096 peer regions, deregistered ones
-//     included (later keys complete with StatusRemoteAccess). rsock
-//     registers one region per device, for the connection's lifetime.
+//     region. rsock registers one region per device, for the connection's
+//     lifetime.
 //   - A peer process that dies without closing its QP is noticed when the
 //     link ends: sends posted before that succeed into memory nobody reads
 //     (rsock learns of the death from its TCP bootstrap).

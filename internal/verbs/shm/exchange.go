@@ -69,7 +69,7 @@ func (q *QP) connectActive(ctx context.Context, info *peerInfo) (err error) {
 
 // attach runs the active side of an exchange on an established link.
 func (q *QP) attach(ctx context.Context, l *link, id uint32, info *peerInfo, wait chan attachReply) error {
-	msg, fds, exported, err := q.exportLocal(msgAttach, &exchange{secret: info.secret, src: id}, nil)
+	msg, fds, err := q.exportLocal(msgAttach, &exchange{secret: info.secret, src: id}, nil)
 	if err == nil {
 		err = l.write(msg, fds)
 		closeFDs(fds)
@@ -109,7 +109,7 @@ func (q *QP) attach(ctx context.Context, l *link, id uint32, info *peerInfo, wai
 		l.unbind(id)
 		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
 	}
-	if err := q.install(p, l, id, r.x.src, exported); err != nil {
+	if err := q.install(p, l, id, r.x.src); err != nil {
 		l.unbind(id)
 		return err
 	}
@@ -156,7 +156,7 @@ func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) 
 	if err != nil {
 		return err
 	}
-	msg, fds, exported, err := q.exportLocal(msgConnect, &exchange{secret: info.secret, src: id}, lfds)
+	msg, fds, err := q.exportLocal(msgConnect, &exchange{secret: info.secret, src: id}, lfds)
 	if err == nil {
 		err = writeMsg(c, msg, fds)
 		closeFDs(fds[linkFDs:])
@@ -197,7 +197,7 @@ func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) 
 		return context.Cause(ctx)
 	}
 	_ = c.SetDeadline(time.Time{})
-	if err := q.install(p, l, id, x.src, exported); err != nil {
+	if err := q.install(p, l, id, x.src); err != nil {
 		return err
 	}
 	l.start()
@@ -209,7 +209,7 @@ func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) 
 // caller's), then duplicates of the inbox memfd and of up to maxExportMRs
 // remote-writable regions' memfds, whose keys it returns. The caller
 // closes the duplicates after sending.
-func (q *QP) exportLocal(kind byte, x *exchange, linkFDs []int) ([]byte, []int, []uint32, error) {
+func (q *QP) exportLocal(kind byte, x *exchange, linkFDs []int) ([]byte, []int, error) {
 	x.inboxCap = q.in.cap
 	q.cmu.Lock()
 	inFD := -1
@@ -221,15 +221,11 @@ func (q *QP) exportLocal(kind byte, x *exchange, linkFDs []int) ([]byte, []int, 
 	}
 	q.cmu.Unlock()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	fds := append(append(make([]int, 0, len(linkFDs)+1+maxExportMRs), linkFDs...), inFD)
-	var keys []uint32
 	fds, x.mrs = q.dev.exportFDs(fds, maxExportMRs)
-	for _, r := range x.mrs {
-		keys = append(keys, r.rkey)
-	}
-	return encodeExchange(kind, x), fds, keys, nil
+	return encodeExchange(kind, x), fds, nil
 }
 
 // mapPeerSide validates and maps what the peer sent for a QP: fds are its

@@ -12,7 +12,7 @@ import (
 )
 
 // cycle opens two ends, connects them, moves data both ways through every
-// path (a region exported at connect time, one fetched later, MapRemote,
+// path (regions exported at connect time, MapRemote,
 // SEND, WRITE, an armed notification), and closes everything,
 // in rsock's order or by closing the devices only.
 func cycle(t *testing.T, i int) {
@@ -47,8 +47,8 @@ func cycle(t *testing.T, i int) {
 		_ = a.qp.PostRecv(&verbs.RecvWR{ID: uint64(k), Local: verbs.SGE{MR: slotsA, Offset: k * 64, Length: 64}})
 		_ = b.qp.PostRecv(&verbs.RecvWR{ID: uint64(k), Local: verbs.SGE{MR: slotsB, Offset: k * 64, Length: 64}})
 	}
+	late := alloc(b, 4096, verbs.AccessRemoteWrite) // a second region passed in the exchange
 	connect(t, a, b)
-	late := alloc(b, 4096, verbs.AccessRemoteWrite) // fetched on first use
 
 	direct, err := a.qp.MapRemote(ringB.Addr(), ringB.RKey(), 64<<10)
 	if err != nil {
@@ -146,20 +146,22 @@ func TestNoLeaks(t *testing.T) {
 	}
 }
 
-// TestLateRegion: a region registered after the connection is fetched on
-// first use. Once deregistered, it stays mapped at the writer (no revoke:
-// see Deviations), and a WRITE to an rkey the peer never had fails.
-func TestLateRegion(t *testing.T) {
-	a, b := pair(t, 16)
-	late := b.alloc(t, 8192, verbs.AccessRemoteWrite)
-	wr := verbs.SendWR{ID: 1, Op: verbs.OpWrite, Inline: []byte("hello"), RemoteAddr: late.Addr() + 4096, RKey: late.RKey(), Signaled: true}
+// TestRegionLifetime: a region passed in the exchange is the peer's to
+// WRITE; once deregistered, it stays mapped at the writer (no revoke: see
+// Deviations). A region registered after the connection is not passed:
+// a WRITE to its key fails as one to an rkey the peer never had.
+func TestRegionLifetime(t *testing.T) {
+	a, b := openEnd(t, 16), openEnd(t, 16)
+	early := b.alloc(t, 8192, verbs.AccessRemoteWrite)
+	connect(t, a, b)
+	wr := verbs.SendWR{ID: 1, Op: verbs.OpWrite, Inline: []byte("hello"), RemoteAddr: early.Addr() + 4096, RKey: early.RKey(), Signaled: true}
 	if err := a.qp.PostSend(&wr); err != nil {
 		t.Fatal(err)
 	}
-	if c := pollN(t, a.cq, 1)[0]; c.Err() != nil || !bytes.Equal(late.Bytes()[4096:4101], []byte("hello")) {
-		t.Fatalf("WRITE to a late region: %+v", c)
+	if c := pollN(t, a.cq, 1)[0]; c.Err() != nil || !bytes.Equal(early.Bytes()[4096:4101], []byte("hello")) {
+		t.Fatalf("WRITE to a region passed in the exchange: %+v", c)
 	}
-	if err := late.Close(); err != nil {
+	if err := early.Close(); err != nil {
 		t.Fatal(err)
 	}
 	wr.ID = 2
@@ -169,12 +171,13 @@ func TestLateRegion(t *testing.T) {
 	if c := pollN(t, a.cq, 1)[0]; c.ID != 2 || c.Err() != nil {
 		t.Fatalf("WRITE to a region the peer deregistered: %+v (%v), want success (no revoke)", c, c.Status)
 	}
-	wr.ID, wr.RKey = 3, late.RKey()^0x5a5a5a5a
+	late := b.alloc(t, 4096, verbs.AccessRemoteWrite)
+	wr.ID, wr.RemoteAddr, wr.RKey = 3, late.Addr(), late.RKey()
 	if err := a.qp.PostSend(&wr); err != nil {
 		t.Fatal(err)
 	}
 	if c := pollN(t, a.cq, 1)[0]; c.ID != 3 || c.Status != verbs.StatusRemoteAccess {
-		t.Fatalf("WRITE to an unknown rkey: %+v (%v), want StatusRemoteAccess", c, c.Status)
+		t.Fatalf("WRITE to a region registered after the connection: %+v (%v), want StatusRemoteAccess", c, c.Status)
 	}
 	// An RC responder fails on an access violation too.
 	b.postRecvs(t, 1, 64)

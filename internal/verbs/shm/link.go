@@ -384,16 +384,6 @@ func (l *link) handle(b []byte, fds []int) bool {
 	switch {
 	case kind == msgRefuse && l.dialed && len(body) == 0 && len(fds) == 0:
 		l.deliverAttach(binary.LittleEndian.Uint32(b[wireHeaderLen:]), attachReply{err: errors.New("the peer refused the exchange")})
-	case kind == msgPull && len(body) == 8 && len(fds) == 0:
-		if q != nil {
-			q.answerPull(binary.LittleEndian.Uint32(body), binary.LittleEndian.Uint32(body[4:]))
-		}
-	case kind == msgPullReply && len(body) == 8+recordLen:
-		if q != nil {
-			q.deliverPull(body, fds)
-		} else {
-			closeFDs(fds)
-		}
 	case kind == msgGone && len(body) == 0 && len(fds) == 0:
 		if q != nil {
 			q.peerGone.Store(true)
@@ -455,6 +445,9 @@ func (l *link) serveAttach(body []byte, fds []int) bool {
 	q.setEstablished(nil)
 	return true
 }
+
+// ctlWriteTimeout bounds a write on the link (the peer reads at once).
+const ctlWriteTimeout = time.Second
 
 // write sends a message with fds attached (the caller keeps them).
 func (l *link) write(b []byte, fds []int) error {

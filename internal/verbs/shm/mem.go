@@ -15,9 +15,8 @@ import (
 
 // MR is a memory region backed by a sealed memfd. It implements verbs.MR.
 // A remote-writable region keeps its memfd open while a peer may still
-// have to map it (at connect time or when it first uses its remote key;
-// see Device.settleLocked); the memfd of a local-only region is closed
-// once mapped.
+// have to map it (in a QP's connection exchange; see Device.settle); the
+// memfd of a local-only region is closed once mapped.
 type MR struct {
 	dev    *Device
 	mem    []byte // the whole mapping (page-rounded)

@@ -348,43 +348,17 @@ func (d *Device) exportFDs(fds []int, max int) ([]int, []mrRecord) {
 	return fds, recs
 }
 
-// exportKey returns a duplicate of the memfd of the open remote-writable
-// region rec.rkey and fills in rec, or returns -1.
-func (d *Device) exportKey(rec *mrRecord) int {
+// settle closes the memfd of every remote-writable region once no peer
+// can still map it: the device has QPs and none of them is still to
+// connect (an unconnected QP passes the regions in its exchange). From
+// then on a region costs no file descriptor; a QP the device creates later
+// cannot pass it (see Deviations in the package documentation).
+func (d *Device) settle() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	mr := d.keys[rec.rkey]
-	if mr == nil || mr.fd < 0 {
-		return -1
-	}
-	fd, err := unix.FcntlInt(uintptr(mr.fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return -1
-	}
-	rec.addr, rec.size = mr.addr, uint64(len(mr.buf))
-	return fd
-}
-
-// passedTo records that q's peer has mapped the regions keys, and closes
-// the memfds nobody can need any more (see settleLocked).
-func (d *Device) passedTo(q *QP, keys []uint32) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if q.passed == nil {
-		q.passed = make(map[uint32]struct{}, len(keys))
-	}
-	for _, k := range keys {
-		q.passed[k] = struct{}{}
-	}
 	d.settleLocked()
 }
 
-// settleLocked closes the memfd of every remote-writable region that no
-// peer can still need: the device has QPs, none of them is still to
-// connect (an unconnected QP passes the regions in its exchange), and the
-// peer of each connected one has mapped the region. From then on the
-// region costs no file descriptor; a QP created on the device later cannot
-// pass it (see the package documentation).
 func (d *Device) settleLocked() {
 	if len(d.qps) == 0 {
 		return
@@ -394,18 +368,8 @@ func (d *Device) settleLocked() {
 			return
 		}
 	}
-	for rkey, mr := range d.keys {
-		if mr.fd < 0 {
-			continue
-		}
-		all := true
-		for q := range d.qps {
-			if _, ok := q.passed[rkey]; !ok && q.state.Load() == stateConnected {
-				all = false
-				break
-			}
-		}
-		if all {
+	for _, mr := range d.keys {
+		if mr.fd >= 0 {
 			_ = unix.Close(mr.fd)
 			mr.fd = -1
 		}

@@ -73,16 +73,12 @@ type QP struct {
 	lnName    string
 	lnRef     bool
 	passive   bool
-	pend      *pullWait
-	pullSeq   uint32
 	isClosing bool
 	closing   chan struct{} // closed when Close starts
 	estDone   chan struct{} // closed when the passive exchange has finished
 	estErr    error
 	peerPID   int32
 	peerUID   uint32
-
-	passed map[uint32]struct{} // regions the peer has mapped (guarded by dev.mu)
 }
 
 var (
@@ -285,10 +281,10 @@ func (p *peerSide) release() {
 }
 
 // install makes p the peer and binds q to link id (the peer's QP is
-// peerID), moving the QP from connecting to connected; exported are the
-// regions the exchange passed. It fails (releasing p) if
-// the QP was closed or failed meanwhile (the caller unbinds it).
-func (q *QP) install(p *peerSide, l *link, id, peerID uint32, exported []uint32) error {
+// peerID), moving the QP from connecting to connected. It fails
+// (releasing p) if the QP was closed or failed meanwhile (the caller
+// unbinds it).
+func (q *QP) install(p *peerSide, l *link, id, peerID uint32) error {
 	q.smu.Lock()
 	q.rmu.Lock()
 	q.cmu.Lock()
@@ -315,7 +311,7 @@ func (q *QP) install(p *peerSide, l *link, id, peerID uint32, exported []uint32)
 	if inFD >= 0 {
 		_ = unix.Close(inFD)
 	}
-	q.dev.passedTo(q, exported)
+	q.dev.settle()
 	return nil
 }
 

@@ -353,9 +353,8 @@ func (q *QP) acceptActive(l *link, x *exchange, fds []int, first bool) error {
 	}
 	var reply []byte
 	var rfds []int
-	var exported []uint32
 	if err == nil {
-		reply, rfds, exported, err = q.exportLocal(msgAccept, &exchange{dst: x.src, src: id}, lfds)
+		reply, rfds, err = q.exportLocal(msgAccept, &exchange{dst: x.src, src: id}, lfds)
 	}
 	if err == nil {
 		err = l.write(reply, rfds)
@@ -371,7 +370,7 @@ func (q *QP) acceptActive(l *link, x *exchange, fds []int, first bool) error {
 		l.unbind(id)
 		return err
 	}
-	if err := q.install(p, l, id, x.src, exported); err != nil {
+	if err := q.install(p, l, id, x.src); err != nil {
 		l.unbind(id)
 		return err
 	}

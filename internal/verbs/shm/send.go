@@ -10,10 +10,9 @@ import (
 // it returns, and generates its completion (failures always; successes when
 // Signaled) in the local CQ:
 //   - WRITE copies the data into the peer's region named by RKey (mapped at
-//     connect time, or fetched from the peer over the control connection the
-//     first time the key is used: the only case where PostSend waits, at
-//     most pullTimeout). An unknown key or a range outside the region
-//     completes with verbs.StatusRemoteAccess.
+//     connect time). An unknown key, one registered after the connection,
+//     or a range outside the region completes with
+//     verbs.StatusRemoteAccess.
 //   - SEND publishes an inbox entry. With no RECV posted at the peer it
 //     completes with verbs.StatusRNR.
 //   - A peer that closed its QP, is in the error state or whose process went
@@ -171,19 +170,12 @@ func (q *QP) completeLocked(wr *verbs.SendWR, status verbs.Status) {
 
 // remoteLocked resolves raddr..raddr+n of the peer region named by rkey.
 // It returns StatusRemoteAccess for an unknown key or a range outside the
-// region, and StatusRetryExceeded if the peer did not answer a fetch.
+// region.
 func (q *QP) remoteLocked(raddr uint64, rkey uint32, n int) ([]byte, verbs.Status) {
 	p := q.lastMR
 	if p == nil || p.rkey != rkey {
-		p = q.peerMRs[rkey]
-		if p == nil {
-			if rkey == 0 {
-				return nil, verbs.StatusRemoteAccess
-			}
-			var st verbs.Status
-			if p, st = q.pullLocked(rkey); p == nil {
-				return nil, st
-			}
+		if p = q.peerMRs[rkey]; p == nil {
+			return nil, verbs.StatusRemoteAccess
 		}
 		q.lastMR = p
 	}

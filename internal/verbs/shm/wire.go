@@ -104,9 +104,6 @@ func checkSameHost(local, peer hostID) error {
 //	                                      link's first], inbox, regions
 //	attach  secret (32), src, exchange    fds: inbox, regions
 //	refuse  dst                           (an attach refused)
-//	pull    dst, request id u32, rkey u32
-//	reply   dst, request id u32, found u8, 3 reserved, region record
-//	                                      fds: the region if found
 //	gone    dst                           (the sender's QP is closed)
 //
 // exchange: inbox capacity u32, region count u16, 2 reserved bytes, then
@@ -117,16 +114,14 @@ const (
 	wireHeaderLen = 8
 	recordLen     = 20
 
-	msgConnect   = 1
-	msgAccept    = 2
-	msgPull      = 3
-	msgPullReply = 4
-	msgAttach    = 6 // 5 was revoke (a violation now)
-	msgRefuse    = 7
-	msgGone      = 8
+	msgConnect = 1
+	msgAccept  = 2
+	msgAttach  = 6 // 3, 4 were pull and 5 revoke (violations now)
+	msgRefuse  = 7
+	msgGone    = 8
 
 	// maxExportMRs bounds the regions sent at connect time (SCM_RIGHTS
-	// carries at most 253 fds); later ones are pulled on first use.
+	// carries at most 253 fds).
 	maxExportMRs = 128
 	maxMsgFDs    = 3 + maxExportMRs
 	maxMsgLen    = wireHeaderLen + secretLen + 8 + 8 + maxExportMRs*recordLen

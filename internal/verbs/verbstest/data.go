@@ -75,7 +75,7 @@ func (s *suite) testWriteThenSend(t *testing.T) {
 		iterations = 300
 	}
 	pr := s.newPair(t, defaultConfig)
-	dst := pr.alloc(pr.b, dstSize, remoteWrite)
+	dst := pr.dst
 	rbuf := pr.alloc(pr.b, defaultConfig.recvDepth*msgSize, localWrite)
 	src := pr.alloc(pr.a, maxWrite+msgSize, localWrite)
 	for i := range defaultConfig.recvDepth {
@@ -302,7 +302,7 @@ func (s *suite) testInline(t *testing.T) {
 	if maxInline <= 0 {
 		t.Skip("the provider grants no inline data")
 	}
-	dst := pr.alloc(pr.b, 4096, remoteWrite)
+	dst := pr.dst
 	rbuf := pr.alloc(pr.b, 4*maxInline, localWrite)
 	for i := range 4 {
 		pr.postRecv(pr.b, rbuf, i, maxInline)
@@ -348,7 +348,7 @@ func (s *suite) testSignaled(t *testing.T) {
 	cfg := defaultConfig
 	cfg.sendDepth = 16
 	pr := s.newPair(t, cfg)
-	dst := pr.alloc(pr.b, 4096, remoteWrite)
+	dst := pr.dst
 	rbuf := pr.alloc(pr.b, cfg.recvDepth*8, localWrite)
 	src := pr.alloc(pr.a, 8, localWrite)
 	posted := 0

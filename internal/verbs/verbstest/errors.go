@@ -21,15 +21,15 @@ func (s *suite) testRemoteAccess(t *testing.T) {
 		target func(pr *pair) (addr uint64, rkey uint32)
 	}{
 		{"PastEnd", func(pr *pair) (uint64, uint32) {
-			dst := pr.alloc(pr.b, 4096, remoteWrite)
-			return dst.Addr() + 4096 - 4, dst.RKey()
+			dst := pr.dst
+			return dst.Addr() + uint64(len(dst.Bytes())) - 4, dst.RKey()
 		}},
 		{"BeforeStart", func(pr *pair) (uint64, uint32) {
-			dst := pr.alloc(pr.b, 4096, remoteWrite)
+			dst := pr.dst
 			return dst.Addr() - 4, dst.RKey()
 		}},
 		{"WrongRKey", func(pr *pair) (uint64, uint32) {
-			dst := pr.alloc(pr.b, 4096, remoteWrite)
+			dst := pr.dst
 			return dst.Addr(), dst.RKey() ^ 0xa5a5a5a5
 		}},
 		{"NoRemoteWrite", func(pr *pair) (uint64, uint32) {
@@ -191,6 +191,44 @@ func (s *suite) testNotify(t *testing.T) {
 		expectOK(t, pr.one(pr.a.cq), verbs.OpSend, 5)
 	})
 
+	t.Run("Overrun", func(t *testing.T) {
+		// More signaled completions than the CQ holds, none polled: the
+		// CQ fails, and says so to Poll or Arm, and to an armed waiter
+		// through notify, however the provider learns it.
+		cfg := defaultConfig
+		cfg.cqDepth = 4
+		pr := s.newPair(t, cfg)
+		dst := pr.dst
+		src := pr.alloc(pr.a, 8, localWrite)
+		wr := verbs.SendWR{Op: verbs.OpWrite, Local: verbs.SGE{MR: src, Length: 8}, RemoteAddr: dst.Addr(), RKey: dst.RKey(), Signaled: true}
+		for i := range cfg.sendDepth {
+			wr.ID = uint64(i)
+			if err := pr.a.qp.PostSend(&wr); err != nil {
+				if i <= cfg.cqDepth {
+					t.Fatalf("PostSend %d: %v", i, err)
+				}
+				break // the overrun moved the QP to error
+			}
+		}
+		b := bellOf(pr.a.cq)
+		buf := make([]verbs.Completion, 1)
+		for {
+			n, err := pr.a.cq.Poll(buf)
+			if err == nil && n == 0 {
+				if err = pr.a.cq.Arm(); err == nil {
+					if n, err = pr.a.cq.Poll(buf); err == nil && n == 0 {
+						pr.ring(b) // the overrun, or a completion
+						continue
+					}
+				}
+			}
+			if err != nil {
+				t.Logf("overrun reported: %v", err)
+				return
+			}
+		}
+	})
+
 	t.Run("Close", func(t *testing.T) {
 		dev := s.openDevice(t)
 		cq, err := newCQ(dev, 16)
@@ -255,7 +293,7 @@ func (s *suite) testLimits(t *testing.T) {
 		cfg := defaultConfig
 		cfg.sendDepth = depth
 		pr := s.newPair(t, cfg)
-		dst := pr.alloc(pr.b, 4096, remoteWrite)
+		dst := pr.dst
 		src := pr.alloc(pr.a, 8, localWrite)
 		wr := verbs.SendWR{Op: verbs.OpWrite, Local: verbs.SGE{MR: src, Length: 8}, RemoteAddr: dst.Addr(), RKey: dst.RKey(), Signaled: true}
 		posted := 0
@@ -403,9 +441,9 @@ func (s *suite) testConcurrent(t *testing.T) {
 		perSender = 100
 	}
 	total := senders * perSender
-	cfg := config{sendDepth: 64, recvDepth: 128, maxInline: 64, cqDepth: 1024}
+	cfg := config{sendDepth: 64, recvDepth: 128, maxInline: 64, cqDepth: 1024, remote: 64 << 10}
 	pr := s.newPair(t, cfg)
-	dst := pr.alloc(pr.b, total*8, remoteWrite)
+	dst := pr.dst
 	rbuf := pr.alloc(pr.b, cfg.recvDepth*8, localWrite)
 	src := pr.alloc(pr.a, total*16, localWrite) // WRITE sources, then SEND sources
 	spare := pr.alloc(pr.a, cfg.recvDepth*8, localWrite)

@@ -71,11 +71,15 @@ type suite struct {
 // config sizes a pair.
 type config struct {
 	sendDepth, recvDepth, maxInline, cqDepth int
+	// remote is the size of pair.dst, registered on b before the QPs
+	// connect: a peer may write only regions registered by then
+	// (verbs.MR).
+	remote int
 	// beforeConnect, if set, runs once both QPs exist, before any Connect.
 	beforeConnect func(pr *pair)
 }
 
-var defaultConfig = config{sendDepth: 64, recvDepth: 64, maxInline: 64, cqDepth: 1024}
+var defaultConfig = config{sendDepth: 64, recvDepth: 64, maxInline: 64, cqDepth: 1024, remote: 64 << 10}
 
 // side is one end of a pair.
 type side struct {
@@ -92,6 +96,7 @@ type pair struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	a, b   *side
+	dst    verbs.MR // b's remote-writable region of config.remote bytes
 }
 
 // openDevice opens a device closed at the end of the test.
@@ -129,6 +134,9 @@ func (s *suite) newPair(t *testing.T, cfg config) *pair {
 		if err != nil {
 			t.Fatalf("NewQP: %v", err)
 		}
+	}
+	if cfg.remote > 0 {
+		pr.dst = pr.alloc(pr.b, cfg.remote, remoteWrite)
 	}
 	if cfg.beforeConnect != nil {
 		cfg.beforeConnect(pr)
