@@ -62,13 +62,16 @@ type Config struct {
 	SniffTimeout time.Duration
 
 	// ProbeTimeout is how long Dial waits for the server's answer to its
-	// hello. Silence that long means the server does not speak rsock: Dial
-	// closes the connection and dials again with plain TCP.
-	// Env RSOCK_PROBE_TIMEOUT. Default 1s.
+	// hello. After silence that long (or a connection closed without an
+	// answer) Dial closes the connection and dials again with plain TCP,
+	// saying why in ConnInfo.Reason; silence is no verdict, so the next
+	// Dial probes again. Env RSOCK_PROBE_TIMEOUT. Default 1s.
 	ProbeTimeout time.Duration
 
 	// ProbeCacheTTL is how long Dial remembers that an address does not
-	// speak rsock, and dials it with plain TCP without probing. Negative
+	// speak rsock, and dials it with plain TCP without probing: once its
+	// server has answered two probes in a row as a plain server does
+	// (bytes other than rsock's magic, or an echo of the hello). Negative
 	// disables the cache. Env RSOCK_PROBE_CACHE_TTL. Default 1m.
 	ProbeCacheTTL time.Duration
 

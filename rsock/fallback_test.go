@@ -186,22 +186,23 @@ func TestDialPlainServers(t *testing.T) {
 		name    string
 		handler func(net.Conn)
 		reason  string
+		verdict bool // an answer: remembered after two probes; silence or a close is not
 	}{
-		{"echo", echo, "echoed"},
+		{"echo", echo, "echoed", true},
 		{"speaks-first", func(c net.Conn) {
 			defer c.Close()
 			_, _ = c.Write([]byte("220 smtp ready\r\n"))
 			_, _ = io.Copy(io.Discard, c)
-		}, "magic"},
+		}, "magic", true},
 		{"closes", func(c net.Conn) {
 			buf := make([]byte, 1)
 			_, _ = c.Read(buf)
 			c.Close()
-		}, "ended"},
+		}, "ended", false},
 		{"silent", func(c net.Conn) {
 			defer c.Close()
 			_, _ = io.Copy(io.Discard, c)
-		}, "no reply"},
+		}, "did not answer", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -215,7 +216,8 @@ func TestDialPlainServers(t *testing.T) {
 			assert.True(t, info.Fallback)
 			assert.Contains(t, info.Reason, tc.reason)
 			// One probe is not a verdict: the second dial probes again;
-			// after two in a row the third does not.
+			// after two answers in a row the third does not. Silence and
+			// a close are never a verdict.
 			c2, err := dialProbing(t, addr, &Config{ProbeTimeout: 200 * time.Millisecond})
 			require.NoError(t, err)
 			defer c2.Close()
@@ -223,7 +225,12 @@ func TestDialPlainServers(t *testing.T) {
 			c3, err := dialProbing(t, addr, &Config{ProbeTimeout: 200 * time.Millisecond})
 			require.NoError(t, err)
 			defer c3.Close()
-			assert.Contains(t, c3.Info().Reason, "remembered")
+			if tc.verdict {
+				assert.Contains(t, c3.Info().Reason, "remembered")
+			} else {
+				assert.Contains(t, c3.Info().Reason, tc.reason)
+				assert.False(t, plainServers.known("tcp "+addr))
+			}
 		})
 	}
 	// The redialled connection works end to end.

@@ -14,11 +14,6 @@ import (
 	"github.com/rdmanet/rdmanet/internal/handshake"
 )
 
-// maxPending bounds the connections a Listener handshakes at once. Past it
-// the listener stops accepting from the kernel (its backlog queues them),
-// just as an application that stops calling Accept would.
-const maxPending = 256
-
 // readyQueue is how many switched connections wait for Accept.
 const readyQueue = 64
 
@@ -61,7 +56,8 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		s:       s,
 		ready:   make(chan *Conn, readyQueue),
 		done:    make(chan struct{}),
-		sem:     make(chan struct{}, maxPending),
+		setups:  make(chan struct{}, maxSetups),
+		waiting: waitingSet{max: perSourceWaiting},
 		ctx:     hctx,
 		cancel:  cancel,
 	}
@@ -71,16 +67,18 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 }
 
 // Listener accepts rsock connections, and plain TCP clients on the same
-// port. Handshakes run in their own goroutines, off the Accept path: a
-// slow, silent or hostile client never delays the others. Accept returns an
-// error only once the listener is closed or its socket failed.
+// port. Handshakes run in their own goroutines, off the Accept path, and
+// the listener never stops accepting: a slow, silent or hostile client
+// never delays the others (admission.go bounds what each costs). Accept
+// returns an error only once the listener is closed or its socket failed.
 type Listener struct {
 	network string
 	ln      *net.TCPListener
 	s       *settings
 	ready   chan *Conn
 	done    chan struct{}
-	sem     chan struct{}
+	setups  chan struct{} // places of the handshakes preparing an endpoint
+	waiting waitingSet    // handshakes between the magic and a complete hello
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -90,18 +88,26 @@ type Listener struct {
 	err       error // the socket's fatal error, once the accept loop ended
 
 	handshakeErrors atomic.Uint64
+	busy            atomic.Uint64
 }
 
 // ListenerStats counts what a Listener has seen.
 type ListenerStats struct {
 	// HandshakeErrors counts connections dropped during the handshake:
-	// malformed or truncated hellos, timeouts, failed setups.
+	// malformed or truncated hellos, timeouts, failed setups, and those
+	// Evicted.
 	HandshakeErrors uint64
+	// Evicted counts connections closed because their source address had
+	// too many others stalled between the magic and a complete hello.
+	Evicted uint64
+	// Busy counts hellos declined because too many endpoints were being
+	// prepared at once (their clients continue on TCP).
+	Busy uint64
 }
 
 // Stats returns the listener's counters.
 func (l *Listener) Stats() ListenerStats {
-	return ListenerStats{HandshakeErrors: l.handshakeErrors.Load()}
+	return ListenerStats{HandshakeErrors: l.handshakeErrors.Load(), Evicted: l.waiting.evictions(), Busy: l.busy.Load()}
 }
 
 // Accept waits for and returns the next connection: *Conn, on whichever
@@ -163,14 +169,8 @@ func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
 	var delay time.Duration
 	for {
-		select {
-		case l.sem <- struct{}{}:
-		case <-l.done:
-			return
-		}
 		raw, err := l.ln.AcceptTCP()
 		if err != nil {
-			<-l.sem
 			select {
 			case <-l.done:
 				return
@@ -206,7 +206,6 @@ func isTemporary(err error) bool {
 // result to Accept.
 func (l *Listener) serveConn(raw *net.TCPConn) {
 	defer l.wg.Done()
-	defer func() { <-l.sem }()
 	stop := context.AfterFunc(l.ctx, func() { _ = raw.SetDeadline(aLongTimeAgo) })
 	defer stop()
 	c, err := l.handshake(raw)
@@ -258,10 +257,18 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		raw.Close()
 		return nil, err
 	}
-	// An rsock client: the whole handshake is bounded from here.
+	// An rsock client: the whole handshake is bounded from here, and until
+	// its hello is complete it holds one of its source's waiting places.
 	_ = raw.SetDeadline(time.Now().Add(s.handshake))
 	ctx, cancel := context.WithTimeout(l.ctx, s.handshake)
 	defer cancel()
+	src := l.waiting.add(raw)
+	waiting := true
+	defer func() {
+		if waiting {
+			l.waiting.remove(src, raw)
+		}
+	}()
 	// Answer with the magic at once, before reading the hello and
 	// preparing anything: the client's ProbeTimeout then measures whether
 	// an rsock server is there, not how long this one takes to prepare an
@@ -280,10 +287,19 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		raw.Close()
 		return nil, err
 	}
+	l.waiting.remove(src, raw)
+	waiting = false
 	hello, ok := msg.(*handshake.Hello)
 	if !ok {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: client opened with %v, want hello", msg.Type())
+	}
+	select {
+	case l.setups <- struct{}{}:
+		defer func() { <-l.setups }()
+	default:
+		l.busy.Add(1)
+		return s.decline(l.network, raw, handshake.DeclineResources, fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups))
 	}
 	return s.serve(ctx, l.network, raw, hello)
 }

@@ -245,14 +245,14 @@ func (s *settings) nothingToOffer(network string, raw *net.TCPConn, why reasons)
 	return plainConn(network, raw, nil, true, reason), nil
 }
 
-// helloWriteError classifies a failure to send the hello: the connection
-// was made, so a server that resets it on the first bytes is a plain server
-// that did not like them.
+// helloWriteError classifies a failure to send the hello: a server that
+// resets the connection on the first bytes may be a plain server that did
+// not like them, or an rsock server that shed it; only an answer tells.
 func helloWriteError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return &notRsockError{fmt.Sprintf("connection ended while sending the hello: %v", err)}
+	return &redialError{fmt.Sprintf("connection ended while sending the hello: %v", err)}
 }
 
 // redialError says the handshake failed in a way that leaves the
@@ -264,7 +264,10 @@ type redialError struct{ why string }
 
 func (e *redialError) Error() string { return e.why }
 
-// notRsockError says the server did not answer like an rsock server.
+// notRsockError says the server answered, and not like an rsock server:
+// the only evidence that it is a plain one (silence and a closed
+// connection are no answer: an overloaded rsock server, or one out of
+// file descriptors, gives them too).
 type notRsockError struct{ why string }
 
 func (e *notRsockError) Error() string { return "server does not speak rsock: " + e.why }
@@ -347,9 +350,9 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		case n > 0 && !handshake.MatchesMagicPrefix(head[:n]):
 			return nil, &notRsockError{"its reply does not start with the rsock magic"}
 		case isTimeout(err):
-			return nil, &notRsockError{fmt.Sprintf("no reply within %v", s.probe)}
+			return nil, &redialError{fmt.Sprintf("server did not answer within %v", s.probe)}
 		default:
-			return nil, &notRsockError{fmt.Sprintf("connection ended: %v", err)}
+			return nil, &redialError{fmt.Sprintf("connection ended before the server answered: %v", err)}
 		}
 	}
 	_ = raw.SetReadDeadline(end) // zero (none) if ctx has no deadline

@@ -1,0 +1,189 @@
+package rsock
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+)
+
+// echoAccepted serves every connection ln accepts with an echo.
+func echoAccepted(ln *Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			_, _ = io.Copy(c, c)
+		}()
+	}
+}
+
+// echoTrip writes msg on c and reads it back.
+func echoTrip(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	_, err := c.Write([]byte(msg))
+	require.NoError(t, err)
+	got := make([]byte, len(msg))
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	assert.Equal(t, msg, string(got))
+}
+
+// TestStalledClientsDoNotStarveTheListener: 600 clients send the magic and
+// stall, and dial again when dropped, as an attacker would. Meanwhile a
+// plain client and an rsock client of the same listener are served, the
+// rsock one on shm (not taken for a plain server), and afterwards nothing
+// is remembered against the address. (A listener that stopped accepting
+// while its handshakes were unfinished kept both in the kernel's backlog
+// for HandshakeTimeout; the rsock client's probe then timed out.)
+func TestStalledClientsDoNotStarveTheListener(t *testing.T) {
+	const stallers = 600
+	cfg := &Config{Transports: []string{"shm", "tcp"}}
+	ln := listen(t, cfg)
+	addr := ln.Addr().String()
+	t.Cleanup(func() { plainServers.forget("tcp " + addr) })
+	go echoAccepted(ln)
+
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var stalled atomic.Int32
+	for range stallers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			first := true
+			for ctx.Err() == nil {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					continue
+				}
+				unblock := context.AfterFunc(ctx, func() { c.Close() })
+				if _, err := c.Write([]byte(handshake.Magic)); err == nil && first {
+					stalled.Add(1)
+					first = false
+				}
+				_, _ = io.Copy(io.Discard, c) // until the listener drops it
+				unblock()
+				c.Close()
+			}
+		}()
+	}
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+	for stalled.Load() < stallers {
+		require.NoError(t, ctx.Err())
+		time.Sleep(time.Millisecond)
+	}
+
+	plain, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer plain.Close()
+	echoTrip(t, plain, "GET / HTTP/1.0\r\n\r\n")
+
+	d := Dialer{Config: cfg, Timeout: 10 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c.Close()
+	assert.Equal(t, "shm", TransportOf(c), InfoOrEmpty(c).Reason)
+	echoTrip(t, c, "during the attack")
+
+	stop()
+	wg.Wait()
+	assert.False(t, plainServers.known("tcp "+addr))
+	c2, err := d.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c2.Close()
+	assert.Equal(t, "shm", TransportOf(c2), InfoOrEmpty(c2).Reason)
+	echoTrip(t, c2, "after the attack")
+}
+
+// InfoOrEmpty is InfoOf without the ok.
+func InfoOrEmpty(c net.Conn) ConnInfo {
+	info, _ := InfoOf(c)
+	return info
+}
+
+// TestWaitingSetEvictsTheOldest: past its bound, a source's newest
+// connection between the magic and its hello closes the oldest; other
+// sources are not touched.
+func TestWaitingSetEvictsTheOldest(t *testing.T) {
+	tl, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer tl.Close()
+	conn := func() (server *net.TCPConn, client net.Conn) {
+		client, err := net.Dial("tcp", tl.Addr().String())
+		require.NoError(t, err)
+		t.Cleanup(func() { client.Close() })
+		server, err = tl.AcceptTCP()
+		require.NoError(t, err)
+		t.Cleanup(func() { server.Close() })
+		return server, client
+	}
+	w := waitingSet{max: 3}
+	var clients []net.Conn
+	var servers []*net.TCPConn
+	for range 4 {
+		s, c := conn()
+		w.add(s)
+		servers, clients = append(servers, s), append(clients, c)
+	}
+	assert.Equal(t, uint64(1), w.evictions())
+	// The oldest was closed: its client reads EOF. The others are open.
+	_ = clients[0].SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = clients[0].Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF)
+	for _, s := range servers[1:] {
+		_, err := s.Write([]byte("x"))
+		assert.NoError(t, err)
+	}
+	// Removing one makes room without evicting.
+	src := sourceOf(servers[1])
+	w.remove(src, servers[1])
+	s, _ := conn()
+	w.add(s)
+	assert.Equal(t, uint64(1), w.evictions())
+	w.remove(src, servers[2])
+	w.remove(src, servers[3])
+	w.remove(src, s)
+	w.remove(src, s) // a second remove is harmless
+	assert.Empty(t, w.bySrc)
+}
+
+// TestBusyListenerDeclines: with every setup place taken, a hello is
+// declined with a reason, and the client continues on TCP: visibly, and
+// not remembered as a plain server.
+func TestBusyListenerDeclines(t *testing.T) {
+	cfg := &Config{Transports: []string{"shm", "tcp"}}
+	ln := listen(t, cfg)
+	for range maxSetups {
+		ln.setups <- struct{}{}
+	}
+	c, s := pipe(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	for range maxSetups {
+		<-ln.setups
+	}
+	info := c.Info()
+	assert.Equal(t, "tcp", info.Transport)
+	assert.True(t, info.Fallback)
+	assert.Contains(t, info.Reason, "server busy")
+	assert.Equal(t, uint64(1), ln.Stats().Busy)
+	assert.False(t, plainServers.known("tcp "+ln.Addr().String()))
+	go func() { _, _ = io.Copy(s, s) }()
+	echoTrip(t, c, "over tcp")
+}
