@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/verbs/shm"
 )
 
 // echoAccepted serves every connection ln accepts with an echo.
@@ -186,4 +187,30 @@ func TestBusyListenerDeclines(t *testing.T) {
 	assert.False(t, plainServers.known("tcp "+ln.Addr().String()))
 	go func() { _, _ = io.Copy(s, s) }()
 	echoTrip(t, c, "over tcp")
+}
+
+// TestShmMapBudgetFallsBack: past the process's mapping budget a new
+// connection does not get shm: it continues on TCP and says why, and the
+// connections that have shm keep working.
+func TestShmMapBudgetFallsBack(t *testing.T) {
+	cfg := &Config{Transports: []string{"shm", "tcp"}}
+	ln := listen(t, cfg)
+	c1, s1 := pipe(t, ln, cfg)
+	defer c1.Close()
+	defer s1.Close()
+	require.Equal(t, "shm", TransportOf(c1), c1.Info().Reason)
+	live, _ := shm.Mappings()
+	old := shm.SetMapBudget(live + 2) // less than a connection needs
+	defer shm.SetMapBudget(old)
+	c2, s2 := pipe(t, ln, cfg)
+	defer c2.Close()
+	defer s2.Close()
+	info := c2.Info()
+	assert.Equal(t, "tcp", info.Transport)
+	assert.True(t, info.Fallback)
+	assert.Contains(t, info.Reason, "mapping budget")
+	for _, p := range [][2]*Conn{{c1, s1}, {c2, s2}} {
+		go func() { _, _ = io.Copy(p[1], p[1]) }()
+		echoTrip(t, p[0], "still served")
+	}
 }

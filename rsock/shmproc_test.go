@@ -494,15 +494,21 @@ func localStats() map[string]int { return collectStats() }
 
 // dialSvc dials the helper over shm only and sends the command byte.
 func dialSvc(addr string, cfg *Config, cmd byte) (*Conn, error) {
+	return dialSvcOn(addr, cfg, cmd, "shm")
+}
+
+// dialSvcOn dials the helper, checks the transport (any if want is "")
+// and sends the command byte.
+func dialSvcOn(addr string, cfg *Config, cmd byte, want string) (*Conn, error) {
 	d := Dialer{Config: cfg, Timeout: time.Minute}
 	nc, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	c := nc.(*Conn)
-	if tr := TransportOf(c); tr != "shm" {
+	if tr := TransportOf(c); want != "" && tr != want {
 		c.Close()
-		return nil, fmt.Errorf("transport %q, want shm: %s", tr, c.Info().Reason)
+		return nil, fmt.Errorf("transport %q, want %s: %s", tr, want, c.Info().Reason)
 	}
 	if _, err := c.Write([]byte{cmd}); err != nil {
 		c.Close()
@@ -1051,11 +1057,11 @@ func runShmIntruder() {
 }
 
 // connectMsg is a well-formed shm rendezvous connect message (see
-// internal/verbs/shm/wire.go): header "rsrv", version 4, kind 1; the
+// internal/verbs/shm/wire.go): header "rsrv", version 5, kind 1; the
 // secret; the sender's link id; an exchange with inbox capacity 64 and no
 // regions.
 func connectMsg(secret []byte) []byte {
-	b := append([]byte("rsrv"), 4, 1, 0, 0)
+	b := append([]byte("rsrv"), 5, 1, 0, 0)
 	b = append(b, secret...)
 	b = binary.LittleEndian.AppendUint32(b, 0)
 	b = binary.LittleEndian.AppendUint32(b, 64)
@@ -1241,6 +1247,12 @@ func hogRendezvous(t *testing.T, addr, name string, n int) (string, time.Duratio
 // sending cmd.
 func dialMany(t *testing.T, addr string, cfg *Config, n, conc int, cmd byte) []*Conn {
 	t.Helper()
+	return dialManyOn(t, addr, cfg, n, conc, cmd, "shm")
+}
+
+// dialManyOn is dialMany on the transport want ("" for any).
+func dialManyOn(t *testing.T, addr string, cfg *Config, n, conc int, cmd byte, want string) []*Conn {
+	t.Helper()
 	conns := make([]*Conn, n)
 	errs := make([]error, n)
 	sem := make(chan struct{}, conc)
@@ -1251,7 +1263,7 @@ func dialMany(t *testing.T, addr string, cfg *Config, n, conc int, cmd byte) []*
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			conns[i], errs[i] = dialSvc(addr, cfg, cmd)
+			conns[i], errs[i] = dialSvcOn(addr, cfg, cmd, want)
 		}()
 	}
 	wg.Wait()
@@ -1467,6 +1479,66 @@ func TestShmTenThousandIdle(t *testing.T) {
 }
 
 func must2(st map[string]int, _ string) map[string]int { return st }
+
+// TestShmPastTheMappingBudget opens 14,000 connections between two
+// processes: more than shm's mapping budget (four fifths of
+// vm.max_map_count, about five mappings per connection and side) lets
+// both processes hold. Both survive, every connection answers, and those
+// past the budget run on TCP and say why. (Without the budget, about
+// 13,000 shm connections used the mappings the Go runtime needs, and both
+// processes died.)
+func TestShmPastTheMappingBudget(t *testing.T) {
+	const want, conc = 14000, 32
+	const margin = 256
+	h := startSvc(t, "RSOCK_TRANSPORTS=shm,tcp")
+	cfg := testCfg(0, 0)
+	cfg.Transports = []string{"shm", "tcp"}
+	l0, h0 := localStats(), must2(h.stats(t))
+	limHere, errHere := raiseNofile(uint64(l0["fds"] + want + margin))
+	curThere, _, errThere := h.raiseNofile(t, uint64(h0["fds"]+want+margin))
+	if int(limHere.Cur) < l0["fds"]+want+margin || int(curThere) < h0["fds"]+want+margin {
+		t.Skipf("RLIMIT_NOFILE: %d connections need about %d fds in each process; the limits are %d here (%v) and %d in the helper (%s)",
+			want, want+margin, limHere.Cur, errHere, curThere, errThere)
+	}
+	start := time.Now()
+	conns := dialManyOn(t, h.addr, cfg, want, conc, svcEcho, "")
+	t.Logf("%d connections in %v", want, time.Since(start).Round(time.Millisecond))
+	defer closeAll(conns, 64)
+
+	byTransport := map[string]int{}
+	var sample []string
+	for i, c := range conns {
+		info := c.Info()
+		byTransport[info.Transport]++
+		if info.Transport == "shm" {
+			continue
+		}
+		if len(sample) < 3 {
+			sample = append(sample, info.Reason)
+		}
+		if !strings.Contains(info.Reason, "mapping budget") {
+			t.Errorf("conn %d on %s for another reason: %s", i, info.Transport, info.Reason)
+		}
+	}
+	live, budget := shm.Mappings()
+	t.Logf("transports %v; shm mappings here %d of a budget of %d; reasons for TCP, for example: %q", byTransport, live, budget, sample)
+	assert.LessOrEqual(t, live, budget)
+	if byTransport["tcp"] == 0 {
+		t.Logf("no connection reached the budget: vm.max_map_count is large here")
+	}
+	// Every connection answers, and the helper is alive and holds them.
+	buf := make([]byte, 1)
+	for i, c := range conns {
+		require.NoError(t, c.SetDeadline(time.Now().Add(30*time.Second)))
+		_, err := c.Write([]byte{byte(i)})
+		require.NoError(t, err, "conn %d (%s)", i, TransportOf(c))
+		_, err = io.ReadFull(c, buf)
+		require.NoError(t, err, "conn %d (%s)", i, TransportOf(c))
+		require.Equal(t, byte(i), buf[0], "conn %d", i)
+	}
+	hs := must2(h.stats(t))
+	assert.Equal(t, want, hs["conns"], "connections the helper holds")
+}
 
 func readIntFile(t testing.TB, path string) int {
 	b, err := os.ReadFile(path)

@@ -125,6 +125,9 @@ func TestNoLeaks(t *testing.T) {
 	if ours != 0 || ours0 != 0 {
 		t.Errorf("memfd mappings left: %d (before the cycles: %d)", ours, ours0)
 	}
+	if live, _ := Mappings(); live != 0 {
+		t.Errorf("the mapping budget counts %d mappings, with none left", live)
+	}
 	if n := verbs.LiveMem(); n != 0 {
 		t.Errorf("%d regions of verbs.AllocMem still mapped", n)
 	}

@@ -382,8 +382,8 @@ func (l *link) handle(b []byte, fds []int) bool {
 	q := l.lookup(binary.LittleEndian.Uint32(body))
 	body = body[4:]
 	switch {
-	case kind == msgRefuse && l.dialed && len(body) == 0 && len(fds) == 0:
-		l.deliverAttach(binary.LittleEndian.Uint32(b[wireHeaderLen:]), attachReply{err: errors.New("the peer refused the exchange")})
+	case kind == msgRefuse && l.dialed && len(body) <= maxRefusal && len(fds) == 0:
+		l.deliverAttach(binary.LittleEndian.Uint32(b[wireHeaderLen:]), attachReply{err: refusal(body)})
 	case kind == msgGone && len(body) == 0 && len(fds) == 0:
 		if q != nil {
 			q.peerGone.Store(true)
@@ -428,7 +428,7 @@ func (l *link) serveAttach(body []byte, fds []int) bool {
 		rv.mu.Lock()
 		rv.lastRefusal = fmt.Sprintf("%s (peer pid %d, uid %d)", why, l.pid, l.uid)
 		rv.mu.Unlock()
-		_ = l.write(appendID(appendHeader(nil, msgRefuse), x.src), nil)
+		_ = l.write(appendRefuse(x.src, why), nil)
 	}
 	q := takeRegistration(x.secret[:])
 	if q == nil {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -185,22 +186,63 @@ func mapMemfd(fd int, size int) ([]byte, error) {
 	return mmapShared(fd, size)
 }
 
+// Every mapping this package makes counts against the process's mapping
+// budget, four fifths of vm.max_map_count: the rest is left to the Go
+// runtime (its heap and thread stacks; under the race detector it maps
+// more as connections grow, measured 0.6 per connection) and the rest of
+// the process. A mapping past the budget fails with ErrMapBudget, and the
+// connection that asked falls back with that reason; without the budget,
+// connections used the last mappings and the runtime, finding none for
+// its heap, killed the process.
+var mappings struct {
+	live   atomic.Int64
+	budget atomic.Int64
+}
+
+func init() { mappings.budget.Store(int64(maxMapCount()) * 4 / 5) }
+
+// maxMapCount reads vm.max_map_count, or returns the kernel's default.
+func maxMapCount() int {
+	b, err := os.ReadFile("/proc/sys/vm/max_map_count")
+	if err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 65530
+}
+
+// Mappings reports the memory mappings this package holds in the process,
+// and its budget for them.
+func Mappings() (live, budget int64) { return mappings.live.Load(), mappings.budget.Load() }
+
+// SetMapBudget sets the mapping budget (tests and tools: the host's own
+// limit is far off) and returns the previous one.
+func SetMapBudget(n int64) int64 { return mappings.budget.Swap(n) }
+
 func mmapShared(fd int, size int) ([]byte, error) {
+	if n, b := mappings.live.Add(1), mappings.budget.Load(); n > b {
+		mappings.live.Add(-1)
+		return nil, fmt.Errorf("%w (%d mappings; vm.max_map_count %d)", ErrMapBudget, b, maxMapCount())
+	}
 	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
+		mappings.live.Add(-1)
 		return nil, fmt.Errorf("shm: mmap %d bytes: %w", size, err)
 	}
 	if err := unix.Madvise(mem, unix.MADV_DONTFORK); err != nil {
-		_ = unix.Munmap(mem)
+		_ = unmap(mem)
 		return nil, fmt.Errorf("shm: madvise DONTFORK: %w", err)
 	}
 	return mem, nil
 }
 
+// unmap unmaps a mapping made by mmapShared.
 func unmap(mem []byte) error {
 	if cap(mem) == 0 {
 		return nil
 	}
+	mappings.live.Add(-1)
 	return unix.Munmap(mem[:cap(mem)])
 }
 

@@ -45,6 +45,9 @@ var (
 	// MaxSend bytes from a memory region (an inline one gets
 	// verbs.ErrInlineTooLong).
 	ErrSendTooLong = fmt.Errorf("shm: SEND longer than %d bytes", MaxSend)
+	// ErrMapBudget is wrapped by the error of an operation that needed a
+	// memory mapping past the process's mapping budget (Mappings).
+	ErrMapBudget = errors.New("shm: the process's memory mapping budget is used up")
 )
 
 // Provider opens shm devices. It has no state; New is the constructor.

@@ -318,6 +318,7 @@ func serveRendezvous(p pendingConn) {
 		closeFDs(fds)
 	}
 	if err != nil {
+		_ = writeMsg(c, appendRefuse(x.src, err.Error()), nil)
 		l.drop() // frees the link, closing c
 		refuse(c, cred, err.Error())
 		q.setEstablished(fmt.Errorf("%w: shm: exchange with the active side failed: %v", verbs.ErrPeerInfo, err))

@@ -42,6 +42,25 @@ func expectHangUp(t *testing.T, c *net.UnixConn, what string) {
 	}
 }
 
+// expectRefusal reads a refusal of the exchange that says why (the reason
+// must contain want), then expects the listener to hang up.
+func expectRefusal(t *testing.T, c *net.UnixConn, what, want string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, maxMsgLen)
+	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
+	b, fds, err := readMsg(c, buf, oob)
+	closeFDs(fds)
+	if err != nil {
+		t.Errorf("%s: reading the refusal: %v", what, err)
+		return
+	}
+	if _, err := decodeExchangeMsg(b, msgAccept); err == nil || !strings.Contains(err.Error(), "refused the exchange: ") || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: the listener answered %q (%v), want a refusal saying %q", what, b, err, want)
+	}
+	expectHangUp(t, c, what)
+}
+
 // waitRefused waits until the listener has refused n more connections
 // than before.
 func waitRefused(t *testing.T, before RendezvousStats, n uint64) RendezvousStats {
@@ -277,7 +296,7 @@ func TestRendezvousBadExchange(t *testing.T) {
 			if err != nil {
 				t.Fatalf("write: %v", err)
 			}
-			expectHangUp(t, c, tc.name)
+			expectRefusal(t, c, tc.name, "shm: ")
 			_ = c.Close()
 			err = b.qp.Established(ctx)
 			if !errors.Is(err, verbs.ErrPeerInfo) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -103,14 +104,14 @@ func checkSameHost(local, peer hostID) error {
 //	accept  dst, src, exchange            fds: [eventfd, bell page: the
 //	                                      link's first], inbox, regions
 //	attach  secret (32), src, exchange    fds: inbox, regions
-//	refuse  dst                           (an attach refused)
+//	refuse  dst, why (text, at most 200 bytes)   (an exchange refused)
 //	gone    dst                           (the sender's QP is closed)
 //
 // exchange: inbox capacity u32, region count u16, 2 reserved bytes, then
 // per region: rkey u32, addr u64, size u64.
 const (
 	wireMagic     = "rsrv"
-	wireVersion   = 4
+	wireVersion   = 5
 	wireHeaderLen = 8
 	recordLen     = 20
 
@@ -139,6 +140,23 @@ type exchange struct {
 	src, dst uint32          // link ids: the sender's QP, the receiver's (accept)
 	inboxCap uint64
 	mrs      []mrRecord
+}
+
+// maxRefusal bounds a refusal's reason.
+const maxRefusal = 200
+
+// appendRefuse builds a refusal of the peer's QP dst, saying why.
+func appendRefuse(dst uint32, why string) []byte {
+	if len(why) > maxRefusal {
+		why = why[:maxRefusal]
+	}
+	return append(appendID(appendHeader(nil, msgRefuse), dst), why...)
+}
+
+// refusal is the error for a refusal whose reason is why: text from the
+// peer, shown with Go's quoting of anything unprintable.
+func refusal(why []byte) error {
+	return fmt.Errorf("the peer refused the exchange: %s", strings.Trim(strconv.Quote(string(why)), `"`))
 }
 
 func appendHeader(b []byte, kind byte) []byte {
@@ -307,6 +325,9 @@ func decodeExchangeMsg(b []byte, want byte) (*exchange, error) {
 	kind, body, err := decodeHeader(b)
 	if err != nil {
 		return nil, err
+	}
+	if kind == msgRefuse && len(body) >= 4 && len(body)-4 <= maxRefusal {
+		return nil, refusal(body[4:])
 	}
 	if kind != want {
 		return nil, fmt.Errorf("%w: kind %d", errMsgFormat, kind)
