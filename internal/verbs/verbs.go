@@ -197,8 +197,10 @@ func (c *Completion) Err() error {
 	return &CompletionError{Op: c.Op, Status: c.Status}
 }
 
-// MR is a registered memory region. Its memory is outside the Go heap and
-// stays valid until Close.
+// MR is a registered memory region. Its memory stays valid until Close.
+// The memory of a region a device can reach by DMA or a peer can map is
+// outside the Go heap; a provider with neither (shm's local-only regions)
+// may use Go memory.
 type MR interface {
 	// Bytes is the local mapping of the region.
 	Bytes() []byte

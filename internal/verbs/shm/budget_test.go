@@ -19,8 +19,8 @@ func TestMapBudget(t *testing.T) {
 	}
 	old := SetMapBudget(live + 1)
 	defer SetMapBudget(old)
-	mr := a.alloc(t, 4096, verbs.AccessLocalWrite)
-	if _, err := a.dev.AllocMR(4096, verbs.AccessLocalWrite); !errors.Is(err, ErrMapBudget) {
+	mr := a.alloc(t, 4096, verbs.AccessRemoteWrite)
+	if _, err := a.dev.AllocMR(4096, verbs.AccessRemoteWrite); !errors.Is(err, ErrMapBudget) {
 		t.Fatalf("AllocMR past the budget: %v, want ErrMapBudget", err)
 	}
 	if n, _ := Mappings(); n != live+1 {
@@ -29,7 +29,7 @@ func TestMapBudget(t *testing.T) {
 	if err := mr.Close(); err != nil {
 		t.Fatal(err)
 	}
-	mr2, err := b.dev.AllocMR(4096, verbs.AccessLocalWrite)
+	mr2, err := b.dev.AllocMR(4096, verbs.AccessRemoteWrite)
 	if err != nil {
 		t.Fatalf("AllocMR after a region was freed: %v", err)
 	}

@@ -7,12 +7,14 @@
 //
 // # Memory
 //
-// Every memory region is a memfd, size-sealed (F_SEAL_SHRINK, F_SEAL_GROW,
+// Every memory a peer maps (remote-writable regions, inboxes, bell pages) is
+// a memfd, size-sealed (F_SEAL_SHRINK, F_SEAL_GROW,
 // F_SEAL_SEAL) so that a peer holding it cannot make our accesses fault,
 // mapped MAP_SHARED and MADV_DONTFORK. A file descriptor is kept only
 // while a peer may still have to map the memory:
 //
-//   - A local-only region closes its memfd once mapped.
+//   - A local-only region is Go memory: no peer maps it, so it needs no
+//     memfd and no mapping.
 //   - An inbox closes its memfd once the peer has mapped it (when the
 //     exchange completes).
 //   - A remote-writable region keeps its memfd until no peer can need it:

@@ -17,11 +17,11 @@ import (
 // MR is a memory region backed by a sealed memfd. It implements verbs.MR.
 // A remote-writable region keeps its memfd open while a peer may still
 // have to map it (in a QP's connection exchange; see Device.settle); the
-// memfd of a local-only region is closed once mapped.
+// memory of a local-only region is ordinary Go memory (mem is nil).
 type MR struct {
 	dev    *Device
-	mem    []byte // the whole mapping (page-rounded)
-	buf    []byte // mem[:size]
+	mem    []byte // the whole mapping (page-rounded); nil for a local-only region
+	buf    []byte // mem[:size], or the Go memory of a local-only region
 	fd     int    // the memfd while a peer may need it, else -1 (guarded by dev.mu)
 	addr   uint64
 	rkey   uint32

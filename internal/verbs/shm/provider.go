@@ -193,14 +193,15 @@ func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if d.isClosed() {
 		return nil, verbs.ErrClosed
 	}
-	fd, mem, err := newMemfd("rsock-shm-mr", roundPage(size))
-	if err != nil {
-		return nil, err
-	}
-	mr := &MR{dev: d, mem: mem, buf: mem[:size:size], fd: fd, addr: newMRAddr(), access: access}
+	mr := &MR{dev: d, fd: -1, addr: newMRAddr(), access: access}
 	if access&verbs.AccessRemoteWrite == 0 {
-		_ = unix.Close(fd)
-		mr.fd = -1
+		mr.buf = make([]byte, size) // no peer maps it: Go memory, no mapping
+	} else {
+		fd, mem, err := newMemfd("rsock-shm-mr", roundPage(size))
+		if err != nil {
+			return nil, err
+		}
+		mr.mem, mr.buf, mr.fd = mem, mem[:size:size], fd
 	}
 	d.mu.Lock()
 	if d.closed {
@@ -208,7 +209,7 @@ func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 		if mr.fd >= 0 {
 			_ = unix.Close(mr.fd)
 		}
-		_ = unmap(mem)
+		_ = unmap(mr.mem)
 		return nil, verbs.ErrClosed
 	}
 	if mr.fd >= 0 {
