@@ -129,7 +129,9 @@ func (s *suite) testNotify(t *testing.T) {
 		pr.b.cq.Disarm()
 		send(2)
 		expectOK(t, pr.spin(pr.b.cq), verbs.OpRecv, 1)
-		// Armed: one notification for two completions.
+		// Armed: one notification for two completions. (They are taken
+		// without arming again: a provider may deliver the second after
+		// the notification, and an Arm would then rightly fire again.)
 		if err := pr.b.cq.Arm(); err != nil {
 			t.Fatalf("Arm: %v", err)
 		}
@@ -139,12 +141,8 @@ func (s *suite) testNotify(t *testing.T) {
 		send(3)
 		send(4)
 		pr.ring(b)
-		wc, err := pollN(pr.ctx, pr.b.cq, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		expectOK(t, wc[0], verbs.OpRecv, 2)
-		expectOK(t, wc[1], verbs.OpRecv, 3)
+		expectOK(t, pr.spin(pr.b.cq), verbs.OpRecv, 2)
+		expectOK(t, pr.spin(pr.b.cq), verbs.OpRecv, 3)
 		if n := b.n.Load(); n != 1 {
 			t.Errorf("%d notifications, want exactly 1 (one per Arm, none unarmed or disarmed)", n)
 		}
