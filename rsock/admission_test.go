@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/transport"
 	"github.com/rdmanet/rdmanet/internal/verbs/shm"
 )
 
@@ -213,4 +214,31 @@ func TestShmMapBudgetFallsBack(t *testing.T) {
 		go func() { _, _ = io.Copy(p[1], p[1]) }()
 		echoTrip(t, p[0], "still served")
 	}
+}
+
+// TestSameHostPreparesShmOnly: a client whose peer is on this host
+// prepares the shm endpoint and not the others (a verbs one would cost its
+// registration for nothing: the server prefers shm); when shm cannot be
+// prepared, it prepares the next.
+func TestSameHostPreparesShmOnly(t *testing.T) {
+	registerSim(t)
+	counting := &slowOpen{Provider: simProv, fast: 1 << 30}
+	transport.Register("sim", counting)
+	t.Cleanup(func() { transport.Register("sim", simProv) })
+	cfg := &Config{Transports: []string{"sim", "shm", "tcp"}}
+	ln := listen(t, cfg)
+	c, s := pipe(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	assert.Equal(t, "shm", TransportOf(c), c.Info().Reason)
+	assert.Equal(t, int32(0), counting.opens.Load(), "sim endpoints prepared beside shm")
+
+	live, _ := shm.Mappings()
+	old := shm.SetMapBudget(live) // shm cannot be prepared
+	defer shm.SetMapBudget(old)
+	c2, s2 := pipe(t, ln, cfg)
+	defer c2.Close()
+	defer s2.Close()
+	assert.Equal(t, "sim", TransportOf(c2), c2.Info().Reason)
+	assert.Equal(t, int32(2), counting.opens.Load(), "sim endpoints: the client's and the server's")
 }

@@ -24,6 +24,10 @@ var errNotBuiltIn = errors.New("not built into this binary")
 // errNotSameHost is the reason a same-host transport was not offered.
 var errNotSameHost = errors.New("the peer is not on this host")
 
+// errLocalOffered is the reason a transport was not prepared: a
+// host-local one is offered, and the server prefers it.
+var errLocalOffered = errors.New("not prepared: the peer is on this host and a same-host transport is offered")
+
 // aLongTimeAgo is a deadline in the past, used to unblock I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
@@ -96,10 +100,14 @@ func plainConn(network string, raw *net.TCPConn, prefix []byte, fallback bool, r
 // client offers: host-local ones (shm) first, because a client offers them
 // only when it may be on this host, and shared memory beats looping through
 // a NIC; then the configured order.
-func (s *settings) serveOrder() []string {
-	order := make([]string, 0, len(s.transports))
+func (s *settings) serveOrder() []string { return localFirst(s.transports) }
+
+// localFirst returns names with the host-local ones first, each group in
+// its order.
+func localFirst(names []string) []string {
+	order := make([]string, 0, len(names))
 	for _, local := range []bool{true, false} {
-		for _, name := range s.transports {
+		for _, name := range names {
 			if hostLocal[name] == local {
 				order = append(order, name)
 			}
@@ -305,8 +313,16 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 			}
 		}
 	}
+	// Host-local transports are prepared first (the server prefers them
+	// too: serveOrder), and once one is, the others are not: a verbs
+	// endpoint beside shm would cost its registration for nothing.
 	hello := &handshake.Hello{}
-	for _, name := range names {
+	local := false
+	for _, name := range localFirst(names) {
+		if local && !hostLocal[name] {
+			why.add(name, errLocalOffered)
+			continue
+		}
 		e, err := s.newEndpoint(name, raw)
 		if err != nil {
 			why.add(name, err)
@@ -315,6 +331,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		t := mustTransport(name)
 		eps[t] = e
 		hello.Offers = append(hello.Offers, handshake.Offer{Transport: t, Ring: ringOf(e.Ring()), Info: e.Info()})
+		local = local || hostLocal[name]
 	}
 	if len(hello.Offers) == 0 {
 		// The magic is out but there is nothing to offer: this connection
