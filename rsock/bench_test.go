@@ -118,3 +118,60 @@ func BenchmarkThroughput(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDialAccept measures one connection per op: Dial, Accept, one
+// byte each way, Close on both ends, with allocations (both ends are in
+// this process, so allocs/op is a dial's and an accept's together).
+func BenchmarkDialAccept(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		cfg  *Config
+	}{
+		{"rsock-tcp", &Config{Transports: []string{"shm", "tcp"}, ProbeCacheTTL: -1}}, // the server allows tcp only
+		{"rsock-shm", &Config{Transports: []string{"shm"}}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			lcfg := tc.cfg
+			if tc.name == "rsock-tcp" {
+				lcfg = tcpOnly()
+			}
+			ln := listen(b, lcfg)
+			served := make(chan error, 1)
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					var one [1]byte
+					_, err = io.ReadFull(c, one[:])
+					if err == nil {
+						_, err = c.Write(one[:])
+					}
+					c.Close()
+					served <- err
+				}
+			}()
+			d := Dialer{Config: tc.cfg}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				c, err := d.Dial("tcp", ln.Addr().String())
+				if err != nil {
+					b.Fatal(err)
+				}
+				var one [1]byte
+				if _, err := c.Write(one[:]); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, one[:]); err != nil {
+					b.Fatal(err)
+				}
+				c.Close()
+				if err := <-served; err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -65,13 +65,14 @@ func (c *Conn) awaitFinal(final uint64) {
 	dl := newDeadline()
 	dl.set(time.Now().Add(goodbyeGrace))
 	defer dl.set(time.Time{})
+	e := newEntry(evRead, c.done)
 	for c.err == nil && c.life < lifeClosing {
-		drain(c.finE.ch)
+		drain(e.ch)
 		c.progressLocked()
 		if c.st.PeerProd() >= final || c.err != nil || c.life >= lifeClosing {
 			break
 		}
-		if c.wait(c.finE, dl, nil) != nil {
+		if c.wait(e, dl, nil) != nil {
 			break
 		}
 	}
@@ -171,8 +172,9 @@ func (c *Conn) sayGoodbye(final bool) {
 	dl := newDeadline()
 	dl.set(time.Now().Add(finalAckTimeout))
 	defer dl.set(time.Time{})
+	e := newEntry(evClose, nil) // Close's own wait: nothing ends it but dl
 	for final {
-		drain(c.clE.ch)
+		drain(e.ch)
 		if c.closeSig == 0 && c.err == nil {
 			c.sendSignaledLocked(0, true)
 		}
@@ -180,7 +182,7 @@ func (c *Conn) sayGoodbye(final bool) {
 		if c.err != nil || c.st.PeerClosed() || (c.closeSig != 0 && c.sqDone >= c.closeSig) {
 			break
 		}
-		if err := c.wait(c.clE, dl, nil); err != nil {
+		if err := c.wait(e, dl, nil); err != nil {
 			// Say why, for the peer's log and ours: no credit to send it,
 			// or sent and not acknowledged.
 			polled := c.progressLocked()

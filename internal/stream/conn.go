@@ -39,17 +39,15 @@ type Conn struct {
 	rd recvHalf // Read, CopyTo, CloseRead (recv.go)
 	wr sendHalf // Write, CloseWrite (send.go)
 
-	// Waiting (waiter.go): the entries of Close's final message and of the
-	// peer's goodbye; the one the queue's notification wakes (changed
-	// under mu); whether a background progress goroutine is on its way;
-	// the calls in the Conn (changed under mu).
-	clE, finE *entry
-	poller    atomic.Pointer[entry]
-	bgRun     atomic.Bool
-	active    atomic.Int32
-	calls     sync.WaitGroup // the same calls, for the teardown
-	loops     sync.WaitGroup // the bootstrap watcher, abort notices, suspect verdicts
-	done      chan struct{}  // closed by Close
+	// Waiting (waiter.go): the entry the queue's notification wakes
+	// (changed under mu); whether a background progress goroutine is on
+	// its way; the calls in the Conn (changed under mu).
+	poller atomic.Pointer[entry]
+	bgRun  atomic.Bool
+	active atomic.Int32
+	calls  sync.WaitGroup // the same calls, for the teardown
+	loops  sync.WaitGroup // the bootstrap watcher, abort notices, suspect verdicts
+	done   chan struct{}  // closed by Close
 
 	mu       sync.Mutex // protects everything below, and the halves' fields so marked
 	life     life       // where the Conn is in its lifecycle (close.go)
@@ -108,8 +106,6 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 	}
 	c.rd.init(c.done)
 	c.wr.init(c.done)
-	c.finE = newEntry(evRead, c.done)
-	c.clE = newEntry(evClose, nil) // Close's own wait
 	c.peek, _ = e.cq.(verbs.Peeker)
 	if m, ok := e.qp.(verbs.RemoteMapper); ok {
 		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {

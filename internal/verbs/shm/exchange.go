@@ -223,7 +223,7 @@ func (q *QP) exportLocal(kind byte, x *exchange, linkFDs []int) ([]byte, []int, 
 	if err != nil {
 		return nil, nil, err
 	}
-	fds := append(append(make([]int, 0, len(linkFDs)+1+maxExportMRs), linkFDs...), inFD)
+	fds := append(append(make([]int, 0, len(linkFDs)+4), linkFDs...), inFD)
 	fds, x.mrs = q.dev.exportFDs(fds, maxExportMRs)
 	return encodeExchange(kind, x), fds, nil
 }

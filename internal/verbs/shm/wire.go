@@ -180,7 +180,7 @@ func readRecord(b []byte) mrRecord {
 }
 
 func encodeExchange(kind byte, x *exchange) []byte {
-	b := appendHeader(make([]byte, 0, maxMsgLen), kind)
+	b := appendHeader(make([]byte, 0, wireHeaderLen+secretLen+16+len(x.mrs)*recordLen), kind)
 	if kind == msgAccept {
 		b = appendID(b, x.dst)
 	} else {
