@@ -242,3 +242,52 @@ func TestSameHostPreparesShmOnly(t *testing.T) {
 	assert.Equal(t, "sim", TransportOf(c2), c2.Info().Reason)
 	assert.Equal(t, int32(2), counting.opens.Load(), "sim endpoints: the client's and the server's")
 }
+
+// TestConcurrentDialsToASlowServer: 64 dials at once to a server whose
+// endpoint setup takes 2 s each (a host that registers memory in software,
+// under a burst) are all served on the ring: the listener answers the
+// magic before it prepares anything, so no probe times out, and nothing is
+// remembered against the address.
+func TestConcurrentDialsToASlowServer(t *testing.T) {
+	const dials = 64
+	registerSim(t)
+	slow := &slowOpen{Provider: simProv, delay: 2 * time.Second} // every Open, the clients' too
+	transport.Register("sim", slow)
+	t.Cleanup(func() { transport.Register("sim", simProv) })
+	cfg := &Config{Transports: []string{"sim", "tcp"}, RingSize: 64 << 10}
+	ln := listen(t, cfg)
+	key := "tcp " + ln.Addr().String()
+	t.Cleanup(func() { plainServers.forget(key) })
+	accepted := make(chan net.Conn, dials)
+	go func() {
+		for range dials {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	var wg sync.WaitGroup
+	conns := make([]net.Conn, dials)
+	errs := make([]error, dials)
+	for i := range dials {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := Dialer{Config: cfg, Timeout: 30 * time.Second}
+			conns[i], errs[i] = d.Dial("tcp", ln.Addr().String())
+		}()
+	}
+	wg.Wait()
+	for i, c := range conns {
+		require.NoError(t, errs[i])
+		defer c.Close()
+		assert.Equal(t, "sim", TransportOf(c), "dial %d: %s", i, InfoOrEmpty(c).Reason)
+	}
+	for range dials {
+		(<-accepted).Close()
+	}
+	assert.False(t, plainServers.known(key))
+	assert.Equal(t, int32(2*dials), slow.opens.Load())
+}
