@@ -108,8 +108,8 @@ const (
 
 // Close closes the Conn: blocked calls return net.ErrClosed at once, and
 // the peer reads EOF after everything written. It sends the final message
-// and waits, woken by its acknowledgement, at most finalAckTimeout for it,
-// then says goodbye on the bootstrap connection. The queue pair and memory
+// and waits, woken by its acknowledgement, at most finalAckTimeout for it
+// (or as SetLinger says), then says goodbye on the bootstrap connection. The queue pair and memory
 // are released by the last reference: by Close if no call is in the Conn,
 // else in the background once the last one has left (a Read copying out of
 // the ring, a CopyTo whose writer blocks). A second Close returns
@@ -119,6 +119,9 @@ func (c *Conn) Close() error {
 	if c.life >= lifeClosing {
 		c.mu.Unlock()
 		return net.ErrClosed
+	}
+	if c.linger == 0 && c.err == nil {
+		c.err = reset("closed with linger 0 (abort)", nil)
 	}
 	final := c.life == lifeOpen && c.err == nil
 	c.life = lifeClosing
@@ -142,6 +145,21 @@ func (c *Conn) Close() error {
 		c.rd.mu.Unlock()
 		c.release()
 	}()
+	return nil
+}
+
+// SetLinger sets how Close ends the connection, as SO_LINGER does for TCP:
+// with sec < 0 (the default) Close waits at most finalAckTimeout for the
+// final message to be acknowledged, with sec > 0 at most sec seconds, and
+// with sec == 0 it aborts: it sends no final message, the peer's calls
+// fail with a reset, and bytes it has not read are lost.
+func (c *Conn) SetLinger(sec int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.life >= lifeClosing {
+		return net.ErrClosed
+	}
+	c.linger = sec
 	return nil
 }
 
@@ -170,7 +188,11 @@ func (c *Conn) release() {
 // while it writes the goodbye.
 func (c *Conn) sayGoodbye(final bool) {
 	dl := newDeadline()
-	dl.set(time.Now().Add(finalAckTimeout))
+	wait := finalAckTimeout
+	if c.linger > 0 {
+		wait = time.Duration(c.linger) * time.Second
+	}
+	dl.set(time.Now().Add(wait))
 	defer dl.set(time.Time{})
 	e := newEntry(evClose, nil) // Close's own wait: nothing ends it but dl
 	for final {

@@ -58,6 +58,7 @@ type Conn struct {
 	sqDone   uint64
 	lastSig  uint64
 	closeSig uint64   // ID of the signaled final message, 0 if none
+	linger   int      // SetLinger's seconds; negative: finalAckTimeout
 	waiting  []*entry // entries of the calls waiting now
 	msgBuf   [ring.MsgLen]byte
 	swr      verbs.SendWR // reused for every post: no allocation per post
@@ -103,6 +104,7 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 		ep: e, boot: boot, peer: peer, opts: e.opts, st: st,
 		inline: e.qp.MaxInline(),
 		done:   make(chan struct{}),
+		linger: -1,
 	}
 	c.rd.init(c.done)
 	c.wr.init(c.done)
@@ -201,6 +203,15 @@ func wake(ch chan struct{}) {
 // QP returns the queue pair carrying the Conn, for tests that inject faults
 // or hostile messages underneath the protocol.
 func (c *Conn) QP() verbs.QP { return c.ep.qp }
+
+// Socket returns the bootstrap connection, for setting its socket
+// options, or net.ErrClosed once Close was called.
+func (c *Conn) Socket() (net.Conn, error) {
+	if err := c.checkOpen(); err != nil {
+		return nil, err
+	}
+	return c.boot, nil
+}
 
 // Bootstrap returns the bootstrap TCP connection, for tests that simulate a
 // peer process dying.

@@ -1,0 +1,106 @@
+package rsock
+
+import (
+	"net"
+	"syscall"
+	"time"
+)
+
+// The methods of *net.TCPConn that code written for TCP reaches for. On
+// the TCP transport each is the TCP connection's own. On a ring (verbs,
+// shm) a Conn still has its bootstrap TCP connection, which carries the
+// goodbye and tells a dead peer: the socket options that serve that are
+// applied to it, and those about the flow of data say below what they do.
+// After Close each returns an error wrapping net.ErrClosed, as
+// *net.TCPConn's do.
+
+// SetKeepAlive turns TCP keep-alive probes on or off. On a ring they run
+// on the bootstrap connection, where they detect a peer host that went
+// away without a word (a dead process is detected anyway: its kernel
+// closes the socket).
+func (c *Conn) SetKeepAlive(keepalive bool) error {
+	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetKeepAlive(keepalive) })
+}
+
+// SetKeepAlivePeriod sets the time between keep-alive probes, as
+// *net.TCPConn's does; on a ring, of the bootstrap connection.
+func (c *Conn) SetKeepAlivePeriod(d time.Duration) error {
+	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetKeepAlivePeriod(d) })
+}
+
+// SetKeepAliveConfig configures keep-alive as *net.TCPConn's does; on a
+// ring, of the bootstrap connection.
+func (c *Conn) SetKeepAliveConfig(config net.KeepAliveConfig) error {
+	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetKeepAliveConfig(config) })
+}
+
+// SetNoDelay controls Nagle's algorithm. A ring has none: each Write is
+// posted to the peer at once, so on a ring this only sets the bootstrap
+// socket's option.
+func (c *Conn) SetNoDelay(noDelay bool) error {
+	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetNoDelay(noDelay) })
+}
+
+// SetReadBuffer sets the socket's receive buffer. On a ring the receive
+// buffer is the ring, whose size the handshake fixed (Config.RingSize):
+// this sets only the bootstrap socket's.
+func (c *Conn) SetReadBuffer(bytes int) error {
+	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetReadBuffer(bytes) })
+}
+
+// SetWriteBuffer sets the socket's send buffer. On a ring a Write copies
+// straight into the peer's ring (whose size the peer chose): this sets
+// only the bootstrap socket's.
+func (c *Conn) SetWriteBuffer(bytes int) error {
+	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetWriteBuffer(bytes) })
+}
+
+// SetLinger sets how Close behaves with data not yet delivered, as
+// *net.TCPConn's does. On a ring: with sec < 0 (the default) Close waits
+// at most 4 s for the peer's transport to acknowledge the final message
+// (microseconds when all is well), with sec > 0 at most sec seconds, and
+// with sec == 0 Close aborts: the peer's calls fail with a reset (an error
+// matching syscall.ECONNRESET), and bytes it has not read are lost.
+func (c *Conn) SetLinger(sec int) error {
+	if c.s != nil {
+		return c.opError("set", c.s.SetLinger(sec))
+	}
+	return c.tcp.SetLinger(sec)
+}
+
+// SyscallConn returns the raw TCP socket: the connection's own on the TCP
+// transport, the bootstrap's on a ring. Options set through it on a ring
+// apply to the bootstrap connection: TCP_USER_TIMEOUT (which grpc-go sets
+// this way) bounds, with keep-alive, how long a dead peer host goes
+// unnoticed; options about the flow of data have no effect on the ring.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) {
+	t, err := c.socket()
+	if err != nil {
+		return nil, err
+	}
+	return t.SyscallConn()
+}
+
+// socket is the TCP connection under c: its own or its bootstrap's. On a
+// ring it fails once the Conn is closed.
+func (c *Conn) socket() (*net.TCPConn, error) {
+	if c.s == nil {
+		return c.tcp, nil
+	}
+	s, err := c.s.Socket()
+	if err != nil {
+		return nil, c.opError("set", err)
+	}
+	if t, ok := s.(*net.TCPConn); ok {
+		return t, nil
+	}
+	return nil, c.opError("set", syscall.EINVAL)
+}
+
+func (c *Conn) onSocket(op string, f func(*net.TCPConn) error) error {
+	t, err := c.socket()
+	if err != nil {
+		return err
+	}
+	return f(t)
+}
