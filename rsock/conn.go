@@ -44,11 +44,16 @@ type Conn struct {
 
 	// Counters for the tcp transport (the stream keeps its own).
 	bytesRead, bytesWritten, writes atomic.Uint64
+
+	born   time.Time   // when it was made (registry.go)
+	shard  uint8       // its registry shard
+	closed atomic.Bool // Close was called: it left the registry
 }
 
 // label says which transport carries a Conn and why.
 type label struct {
 	transport string // "verbs", "shm", "sim" or "tcp"
+	code      string // why, as a reason code (registry.go)
 	reason    string // why this transport (for tcp: why not another)
 	fallback  bool   // an accelerated transport was possible but TCP is used
 }
@@ -68,8 +73,10 @@ type ConnInfo struct {
 	// transport was allowed; Reason says why.
 	Fallback bool
 	// Reason says why this transport was chosen, for example the server's
-	// decline, a missing device, or "server does not speak rsock".
+	// decline, a missing device, or "server does not speak rsock"; Code
+	// says it as one of the Code* constants.
 	Reason string
+	Code   string
 
 	BytesRead    uint64
 	BytesWritten uint64
@@ -92,7 +99,7 @@ type ConnInfo struct {
 // Info returns the Conn's transport, the reason for it, and its counters.
 func (c *Conn) Info() ConnInfo {
 	l := c.label.Load()
-	ci := ConnInfo{Transport: l.transport, Fallback: l.fallback, Reason: l.reason}
+	ci := ConnInfo{Transport: l.transport, Fallback: l.fallback, Reason: l.reason, Code: l.code}
 	if c.s != nil {
 		st := c.s.Stats()
 		ci.BytesRead = st.BytesRead.Load()
@@ -202,6 +209,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 
 // Close closes the connection; see the type's documentation.
 func (c *Conn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.unregister()
+	}
 	if c.s != nil {
 		return c.opError("close", c.s.Close())
 	}

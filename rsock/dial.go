@@ -58,22 +58,22 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		defer cancel()
 	}
 	nd := &net.Dialer{LocalAddr: d.LocalAddr}
-	plain := func(fallback bool, reason string) (net.Conn, error) {
+	plain := func(code string, fallback bool, reason string) (net.Conn, error) {
 		raw, err := nd.DialContext(ctx, network, address)
 		if err != nil {
 			return nil, err
 		}
-		return plainConn(network, raw.(*net.TCPConn), nil, fallback, reason), nil
+		return plainConn(network, raw.(*net.TCPConn), nil, code, fallback, reason), nil
 	}
 	if len(s.transports) == 0 {
-		return plain(false, "tcp is the only transport configured")
+		return plain(CodeTCPOnly, false, "tcp is the only transport configured")
 	}
 	key := network + " " + address
 	if s.probeCacheTTL > 0 && plainServers.known(key) {
 		if !s.fallback {
 			return nil, &net.OpError{Op: "dial", Net: network, Err: noTransport(errors.New("server does not speak rsock (remembered)"))}
 		}
-		return plain(true, "server does not speak rsock (remembered)")
+		return plain(CodePlainServer, true, "server does not speak rsock (remembered)")
 	}
 	raw, err := nd.DialContext(ctx, network, address)
 	if err != nil {
@@ -103,7 +103,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		if !s.fallback {
 			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: noTransport(err)}
 		}
-		return plain(true, err.Error())
+		return plain(redial.code, true, err.Error())
 	}
 	var nr *notRsockError
 	if errors.As(err, &nr) {
@@ -113,7 +113,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		if !s.fallback {
 			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: noTransport(err)}
 		}
-		return plain(true, err.Error())
+		return plain(CodePlainServer, true, err.Error())
 	}
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: network, Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err}

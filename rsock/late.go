@@ -55,7 +55,8 @@ func (c *Conn) rescueLateHello() error {
 		return err
 	}
 	c.setPrefixLocked(nil)
-	c.label.Store(&label{transport: "tcp", fallback: true, reason: "declined: " + why})
+	to := &label{transport: "tcp", code: CodeDeclined, fallback: true, reason: "declined: " + why}
+	relabel(c.label.Swap(to), to)
 	return nil
 }
 

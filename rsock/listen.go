@@ -211,6 +211,7 @@ func (l *Listener) serveConn(raw *net.TCPConn) {
 	c, err := l.handshake(raw)
 	if err != nil {
 		l.handshakeErrors.Add(1)
+		registry.handshakeFails.Add(1)
 		return
 	}
 	if !stop() {
@@ -247,7 +248,7 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 			raw.Close()
 			return nil, fmt.Errorf("%w: plain TCP client", ErrNoTransport)
 		}
-		c := plainConn(l.network, raw, bytes.Clone(head[:n]), false, "client does not speak rsock")
+		c := plainConn(l.network, raw, bytes.Clone(head[:n]), CodePlainClient, false, "client does not speak rsock")
 		// A timeout with nothing or only part of the magic read may be an
 		// rsock client that was slow to start: watch its first bytes.
 		c.late.Store(isTimeout(err) && handshake.MatchesMagicPrefix(head[:n]))

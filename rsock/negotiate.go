@@ -85,14 +85,15 @@ func (r reasons) String() string              { return strings.Join(r, "; ") }
 
 // plainConn wraps a TCP connection that stays on TCP.
 // It clears the handshake's deadlines: from here on they are the user's.
-func plainConn(network string, raw *net.TCPConn, prefix []byte, fallback bool, reason string) *Conn {
+func plainConn(network string, raw *net.TCPConn, prefix []byte, code string, fallback bool, reason string) *Conn {
 	_ = raw.SetDeadline(time.Time{})
-	c := newConn(network, label{transport: "tcp", reason: reason, fallback: fallback})
+	c := newConn(network, label{transport: "tcp", code: code, reason: reason, fallback: fallback})
 	c.tcp = raw
 	if len(prefix) > 0 {
 		c.prefix = prefix
 		c.hasPrefix.Store(true)
 	}
+	c.register()
 	return c
 }
 
@@ -182,7 +183,7 @@ func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, 
 			raw.Close()
 			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 		}
-		return plainConn(network, raw, nil, true, reason), nil
+		return plainConn(network, raw, nil, CodeClientGaveUp, true, reason), nil
 	}
 	// The client has switched: from here on a failure aborts the
 	// connection instead of falling back.
@@ -198,8 +199,9 @@ func (s *settings) start(network string, raw *net.TCPConn, ep *stream.Endpoint, 
 	if err != nil {
 		return nil, abort(raw, ep, fmt.Errorf("rsock: starting %s: %w", name, err))
 	}
-	c := newConn(network, label{transport: name, reason: name + " agreed"})
+	c := newConn(network, label{transport: name, code: CodeAgreed, reason: name + " agreed"})
 	c.s = sc
+	c.register()
 	return c, nil
 }
 
@@ -222,7 +224,7 @@ func (s *settings) decline(network string, raw *net.TCPConn, code handshake.Decl
 		raw.Close()
 		return nil, fmt.Errorf("%w: declined: %s", ErrNoTransport, reason)
 	}
-	return plainConn(network, raw, nil, len(s.transports) > 0, "declined: "+reason), nil
+	return plainConn(network, raw, nil, CodeDeclined, len(s.transports) > 0, "declined: "+reason), nil
 }
 
 func indexOffer(offers []handshake.Offer, t handshake.Transport) int {
@@ -250,7 +252,7 @@ func (s *settings) nothingToOffer(network string, raw *net.TCPConn, why reasons)
 		raw.Close()
 		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 	}
-	return plainConn(network, raw, nil, true, reason), nil
+	return plainConn(network, raw, nil, CodeNothingHere, true, reason), nil
 }
 
 // helloWriteError classifies a failure to send the hello: a server that
@@ -260,7 +262,7 @@ func helloWriteError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return &redialError{fmt.Sprintf("connection ended while sending the hello: %v", err)}
+	return &redialError{CodeNoAnswer, fmt.Sprintf("connection ended while sending the hello: %v", err)}
 }
 
 // redialError says the handshake failed in a way that leaves the
@@ -268,7 +270,7 @@ func helloWriteError(ctx context.Context, err error) error {
 // offer after the magic went out, a malformed or unexpected answer, a
 // version the server declined): the caller closes it and dials again
 // plainly, without remembering a verdict.
-type redialError struct{ why string }
+type redialError struct{ code, why string }
 
 func (e *redialError) Error() string { return e.why }
 
@@ -305,6 +307,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		raw.Close()
 		return nil, helloWriteError(ctx, err)
 	}
+	registry.probes.Add(1)
 	eps := map[handshake.Transport]*stream.Endpoint{}
 	closeAll := func(keep *stream.Endpoint) {
 		for _, e := range eps {
@@ -337,7 +340,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		// The magic is out but there is nothing to offer: this connection
 		// cannot become plain any more; the caller redials.
 		raw.Close()
-		return nil, &redialError{"no transport available here: " + why.String()}
+		return nil, &redialError{CodeNothingHere, "no transport available here: " + why.String()}
 	}
 	frame, err := handshake.Append(nil, hello)
 	if err == nil {
@@ -367,9 +370,9 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		case n > 0 && !handshake.MatchesMagicPrefix(head[:n]):
 			return nil, &notRsockError{"its reply does not start with the rsock magic"}
 		case isTimeout(err):
-			return nil, &redialError{fmt.Sprintf("server did not answer within %v", s.probe)}
+			return nil, &redialError{CodeNoAnswer, fmt.Sprintf("server did not answer within %v", s.probe)}
 		default:
-			return nil, &redialError{fmt.Sprintf("connection ended before the server answered: %v", err)}
+			return nil, &redialError{CodeNoAnswer, fmt.Sprintf("connection ended before the server answered: %v", err)}
 		}
 	}
 	_ = raw.SetReadDeadline(end) // zero (none) if ctx has no deadline
@@ -383,7 +386,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		if isTimeout(err) {
 			return nil, fmt.Errorf("rsock: the server's answer did not arrive within the handshake timeout: %w", os.ErrDeadlineExceeded)
 		}
-		return nil, &redialError{fmt.Sprintf("the server's answer did not parse: %v", err)}
+		return nil, &redialError{CodeNoAnswer, fmt.Sprintf("the server's answer did not parse: %v", err)}
 	}
 	switch m := msg.(type) {
 	case *handshake.Hello:
@@ -396,20 +399,20 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		if m.Code == handshake.DeclineVersion {
 			// The server closes after a version decline.
 			raw.Close()
-			return nil, &redialError{reason}
+			return nil, &redialError{CodeDeclined, reason}
 		}
 		if !s.fallback {
 			raw.Close()
 			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 		}
 		_ = raw.SetDeadline(time.Time{})
-		return plainConn(network, raw, nil, true, reason), nil
+		return plainConn(network, raw, nil, CodeDeclined, true, reason), nil
 	case *handshake.Accept:
 		ep := eps[m.Transport]
 		if ep == nil {
 			closeAll(nil)
 			raw.Close()
-			return nil, &redialError{fmt.Sprintf("the server accepted %v, which was not offered", m.Transport)}
+			return nil, &redialError{CodeNoAnswer, fmt.Sprintf("the server accepted %v, which was not offered", m.Transport)}
 		}
 		closeAll(ep)
 		name := m.Transport.String()
@@ -426,7 +429,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 				return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 			}
 			_ = raw.SetDeadline(time.Time{})
-			return plainConn(network, raw, nil, true, "could not connect "+reason), nil
+			return plainConn(network, raw, nil, CodeConnectFail, true, "could not connect "+reason), nil
 		}
 		if err := handshake.Write(raw, &handshake.Confirm{}); err != nil {
 			ep.Close()

@@ -15,10 +15,12 @@ package main
 
 import (
 	"context"
+	"expvar"
 	"flag"
 	"fmt"
 	"io"
 	"log"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -27,14 +29,23 @@ import (
 
 	"github.com/rdmanet/rdmanet/examples/grpc/service"
 	"github.com/rdmanet/rdmanet/rsock"
+	"github.com/rdmanet/rdmanet/rsock/rsockdebug"
 )
 
 func main() {
 	listen := flag.String("listen", "", "serve on this address")
 	connect := flag.String("connect", "", "run the example calls against the server at this address")
 	demo := flag.Bool("demo", false, "run a server and a client against it, and report the transports")
+	debug := flag.String("debug", "", "serve the rsock debug page (/debug/rsock) and expvar (/debug/vars) over plain HTTP on this address")
 	flag.Parse()
 	logger := log.New(os.Stderr, "", log.Ltime|log.Lmicroseconds)
+	if *debug != "" {
+		rsock.PublishExpvar()
+		mux := http.NewServeMux()
+		mux.Handle("/debug/rsock", rsockdebug.Handler())
+		mux.Handle("/debug/vars", expvar.Handler())
+		go func() { logger.Println(http.ListenAndServe(*debug, mux)) }()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	var err error

@@ -4,15 +4,20 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdmanet/rdmanet/rsock"
+	"github.com/rdmanet/rdmanet/rsock/rsockdebug"
 )
 
 // TestMain lets the test binary be the demo's server process, as the
@@ -64,4 +69,27 @@ func TestPatternIsContinuous(t *testing.T) {
 		b[i] = byte(i)
 	}
 	assert.Equal(t, b, a)
+}
+
+// TestDebugPage: the example serves /debug/rsock, whose report lists the
+// rsock connection the request came on, with its transport.
+func TestDebugPage(t *testing.T) {
+	ln, err := rsock.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: Handler()}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{DialContext: (&rsock.Dialer{}).DialContext}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("http://" + ln.Addr().String() + "/debug/rsock?format=json")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var r rsockdebug.Report
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&r))
+	transports := map[string]int{}
+	for _, c := range r.Connections {
+		transports[c.Transport]++
+	}
+	assert.GreaterOrEqual(t, transports["shm"], 2, "the request's connection, both ends: %v", transports)
 }

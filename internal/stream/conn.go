@@ -204,6 +204,18 @@ func wake(ch chan struct{}) {
 // or hostile messages underneath the protocol.
 func (c *Conn) QP() verbs.QP { return c.ep.qp }
 
+// Occupancy reports the bytes waiting in the receive ring (announced by
+// the peer, not yet consumed) and the ring's size. It does not wait for
+// the connection's lock: readable is -1 when a call holds it.
+func (c *Conn) Occupancy() (readable, size int64) {
+	size = int64(c.opts.RingSize)
+	if !c.mu.TryLock() {
+		return -1, size
+	}
+	defer c.mu.Unlock()
+	return int64(c.st.Readable()), size
+}
+
 // Socket returns the bootstrap connection, for setting its socket
 // options, or net.ErrClosed once Close was called.
 func (c *Conn) Socket() (net.Conn, error) {

@@ -1,0 +1,204 @@
+package rsock
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The process's view of its connections (Connections, Totals). Every Conn
+// from Dial or Accept is in it from its creation to its Close. Adding and
+// removing one takes one of registryShards locks, at creation and at
+// Close only: the data path never touches the registry. A snapshot takes
+// the shards' locks in turn, reads each connection's counters (atomics),
+// and its ring occupancy only if that costs the connection no wait.
+
+// Reason codes: why a connection is on its transport, stable for tools
+// and metrics (ConnInfo.Code; ConnInfo.Reason has the details).
+const (
+	CodeAgreed       = "agreed"         // an accelerated transport was agreed
+	CodeTCPOnly      = "tcp-only"       // tcp is the only transport configured
+	CodePlainServer  = "plain-server"   // the server answered as a plain server does, or was remembered as one
+	CodeNoAnswer     = "no-answer"      // the server gave no usable answer to the probe (silence, a close, a malformed reply)
+	CodeNothingHere  = "nothing-here"   // no transport could be prepared on this side
+	CodeDeclined     = "declined"       // the other side declined (Reason says its code and why)
+	CodeConnectFail  = "connect-failed" // the agreed transport could not be connected
+	CodePlainClient  = "plain-client"   // listener: the client does not speak rsock
+	CodeClientGaveUp = "client-gave-up" // listener: the client could not connect the accepted transport
+)
+
+// codes lists every code, for Totals.
+var codes = []string{CodeAgreed, CodeTCPOnly, CodePlainServer, CodeNoAnswer, CodeNothingHere, CodeDeclined, CodeConnectFail, CodePlainClient, CodeClientGaveUp}
+
+// transports lists the transports Totals counts.
+var transports = []string{"verbs", "shm", "tcp", "sim"}
+
+const registryShards = 32
+
+var registry struct {
+	shards [registryShards]struct {
+		mu    sync.Mutex
+		conns map[*Conn]struct{}
+	}
+	next atomic.Uint32
+
+	open, opened   map[string]*atomic.Int64 // by transport
+	closedBytes    map[string]*atomic.Int64 // bytes read and written by closed connections, by transport
+	byCode         map[string]*atomic.Int64 // connections ever made, by code
+	fallbacks      atomic.Int64
+	handshakeFails atomic.Int64
+	probes         atomic.Int64
+}
+
+func init() {
+	registry.open, registry.opened, registry.byCode = counters(transports), counters(transports), counters(codes)
+	registry.closedBytes = counters(transports)
+}
+
+func counters(keys []string) map[string]*atomic.Int64 {
+	m := make(map[string]*atomic.Int64, len(keys))
+	for _, k := range keys {
+		m[k] = new(atomic.Int64)
+	}
+	return m
+}
+
+// register adds c, once it is complete.
+func (c *Conn) register() {
+	l := c.label.Load()
+	c.born = time.Now()
+	c.shard = uint8(registry.next.Add(1) % registryShards)
+	sh := &registry.shards[c.shard]
+	sh.mu.Lock()
+	if sh.conns == nil {
+		sh.conns = map[*Conn]struct{}{}
+	}
+	sh.conns[c] = struct{}{}
+	sh.mu.Unlock()
+	if n := registry.opened[l.transport]; n != nil {
+		n.Add(1)
+		registry.open[l.transport].Add(1)
+	}
+	if n := registry.byCode[l.code]; n != nil {
+		n.Add(1)
+	}
+	if l.fallback {
+		registry.fallbacks.Add(1)
+	}
+}
+
+// unregister removes c (at its first Close).
+func (c *Conn) unregister() {
+	sh := &registry.shards[c.shard]
+	sh.mu.Lock()
+	_, ok := sh.conns[c]
+	delete(sh.conns, c)
+	sh.mu.Unlock()
+	tr := c.label.Load().transport
+	if n := registry.open[tr]; ok && n != nil {
+		n.Add(-1)
+		info := c.Info()
+		registry.closedBytes[tr].Add(int64(info.BytesRead + info.BytesWritten))
+	}
+}
+
+// Bytes returns the bytes read and written by the process's connections,
+// open and closed, by transport, for rates: it grows, except that a
+// connection closing while it counts may be missed until the next call.
+func Bytes() map[string]int64 {
+	out := snapshot(registry.closedBytes)
+	for _, st := range Connections() {
+		out[st.Transport] += int64(st.BytesRead + st.BytesWritten)
+	}
+	return out
+}
+
+// relabel moves c's counts from label from to to (a late hello's rescue).
+func relabel(from, to *label) {
+	if from.transport != to.transport {
+		registry.open[from.transport].Add(-1)
+		registry.open[to.transport].Add(1)
+		registry.opened[from.transport].Add(-1)
+		registry.opened[to.transport].Add(1)
+	}
+	registry.byCode[from.code].Add(-1)
+	registry.byCode[to.code].Add(1)
+	if from.fallback != to.fallback {
+		d := int64(1)
+		if from.fallback {
+			d = -1
+		}
+		registry.fallbacks.Add(d)
+	}
+}
+
+// ConnState is one connection in Connections' snapshot.
+type ConnState struct {
+	ConnInfo
+	LocalAddr, RemoteAddr string    // the bootstrap connection's addresses
+	Since                 time.Time // when the connection was made
+	// RingReadable and RingSize are the bytes waiting in the receive ring
+	// and its size (accelerated transports; zero on TCP). RingReadable is
+	// -1 when reading it would have made the connection wait.
+	RingReadable int64
+	RingSize     int64
+}
+
+// Connections returns the process's open connections (made by Dial or
+// Accept and not yet closed), in no particular order. It does not stop
+// their data paths.
+func Connections() []ConnState {
+	var all []*Conn
+	for i := range registry.shards {
+		sh := &registry.shards[i]
+		sh.mu.Lock()
+		for c := range sh.conns {
+			all = append(all, c)
+		}
+		sh.mu.Unlock()
+	}
+	out := make([]ConnState, 0, len(all))
+	for _, c := range all {
+		st := ConnState{ConnInfo: c.Info(), LocalAddr: c.LocalAddr().String(), RemoteAddr: c.RemoteAddr().String(), Since: c.born}
+		if c.s != nil {
+			st.RingReadable, st.RingSize = c.s.Occupancy()
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// TotalStats are the process's totals since it started.
+type TotalStats struct {
+	Open   map[string]int64 // open connections, by transport
+	Opened map[string]int64 // connections made, by transport
+	// ByCode counts the connections made, by reason code (the Code*
+	// constants): those on TCP although an accelerated transport was
+	// allowed are the fallbacks.
+	ByCode map[string]int64
+	// Fallbacks counts the connections on TCP although an accelerated
+	// transport was allowed.
+	Fallbacks int64
+	// HandshakeFailures counts the connections listeners dropped during
+	// the handshake (Listener.Stats, summed over every listener).
+	HandshakeFailures int64
+	// Probes counts the dials that asked a server whether it speaks rsock.
+	Probes int64
+}
+
+// Totals returns the process's totals.
+func Totals() TotalStats {
+	t := TotalStats{Open: snapshot(registry.open), Opened: snapshot(registry.opened), ByCode: snapshot(registry.byCode),
+		Fallbacks: registry.fallbacks.Load(), HandshakeFailures: registry.handshakeFails.Load(), Probes: registry.probes.Load()}
+	return t
+}
+
+func snapshot(m map[string]*atomic.Int64) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		if n := v.Load(); n != 0 {
+			out[k] = n
+		}
+	}
+	return out
+}

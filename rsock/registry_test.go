@@ -1,0 +1,196 @@
+package rsock
+
+import (
+	"context"
+	"encoding/json"
+	"expvar"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+)
+
+// delta is after - before for every key of either.
+func delta(before, after map[string]int64) map[string]int64 {
+	d := map[string]int64{}
+	for k, v := range after {
+		if v != before[k] {
+			d[k] = v - before[k]
+		}
+	}
+	for k, v := range before {
+		if _, ok := after[k]; !ok && v != 0 {
+			d[k] = -v
+		}
+	}
+	return d
+}
+
+// TestTotalsMatchWhatHappened: three dials to plain servers are three
+// fallbacks with the plain-server code, and three probes; five hellos of a
+// version the listener does not speak are five handshake failures; a
+// connection on the ring is counted open by its transport until Close.
+func TestTotalsMatchWhatHappened(t *testing.T) {
+	t0 := Totals()
+	addr := plainServer(t, echo)
+	for range 3 {
+		c, err := dialProbing(t, addr, &Config{ProbeCacheTTL: -1})
+		require.NoError(t, err)
+		assert.Equal(t, CodePlainServer, c.Info().Code)
+		c.Close()
+	}
+	t1 := Totals()
+	assert.Equal(t, map[string]int64{CodePlainServer: 3}, delta(t0.ByCode, t1.ByCode))
+	assert.Equal(t, int64(3), t1.Fallbacks-t0.Fallbacks)
+	assert.Equal(t, int64(3), t1.Probes-t0.Probes)
+	assert.Equal(t, map[string]int64{"tcp": 3}, delta(t0.Opened, t1.Opened))
+	assert.Empty(t, delta(t0.Open, t1.Open), "closed connections still counted open")
+
+	ln := listen(t, &Config{Transports: []string{"shm", "tcp"}})
+	for range 5 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		_, err = c.Write(append([]byte(handshake.Magic), 99, 1, 0, 0)) // version 99
+		require.NoError(t, err)
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.Copy(io.Discard, c) // the magic, the decline, then the close
+		c.Close()
+	}
+	for Totals().HandshakeFailures-t1.HandshakeFailures < 5 { // counted once its goroutine has closed it
+		time.Sleep(time.Millisecond)
+	}
+	assert.Equal(t, int64(5), Totals().HandshakeFailures-t1.HandshakeFailures)
+	assert.Equal(t, uint64(5), ln.Stats().HandshakeErrors)
+
+	cfg := &Config{Transports: []string{"shm"}}
+	c, s := pipe(t, ln, cfg)
+	t2 := Totals()
+	assert.Equal(t, int64(2), t2.Open["shm"]-t1.Open["shm"], "both ends of a shm connection in one process")
+	assert.Equal(t, CodeAgreed, c.Info().Code)
+	c.Close()
+	s.Close()
+	assert.Equal(t, t1.Open["shm"], Totals().Open["shm"])
+}
+
+// TestConnectionsSnapshot: a live connection is in the snapshot with its
+// transport, code, addresses, age and ring, and leaves it at Close.
+func TestConnectionsSnapshot(t *testing.T) {
+	cfg := &Config{Transports: []string{"shm"}, RingSize: 64 << 10}
+	c, s := pipe(t, listen(t, cfg), cfg)
+	_, err := c.Write([]byte("12345"))
+	require.NoError(t, err)
+	find := func(x *Conn) *ConnState {
+		for _, st := range Connections() {
+			if st.LocalAddr == x.LocalAddr().String() && st.RemoteAddr == x.RemoteAddr().String() {
+				return &st
+			}
+		}
+		return nil
+	}
+	// Once the server has read one byte, its ring holds the other four
+	// (or all five, until the read is reported consumed): an idle
+	// receiver learns of new bytes when it next polls, not per message.
+	one := make([]byte, 1)
+	_, err = io.ReadFull(s, one)
+	require.NoError(t, err)
+	st := find(s)
+	require.NotNil(t, st)
+	assert.Contains(t, []int64{4, 5}, st.RingReadable)
+	assert.Equal(t, "shm", st.Transport)
+	assert.Equal(t, CodeAgreed, st.Code)
+	assert.Equal(t, int64(64<<10), st.RingSize)
+	assert.False(t, st.Since.IsZero())
+	assert.LessOrEqual(t, st.Since, time.Now())
+	require.NotNil(t, find(c))
+	c.Close()
+	s.Close()
+	assert.Nil(t, find(c))
+	assert.Nil(t, find(s))
+}
+
+// TestSnapshotsWhileConnectionsComeAndGo: 1,000 connections open and close
+// on four goroutines while two others take snapshots and totals (under the
+// race detector in make test); afterwards nothing of theirs is left.
+func TestSnapshotsWhileConnectionsComeAndGo(t *testing.T) {
+	const total, workers = 1000, 4
+	cfg := &Config{Transports: []string{"shm", "tcp"}}
+	ln := listen(t, cfg)
+	go echoAccepted(ln)
+	before := Totals()
+	ctx, stop := context.WithCancel(context.Background())
+	var snaps sync.WaitGroup
+	for range 2 {
+		snaps.Add(1)
+		go func() {
+			defer snaps.Done()
+			for ctx.Err() == nil {
+				for _, st := range Connections() {
+					_ = st.Transport + st.Reason
+				}
+				_ = Totals()
+			}
+		}()
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := Dialer{Config: cfg, Timeout: 30 * time.Second}
+			for i := range total / workers {
+				c, err := d.Dial("tcp", ln.Addr().String())
+				if err != nil {
+					errs <- err
+					return
+				}
+				if _, err := c.Write([]byte{byte(w), byte(i)}); err != nil {
+					errs <- err
+					return
+				}
+				var b [2]byte
+				if _, err := io.ReadFull(c, b[:]); err != nil {
+					errs <- err
+					return
+				}
+				c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	stop()
+	snaps.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	after := Totals()
+	assert.Equal(t, int64(2*total), after.Opened["shm"]-before.Opened["shm"], "both ends of each connection")
+	// The server ends close when their echo sees EOF: wait for them.
+	for Totals().Open["shm"] != before.Open["shm"] {
+		time.Sleep(time.Millisecond)
+	}
+	assert.Equal(t, before.Open, Totals().Open)
+}
+
+// TestPublishExpvar: the totals are published once, as JSON, whatever the
+// number of calls.
+func TestPublishExpvar(t *testing.T) {
+	PublishExpvar()
+	PublishExpvar() // a second Publish of the name would panic
+	v := expvar.Get("rsock")
+	require.NotNil(t, v)
+	c, s := pipe(t, listen(t, tcpOnly()), tcpOnly())
+	defer c.Close()
+	defer s.Close()
+	var got TotalStats
+	require.NoError(t, json.Unmarshal([]byte(v.String()), &got))
+	assert.GreaterOrEqual(t, got.Open["tcp"], int64(2))
+	assert.Equal(t, Totals().Opened["tcp"], got.Opened["tcp"])
+}
