@@ -2,6 +2,7 @@ package rsock
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -86,6 +87,12 @@ type Config struct {
 	Device   string
 	Port     int
 	GIDIndex int
+
+	// Logger receives fallbacks, remembered probe verdicts, a listener's
+	// failed handshakes (rate-limited) and connections that end in a reset,
+	// with the attributes code, transport, reason and peer (see
+	// logging.go). Nil logs nothing.
+	Logger *slog.Logger
 }
 
 // Defaults.
@@ -122,6 +129,7 @@ type settings struct {
 	device        string
 	port          int
 	gidIndex      int // -1: automatic
+	log           *slog.Logger
 }
 
 // ConfigError reports a bad Config field or RSOCK_* variable.
@@ -147,7 +155,10 @@ func (c *Config) resolve() (*settings, error) {
 	if c != nil {
 		cfg = *c
 	}
-	s := &settings{}
+	s := &settings{log: cfg.Logger}
+	if s.log == nil {
+		s.log = discard
+	}
 	list := cfg.Transports
 	env := ""
 	if len(list) == 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -52,6 +53,14 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
 	}
+	c, err := d.dial(ctx, s, network, address)
+	if c != nil {
+		s.logConn(c.(*Conn), "client")
+	}
+	return c, err
+}
+
+func (d *Dialer) dial(ctx context.Context, s *settings, network, address string) (net.Conn, error) {
 	if d.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
@@ -107,8 +116,9 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	}
 	var nr *notRsockError
 	if errors.As(err, &nr) {
-		if s.probeCacheTTL > 0 {
-			plainServers.add(key, s.probeCacheTTL)
+		if s.probeCacheTTL > 0 && plainServers.add(key, s.probeCacheTTL) {
+			s.log.LogAttrs(ctx, slog.LevelInfo, "rsock: remembering a server that does not speak rsock",
+				slog.String("code", CodePlainServer), slog.String("peer", address), slog.String("reason", err.Error()), slog.Duration("for", s.probeCacheTTL))
 		}
 		if !s.fallback {
 			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: noTransport(err)}
@@ -159,8 +169,9 @@ func (p *probeCache) known(key string) bool {
 	return ok && e.strikes >= probeStrikes
 }
 
-// add records one probe that found a plain server at key.
-func (p *probeCache) add(key string, ttl time.Duration) {
+// add records one probe that found a plain server at key, and reports
+// whether that made a verdict.
+func (p *probeCache) add(key string, ttl time.Duration) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
@@ -181,6 +192,7 @@ func (p *probeCache) add(key string, ttl time.Duration) {
 	e.strikes++
 	e.expires = now.Add(ttl)
 	p.entries[key] = e
+	return e.strikes == probeStrikes
 }
 
 // forget drops what is known about key (a handshake there succeeded).

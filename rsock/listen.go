@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -51,15 +52,16 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 	}
 	hctx, cancel := context.WithCancel(context.Background())
 	l := &Listener{
-		network: network,
-		ln:      ln.(*net.TCPListener),
-		s:       s,
-		ready:   make(chan *Conn, readyQueue),
-		done:    make(chan struct{}),
-		setups:  make(chan struct{}, maxSetups),
-		waiting: waitingSet{max: perSourceWaiting},
-		ctx:     hctx,
-		cancel:  cancel,
+		network:  network,
+		ln:       ln.(*net.TCPListener),
+		s:        s,
+		ready:    make(chan *Conn, readyQueue),
+		done:     make(chan struct{}),
+		setups:   make(chan struct{}, maxSetups),
+		waiting:  waitingSet{max: perSourceWaiting},
+		logLimit: limiter{now: time.Now},
+		ctx:      hctx,
+		cancel:   cancel,
 	}
 	l.wg.Add(1)
 	go l.acceptLoop()
@@ -89,6 +91,7 @@ type Listener struct {
 
 	handshakeErrors atomic.Uint64
 	busy            atomic.Uint64
+	logLimit        limiter // of the failed handshakes' records
 }
 
 // ListenerStats counts what a Listener has seen.
@@ -208,12 +211,16 @@ func (l *Listener) serveConn(raw *net.TCPConn) {
 	defer l.wg.Done()
 	stop := context.AfterFunc(l.ctx, func() { _ = raw.SetDeadline(aLongTimeAgo) })
 	defer stop()
+	peer := raw.RemoteAddr().String()
 	c, err := l.handshake(raw)
 	if err != nil {
 		l.handshakeErrors.Add(1)
 		registry.handshakeFails.Add(1)
+		logLimited(l.s.log, &l.logLimit, slog.LevelWarn, "rsock: handshake dropped",
+			slog.String("reason", err.Error()), slog.String("peer", peer))
 		return
 	}
+	l.s.logConn(c, "server")
 	if !stop() {
 		c.Close() // the listener closed under us
 		return

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -50,7 +51,13 @@ func (s *settings) newEndpoint(name string, raw net.Conn) (*stream.Endpoint, err
 	if !ok {
 		return nil, errNotBuiltIn
 	}
-	return stream.NewEndpoint(p, s.openOptions(raw), s.streamOptions())
+	opts := s.streamOptions()
+	if s.log != discard {
+		opts.Logger = s.log.With(slog.String("transport", name))
+	} else {
+		opts.Logger = nil
+	}
+	return stream.NewEndpoint(p, s.openOptions(raw), opts)
 }
 
 func ringOf(r stream.Ring) handshake.RingInfo {

@@ -194,3 +194,15 @@ func TestPublishExpvar(t *testing.T) {
 	assert.GreaterOrEqual(t, got.Open["tcp"], int64(2))
 	assert.Equal(t, Totals().Opened["tcp"], got.Opened["tcp"])
 }
+
+// BenchmarkRegister measures what the registry adds to a connection: one
+// register and one unregister (the data path does not touch it). Compare
+// with BenchmarkDialAccept's time per connection.
+func BenchmarkRegister(b *testing.B) {
+	c := newConn("tcp", label{transport: "tcp", code: CodeTCPOnly})
+	b.ReportAllocs()
+	for range b.N {
+		c.register()
+		c.unregister()
+	}
+}

@@ -214,7 +214,7 @@ func (c *Conn) sayGoodbye(final bool) {
 	}
 	gb := &handshake.Goodbye{FinalProd: c.st.Prod()}
 	if c.err != nil {
-		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(c.err.Error())}
+		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(resetWhy(c.err))}
 	}
 	c.mu.Unlock()
 	_ = c.boot.SetWriteDeadline(time.Now().Add(closeAckTimeout))

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +31,7 @@ type Options struct {
 	Credits   int           // receive work requests for state messages: [ring.MinCredits, ring.MaxCredits]
 	SendDepth int           // send queue depth; 0 means 4*Credits (at least 64)
 	BusyPoll  time.Duration // how long a blocked Read or Write polls before it parks
+	Logger    *slog.Logger  // receives a record (Warn) of a connection that ends in a reset; nil: none
 }
 
 // Ring describes a receive ring to the peer.

@@ -27,11 +27,23 @@ type ResetError struct {
 	Err    error  // the cause, if any
 }
 
-func (e *ResetError) Error() string {
+func (e *ResetError) Error() string { return "rsock: connection reset: " + e.why() }
+
+// why is what happened and its cause, without the prefix.
+func (e *ResetError) why() string {
 	if e.Err != nil {
-		return "rsock: connection reset: " + e.Reason + ": " + e.Err.Error()
+		return e.Reason + ": " + e.Err.Error()
 	}
-	return "rsock: connection reset: " + e.Reason
+	return e.Reason
+}
+
+// resetWhy is err's why if it is a *ResetError (what a goodbye and a log
+// record say), else its message.
+func resetWhy(err error) string {
+	if re, ok := err.(*ResetError); ok {
+		return re.why()
+	}
+	return err.Error()
 }
 
 // Unwrap exposes the cause and syscall.ECONNRESET.

@@ -1,8 +1,10 @@
 package stream
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
@@ -259,9 +261,13 @@ func (c *Conn) failLocked(err error) {
 	c.loops.Add(1)
 	go func(reason string) {
 		defer c.loops.Done()
+		if c.opts.Logger != nil {
+			c.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn, "rsock: connection reset",
+				slog.String("reason", reason), slog.String("peer", c.boot.RemoteAddr().String()))
+		}
 		// Tell the peer, then close the bootstrap so its watcher wakes.
 		_ = c.boot.SetWriteDeadline(time.Now().Add(closeAckTimeout))
 		_ = handshake.Write(c.boot, &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(reason)})
 		_ = c.boot.Close()
-	}(err.Error())
+	}(resetWhy(err))
 }

@@ -1,0 +1,89 @@
+package rsock
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Logging: Config.Logger receives what an operator wants to know about
+// connections (nothing by default):
+//
+//   - Info: a connection that runs on TCP although an accelerated transport
+//     was allowed (a fallback: its code, reason and peer), and the probe
+//     verdicts the client remembers;
+//   - Warn: handshakes a listener dropped, and connections that ended in a
+//     reset (the peer aborted or died, or the transport failed).
+//
+// Records carry the attributes "code", "transport", "reason" and "peer".
+// What a peer can cause by itself (a listener's failed handshakes) is
+// rate-limited per listener, so that a flood of bad hellos cannot flood
+// the log: at most logBurst records, then one per logEvery, and the next
+// record says how many were suppressed.
+
+const (
+	logBurst = 10
+	logEvery = time.Second
+)
+
+// discard is the logger of a Config without one.
+var discard = slog.New(slog.DiscardHandler)
+
+// limiter lets a burst of records through, then one per interval.
+type limiter struct {
+	mu         sync.Mutex
+	now        func() time.Time // time.Now, or a test's clock
+	tokens     float64
+	last       time.Time
+	suppressed int
+}
+
+// allow reports whether a record may be logged now, and how many were
+// suppressed since the last one that was.
+func (l *limiter) allow() (ok bool, suppressed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	if l.last.IsZero() {
+		l.tokens = logBurst
+	} else {
+		l.tokens = min(logBurst, l.tokens+now.Sub(l.last).Seconds()/logEvery.Seconds())
+	}
+	l.last = now
+	if l.tokens < 1 {
+		l.suppressed++
+		return false, 0
+	}
+	l.tokens--
+	n := l.suppressed
+	l.suppressed = 0
+	return true, n
+}
+
+// logLimited logs through lim.
+func logLimited(log *slog.Logger, lim *limiter, level slog.Level, msg string, attrs ...slog.Attr) {
+	if !log.Enabled(context.Background(), level) {
+		return
+	}
+	ok, n := lim.allow()
+	if !ok {
+		return
+	}
+	if n > 0 {
+		attrs = append(attrs, slog.Int("suppressed", n))
+	}
+	log.LogAttrs(context.Background(), level, msg, attrs...)
+}
+
+// logConn logs a connection that does not run on the accelerated
+// transport it could have: a fallback.
+func (s *settings) logConn(c *Conn, side string) {
+	l := c.label.Load()
+	if !l.fallback {
+		return
+	}
+	s.log.LogAttrs(context.Background(), slog.LevelInfo, "rsock: connection falls back to TCP",
+		slog.String("side", side), slog.String("code", l.code), slog.String("transport", l.transport),
+		slog.String("reason", l.reason), slog.String("peer", c.RemoteAddr().String()))
+}
