@@ -150,6 +150,14 @@ func (e *ConfigError) Error() string {
 
 func (e *ConfigError) Unwrap() error { return e.Err }
 
+// CheckConfig reports whether cfg (nil: the defaults), with the RSOCK_*
+// variables of the environment, is valid: nil, or the *ConfigError that
+// Dial and Listen would return.
+func CheckConfig(cfg *Config) error {
+	_, err := cfg.resolve()
+	return err
+}
+
 func (c *Config) resolve() (*settings, error) {
 	var cfg Config
 	if c != nil {

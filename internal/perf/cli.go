@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/rdmanet/rdmanet/internal/doctor"
 )
 
 const usage = `rsockperf: rsock against plain kernel TCP.
@@ -24,6 +26,10 @@ const usage = `rsockperf: rsock against plain kernel TCP.
   rsockperf client [flags]    run the workloads against a running server; absolute figures
   rsockperf report [flags] FILE
                               print a saved JSON report again (tables, plots, Markdown)
+  rsockperf doctor [--connect HOST:PORT]
+                              check what rsock can do on this host (devices, limits, shm and
+                              verbs by a connection to itself, RSOCK_* variables), and the
+                              transport a connection to a server gets
 
 Run 'rsockperf COMMAND -h' for a command's flags.
 `
@@ -46,6 +52,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = mainServer(ctx, args[1:], stdout, stderr)
 	case "report":
 		err = mainReport(args[1:], stdout, stderr)
+	case "doctor":
+		fs := flag.NewFlagSet("rsockperf doctor", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		connect := fs.String("connect", "", "also dial this rsock server and report the transport it gets")
+		timeout := fs.Duration("timeout", 10*time.Second, "bound of each connection the doctor makes")
+		if err := fs.Parse(args[1:]); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			return 2
+		}
+		return doctor.Run(stdout, doctor.Options{Connect: *connect, Timeout: *timeout})
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -43,12 +43,17 @@ stage "build test binaries" "$ts"
 # anything.)
 # shellcheck disable=SC2016
 perf='RSOCK_SNIFF_TIMEOUT=30s RSOCK_HANDSHAKE_TIMEOUT=30s rsockperf compare --quick --quiet --transports verbs --host "$SOFTROCE_IP" --idle-conns 50 --conns 8 >/tmp/rsockperf.out 2>&1; rc=$?; cat /tmp/rsockperf.out; [ "$rc" = 0 ] && ! grep -q FAILED /tmp/rsockperf.out'
+# rsockperf doctor must find rxe0, a RoCE v2 GID with an IPv4 address,
+# and verbs working by a connection to itself.
+# shellcheck disable=SC2016
+doctor='rsockperf doctor >/tmp/doctor.out 2>&1; rc=$?; cat /tmp/doctor.out; [ "$rc" = 0 ] && grep -q "^  rxe0 " /tmp/doctor.out && grep -q "RoCE v2.*IPv4" /tmp/doctor.out && grep -q "verbs on .*: works" /tmp/doctor.out'
 one=(
 	--bin "$bin/ibverbs.test" --bin "$bin/rsock.test" --bin "$bin/e2e.test" --bin "$bin/rsockperf"
 	--test ibverbs='ibverbs.test -test.count=1 -test.timeout 150s -test.v'
 	--test rsock='rsock.test -test.count=1 -test.timeout 200s -test.v -test.run Verbs'
 	--test e2e='RSOCK_E2E_TRANSPORTS=verbs e2e.test -test.count=1 -test.timeout 200s -test.v -test.skip "^TestCurl"'
 	--test rsockperf="$perf"
+	--test doctor="$doctor"
 	--test-timeout 220 --timeout 540
 )
 two=(

@@ -27,6 +27,9 @@ var lib struct {
 // libName is the library loaded: the soname of libibverbs' ABI 1.
 const libName = "libibverbs.so.1"
 
+// Load reports whether libibverbs can be loaded here, and why not.
+func Load() error { return load() }
+
 // load opens libibverbs once per process. Its absence makes the provider
 // unavailable.
 func load() error {

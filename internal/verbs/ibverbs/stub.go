@@ -23,6 +23,12 @@ func New() *Provider { return &Provider{} }
 // Name is "ibverbs".
 func (*Provider) Name() string { return "ibverbs" }
 
+// Load reports why libibverbs cannot be used by this binary.
+func Load() error {
+	_, err := (*Provider)(nil).Open(verbs.OpenOptions{})
+	return err
+}
+
 // Open always fails with an error wrapping verbs.ErrUnavailable.
 func (*Provider) Open(verbs.OpenOptions) (verbs.Device, error) {
 	if runtime.GOOS != "linux" {

@@ -1,0 +1,194 @@
+// Package doctor checks what rsock can do on this host, in the manner of
+// smc_chk and ibv_devinfo: whether libibverbs loads, the RDMA devices and
+// their RoCE addresses, the locked-memory limit against what verbs
+// connections pin, whether shm and verbs work (each by a connection to
+// this process itself), the RSOCK_* variables in effect, and optionally
+// the transport a connection to a given server gets. rsockperf doctor
+// runs it.
+package doctor
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
+	"github.com/rdmanet/rdmanet/internal/verbs/shm"
+	"github.com/rdmanet/rdmanet/rsock"
+)
+
+// Options are the doctor's inputs.
+type Options struct {
+	Connect string        // host:port of an rsock server to dial, or ""
+	Timeout time.Duration // bound of each connection it makes
+}
+
+// Run writes the report to w. It returns 0 when rsock can run here (TCP
+// always can), 1 when the configuration is invalid or the connection to
+// Options.Connect failed.
+func Run(w io.Writer, o Options) int {
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Second
+	}
+	status := 0
+	fmt.Fprintf(w, "rsock doctor: %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+
+	fmt.Fprintln(w, "\nconfiguration")
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "RSOCK_") {
+			env = append(env, kv)
+		}
+	}
+	slices.Sort(env)
+	if len(env) == 0 {
+		fmt.Fprintln(w, "  RSOCK_* variables: none (defaults)")
+	}
+	for _, kv := range env {
+		fmt.Fprintf(w, "  %s\n", kv)
+	}
+	if err := rsock.CheckConfig(nil); err != nil {
+		fmt.Fprintf(w, "  INVALID: %v\n", err)
+		status = 1
+	} else {
+		fmt.Fprintln(w, "  valid")
+	}
+
+	fmt.Fprintln(w, "\nverbs")
+	if err := ibverbs.Load(); err != nil {
+		fmt.Fprintf(w, "  libibverbs: not usable: %v\n", err)
+	} else {
+		fmt.Fprintln(w, "  libibverbs: loaded")
+	}
+	devs, err := ibverbs.Devices()
+	var roce []netip.Addr // local IPv4 addresses with a RoCE v2 GID on an active port
+	switch {
+	case err != nil:
+		fmt.Fprintf(w, "  no RDMA device: %v (no RDMA NIC here, and no Soft-RoCE or soft-iWARP device: for one, `rdma link add rxe0 type rxe netdev eth0`)\n", err)
+	case len(devs) == 0:
+		fmt.Fprintln(w, "  no RDMA device: /sys/class/infiniband is empty")
+	}
+	for _, d := range devs {
+		kind := "InfiniBand"
+		if len(d.Ports) > 0 && d.Ports[0].LinkLayer == "Ethernet" {
+			kind = "RoCE"
+		}
+		if d.IWARP {
+			kind = "iWARP: rsock declines it (its connections need rdma_cm)"
+		}
+		fmt.Fprintf(w, "  %s (%s)\n", d.Name, kind)
+		for _, p := range d.Ports {
+			fmt.Fprintf(w, "    port %d: %s, link layer %s\n", p.Port, p.State, p.LinkLayer)
+			for _, g := range p.GIDs {
+				ip := ""
+				if g.IPv4.IsValid() {
+					ip = " IPv4 " + g.IPv4.String()
+					if !d.IWARP && p.State == "ACTIVE" && g.Type == "RoCE v2" {
+						roce = append(roce, g.IPv4)
+					}
+				}
+				fmt.Fprintf(w, "      GID %d %s [%s] %s%s\n", g.Index, g.GID, g.Type, g.Netdev, ip)
+			}
+		}
+	}
+	if len(devs) > 0 {
+		if len(roce) == 0 {
+			fmt.Fprintln(w, "  no active port has a RoCE v2 GID with an IPv4 address: verbs connections by IP cannot find a device")
+		} else {
+			fmt.Fprintf(w, "  IPv4 addresses verbs connections can use: %v\n", roce)
+		}
+	}
+	memlock(w)
+
+	fmt.Fprintln(w, "\nself-tests (a connection to this process)")
+	selfTest(w, "shm", "127.0.0.1", o.Timeout)
+	live, budget := shm.Mappings()
+	fmt.Fprintf(w, "  shm mappings of this process: %d of a budget of %d\n", live, budget)
+	if len(roce) == 0 {
+		fmt.Fprintln(w, "  verbs: not tried: no address with a RoCE v2 GID")
+	}
+	for _, ip := range roce {
+		selfTest(w, "verbs", ip.String(), o.Timeout)
+	}
+
+	if o.Connect != "" {
+		fmt.Fprintf(w, "\nconnection to %s\n", o.Connect)
+		d := rsock.Dialer{Timeout: o.Timeout}
+		c, err := d.Dial("tcp", o.Connect)
+		if err != nil {
+			fmt.Fprintf(w, "  FAILED: %v\n", err)
+			status = 1
+		} else {
+			info, _ := rsock.InfoOf(c)
+			fmt.Fprintf(w, "  transport %s (code %s): %s\n", info.Transport, info.Code, info.Reason)
+			c.Close()
+		}
+	}
+	return status
+}
+
+// memlock reports RLIMIT_MEMLOCK against what a verbs connection pins.
+func memlock(w io.Writer) {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim); err != nil {
+		fmt.Fprintf(w, "  RLIMIT_MEMLOCK: %v\n", err)
+		return
+	}
+	ring := rsock.DefaultRingSize
+	perConn := uint64(2 * ring) // the receive ring and the staging buffer
+	if lim.Cur == unix.RLIM_INFINITY {
+		fmt.Fprintf(w, "  RLIMIT_MEMLOCK: unlimited (a verbs connection pins about %d KiB at the default ring)\n", perConn>>10)
+		return
+	}
+	fmt.Fprintf(w, "  RLIMIT_MEMLOCK: %d KiB: room for about %d verbs connections at the default ring (%d KiB pinned each)\n",
+		lim.Cur>>10, lim.Cur/perConn, perConn>>10)
+}
+
+// selfTest connects to a listener of this process over transport alone
+// and reports what it got.
+func selfTest(w io.Writer, transport, ip string, timeout time.Duration) {
+	cfg := &rsock.Config{Transports: []string{transport}}
+	lc := rsock.ListenConfig{Config: cfg}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	ln, err := lc.Listen(ctx, "tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		fmt.Fprintf(w, "  %s: cannot listen on %s: %v\n", transport, ip, err)
+		return
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			_, _ = io.Copy(c, c)
+			c.Close()
+		}
+	}()
+	d := rsock.Dialer{Config: cfg, Timeout: timeout}
+	c, err := d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		fmt.Fprintf(w, "  %s on %s: does not work: %v\n", transport, ip, err)
+		return
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	b := []byte("rsock doctor")
+	if _, err = c.Write(b); err == nil {
+		_, err = io.ReadFull(c, b)
+	}
+	info, _ := rsock.InfoOf(c)
+	if err != nil {
+		fmt.Fprintf(w, "  %s on %s: connected (%s) but the echo failed: %v\n", transport, ip, info.Reason, err)
+		return
+	}
+	fmt.Fprintf(w, "  %s on %s: works (%s)\n", transport, ip, info.Reason)
+}
