@@ -34,8 +34,9 @@ test: test-unit test-softroce
 
 # Debian packages the tests use: curl drives the example server in e2e;
 # gcc (cgo, -race) and libibverbs-dev, whose <infiniband/verbs.h> the
-# verbs provider's ABI declarations are checked against (nothing links it).
-DEB_PACKAGES = curl ca-certificates gcc libc6-dev libibverbs-dev
+# verbs provider's ABI declarations are checked against (nothing links it);
+# chromium loads the example's /debug/rsock page headless (examples/httpserver).
+DEB_PACKAGES = curl ca-certificates gcc libc6-dev libibverbs-dev chromium
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi

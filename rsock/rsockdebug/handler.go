@@ -141,7 +141,7 @@ func chart(s []Sample) template.HTML {
 	for k, tr := range names {
 		var pts []string
 		for i, v := range series[tr] {
-			x := float64(w) * float64(i) / float64(max(samples-1, 1))
+			x := float64(w) * float64(samples-len(s)+i) / float64(max(samples-1, 1)) // the newest at the right edge
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x, float64(h)-v/peak*float64(h-4)))
 		}
 		c := colors[tr]
@@ -151,7 +151,7 @@ func chart(s []Sample) template.HTML {
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, c, strings.Join(pts, " "))
 		fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="12" fill="%s">%s</text>`, 10+k*90, h+20, c, template.HTMLEscapeString(tr))
 	}
-	fmt.Fprintf(&b, `<text x="%d" y="14" font-size="11" text-anchor="end">peak %s/s</text></svg>`, w-6, template.HTMLEscapeString(bytesString(peak)))
+	fmt.Fprintf(&b, `<text x="6" y="14" font-size="11">peak %s/s</text></svg>`, template.HTMLEscapeString(bytesString(peak)))
 	return template.HTML(b.String())
 }
 
