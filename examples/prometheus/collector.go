@@ -1,0 +1,42 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rdmanet/rdmanet/rsock"
+)
+
+// collector exports rsock.Totals to Prometheus: the same counters as
+// rsock.PublishExpvar, read at each scrape.
+type collector struct{}
+
+var (
+	descOpen       = prometheus.NewDesc("rsock_connections_open", "Open rsock connections, by transport.", []string{"transport"}, nil)
+	descMade       = prometheus.NewDesc("rsock_connections_total", "Connections made, by transport.", []string{"transport"}, nil)
+	descByCode     = prometheus.NewDesc("rsock_connections_by_reason_total", "Connections made, by reason code.", []string{"code"}, nil)
+	descFallbacks  = prometheus.NewDesc("rsock_fallbacks_total", "Connections on TCP although an accelerated transport was allowed.", nil, nil)
+	descHandshakes = prometheus.NewDesc("rsock_handshake_failures_total", "Connections the listeners dropped during the handshake.", nil, nil)
+	descProbes     = prometheus.NewDesc("rsock_probes_total", "Dials that asked a server whether it speaks rsock.", nil, nil)
+)
+
+func (collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descOpen, descMade, descByCode, descFallbacks, descHandshakes, descProbes} {
+		ch <- d
+	}
+}
+
+func (collector) Collect(ch chan<- prometheus.Metric) {
+	t := rsock.Totals()
+	for tr, n := range t.Open {
+		ch <- prometheus.MustNewConstMetric(descOpen, prometheus.GaugeValue, float64(n), tr)
+	}
+	for tr, n := range t.Opened {
+		ch <- prometheus.MustNewConstMetric(descMade, prometheus.CounterValue, float64(n), tr)
+	}
+	for code, n := range t.ByCode {
+		ch <- prometheus.MustNewConstMetric(descByCode, prometheus.CounterValue, float64(n), code)
+	}
+	ch <- prometheus.MustNewConstMetric(descFallbacks, prometheus.CounterValue, float64(t.Fallbacks))
+	ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.CounterValue, float64(t.HandshakeFailures))
+	ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(t.Probes))
+}
