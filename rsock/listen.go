@@ -215,7 +215,7 @@ func (l *Listener) serveConn(raw *net.TCPConn) {
 	c, err := l.handshake(raw)
 	if err != nil {
 		l.handshakeErrors.Add(1)
-		registry.handshakeFails.Add(1)
+		failed(err)
 		logLimited(l.s.log, &l.logLimit, slog.LevelWarn, "rsock: handshake dropped",
 			slog.String("reason", err.Error()), slog.String("peer", peer))
 		return

@@ -1,9 +1,15 @@
 package rsock
 
 import (
+	"errors"
+	"io"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
 )
 
 // The process's view of its connections (Connections, Totals). Every Conn
@@ -47,12 +53,45 @@ var registry struct {
 	byCode         map[string]*atomic.Int64 // connections ever made, by code
 	fallbacks      atomic.Int64
 	handshakeFails atomic.Int64
+	failCauses     map[string]*atomic.Int64 // failed handshakes by cause
 	probes         atomic.Int64
+}
+
+// Causes of a listener's failed handshake (TotalStats.HandshakeFailuresBy).
+const (
+	CauseTimeout     = "timeout"      // the client stalled past a deadline
+	CauseVersion     = "version"      // a protocol version the listener does not speak
+	CauseMalformed   = "malformed"    // a frame or message that breaks the format
+	CauseClosed      = "closed"       // the client closed or reset the connection, or it was evicted
+	CauseNoTransport = "no-transport" // no transport agreed and TCP not allowed
+	CauseSetup       = "setup"        // the transport failed after the switch, or anything else
+)
+
+var causes = []string{CauseTimeout, CauseVersion, CauseMalformed, CauseClosed, CauseNoTransport, CauseSetup}
+
+// failed counts a listener's failed handshake under its cause.
+func failed(err error) {
+	registry.handshakeFails.Add(1)
+	cause := CauseSetup
+	switch {
+	case isTimeout(err):
+		cause = CauseTimeout
+	case errors.Is(err, handshake.ErrVersion):
+		cause = CauseVersion
+	case errors.Is(err, handshake.ErrMalformed), errors.Is(err, handshake.ErrBadMagic):
+		cause = CauseMalformed
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		cause = CauseClosed
+	case errors.Is(err, ErrNoTransport):
+		cause = CauseNoTransport
+	}
+	registry.failCauses[cause].Add(1)
 }
 
 func init() {
 	registry.open, registry.opened, registry.byCode = counters(transports), counters(transports), counters(codes)
 	registry.closedBytes = counters(transports)
+	registry.failCauses = counters(causes)
 }
 
 func counters(keys []string) map[string]*atomic.Int64 {
@@ -180,8 +219,10 @@ type TotalStats struct {
 	// transport was allowed.
 	Fallbacks int64
 	// HandshakeFailures counts the connections listeners dropped during
-	// the handshake (Listener.Stats, summed over every listener).
-	HandshakeFailures int64
+	// the handshake (Listener.Stats, summed over every listener), and
+	// HandshakeFailuresBy the same by cause (the Cause* constants).
+	HandshakeFailures   int64
+	HandshakeFailuresBy map[string]int64
 	// Probes counts the dials that asked a server whether it speaks rsock.
 	Probes int64
 }
@@ -189,7 +230,8 @@ type TotalStats struct {
 // Totals returns the process's totals.
 func Totals() TotalStats {
 	t := TotalStats{Open: snapshot(registry.open), Opened: snapshot(registry.opened), ByCode: snapshot(registry.byCode),
-		Fallbacks: registry.fallbacks.Load(), HandshakeFailures: registry.handshakeFails.Load(), Probes: registry.probes.Load()}
+		Fallbacks: registry.fallbacks.Load(), HandshakeFailures: registry.handshakeFails.Load(),
+		HandshakeFailuresBy: snapshot(registry.failCauses), Probes: registry.probes.Load()}
 	return t
 }
 

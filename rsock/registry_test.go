@@ -65,7 +65,9 @@ func TestTotalsMatchWhatHappened(t *testing.T) {
 	for Totals().HandshakeFailures-t1.HandshakeFailures < 5 { // counted once its goroutine has closed it
 		time.Sleep(time.Millisecond)
 	}
-	assert.Equal(t, int64(5), Totals().HandshakeFailures-t1.HandshakeFailures)
+	t15 := Totals()
+	assert.Equal(t, int64(5), t15.HandshakeFailures-t1.HandshakeFailures)
+	assert.Equal(t, map[string]int64{CauseVersion: 5}, delta(t1.HandshakeFailuresBy, t15.HandshakeFailuresBy))
 	assert.Equal(t, uint64(5), ln.Stats().HandshakeErrors)
 
 	cfg := &Config{Transports: []string{"shm"}}

@@ -15,7 +15,7 @@ var (
 	descMade       = prometheus.NewDesc("rsock_connections_total", "Connections made, by transport.", []string{"transport"}, nil)
 	descByCode     = prometheus.NewDesc("rsock_connections_by_reason_total", "Connections made, by reason code.", []string{"code"}, nil)
 	descFallbacks  = prometheus.NewDesc("rsock_fallbacks_total", "Connections on TCP although an accelerated transport was allowed.", nil, nil)
-	descHandshakes = prometheus.NewDesc("rsock_handshake_failures_total", "Connections the listeners dropped during the handshake.", nil, nil)
+	descHandshakes = prometheus.NewDesc("rsock_handshake_failures_total", "Connections the listeners dropped during the handshake, by cause.", []string{"cause"}, nil)
 	descProbes     = prometheus.NewDesc("rsock_probes_total", "Dials that asked a server whether it speaks rsock.", nil, nil)
 )
 
@@ -37,6 +37,8 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descByCode, prometheus.CounterValue, float64(n), code)
 	}
 	ch <- prometheus.MustNewConstMetric(descFallbacks, prometheus.CounterValue, float64(t.Fallbacks))
-	ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.CounterValue, float64(t.HandshakeFailures))
+	for cause, n := range t.HandshakeFailuresBy {
+		ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.CounterValue, float64(n), cause)
+	}
 	ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(t.Probes))
 }

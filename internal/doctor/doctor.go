@@ -87,7 +87,11 @@ func Run(w io.Writer, o Options) int {
 		}
 		fmt.Fprintf(w, "  %s (%s)\n", d.Name, kind)
 		for _, p := range d.Ports {
-			fmt.Fprintf(w, "    port %d: %s, link layer %s\n", p.Port, p.State, p.LinkLayer)
+			mtu := ""
+			if p.Netdev != "" {
+				mtu = fmt.Sprintf(", netdev %s MTU %d", p.Netdev, p.NetdevMTU)
+			}
+			fmt.Fprintf(w, "    port %d: %s, link layer %s%s\n", p.Port, p.State, p.LinkLayer, mtu)
 			for _, g := range p.GIDs {
 				ip := ""
 				if g.IPv4.IsValid() {

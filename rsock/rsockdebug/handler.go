@@ -181,7 +181,7 @@ var page = template.Must(template.New("page").Funcs(template.FuncMap{
 <tr><th>made, by transport</th><td>{{range $k, $v := .Totals.Opened}}{{$k}} {{$v}} {{end}}</td></tr>
 <tr><th>made, by reason</th><td>{{range $k, $v := .Totals.ByCode}}{{$k}} {{$v}} {{end}}</td></tr>
 <tr><th>fallbacks</th><td>{{.Totals.Fallbacks}}</td></tr>
-<tr><th>failed handshakes (listeners)</th><td>{{.Totals.HandshakeFailures}}</td></tr>
+<tr><th>failed handshakes (listeners)</th><td>{{.Totals.HandshakeFailures}}{{range $k, $v := .Totals.HandshakeFailuresBy}}, {{$k}} {{$v}}{{end}}</td></tr>
 <tr><th>probes (dials)</th><td>{{.Totals.Probes}}</td></tr>
 </table>
 <h2>Connections</h2>

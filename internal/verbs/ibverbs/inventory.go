@@ -22,6 +22,11 @@ type PortInfo struct {
 	Port      int
 	State     string // e.g. "ACTIVE", "DOWN"
 	LinkLayer string // "Ethernet" (RoCE, iWARP) or "InfiniBand"
+	// Netdev and NetdevMTU are the network interface of the port's GIDs
+	// and its MTU (on RoCE the RDMA MTU is the largest of 256 to 4096
+	// bytes that fits it), or "" and 0.
+	Netdev    string
+	NetdevMTU int
 	GIDs      []GIDInfo
 }
 
@@ -60,6 +65,11 @@ func (s sysfs) inventory() ([]DeviceInfo, error) {
 					gi.IPv4 = g.gid.Unmap()
 				}
 				pi.GIDs = append(pi.GIDs, gi)
+				if pi.Netdev == "" && g.ndev != "" {
+					pi.Netdev = g.ndev
+					mtu, _ := s.read("class", "net", g.ndev, "mtu")
+					pi.NetdevMTU, _ = strconv.Atoi(mtu)
+				}
 			}
 			d.Ports = append(d.Ports, pi)
 		}

@@ -15,6 +15,7 @@ func TestInventory(t *testing.T) {
 		"1": {"0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2"},
 	})
 	files["class/infiniband/rxe0/ports/1/state"] = "4: ACTIVE"
+	files["class/net/veth0/mtu"] = "1500"
 	files["class/infiniband/siw0/node_type"] = "4: RNIC"
 	files["class/infiniband/siw0/ports/1/link_layer"] = "Ethernet"
 	files["class/infiniband/siw0/ports/1/state"] = "1: DOWN"
@@ -26,7 +27,7 @@ func TestInventory(t *testing.T) {
 		t.Fatalf("devices %+v", devs)
 	}
 	rxe := devs[0]
-	if rxe.IWARP || len(rxe.Ports) != 1 || rxe.Ports[0].State != "ACTIVE" || rxe.Ports[0].LinkLayer != "Ethernet" {
+	if rxe.IWARP || len(rxe.Ports) != 1 || rxe.Ports[0].State != "ACTIVE" || rxe.Ports[0].LinkLayer != "Ethernet" || rxe.Ports[0].Netdev != "veth0" || rxe.Ports[0].NetdevMTU != 1500 {
 		t.Fatalf("rxe0: %+v", rxe)
 	}
 	g := rxe.Ports[0].GIDs
