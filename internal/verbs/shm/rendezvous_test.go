@@ -29,16 +29,22 @@ func dialRendezvous(t *testing.T, info []byte) (*net.UnixConn, *peerInfo) {
 	return c, &p
 }
 
-// expectHangUp fails unless the listener closes c without answering.
-func expectHangUp(t *testing.T, c *net.UnixConn, what string) {
-	t.Helper()
+// readListener reads the listener's next message on c (closing any fds it
+// carries), waiting at most 10 s.
+func readListener(c *net.UnixConn) (b []byte, nfds int, err error) {
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, maxMsgLen)
 	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
 	b, fds, err := readMsg(c, buf, oob)
 	closeFDs(fds)
-	if !errors.Is(err, io.EOF) {
-		t.Errorf("%s: the listener answered (%d bytes, %d fds, %v), want it to hang up", what, len(b), len(fds), err)
+	return b, len(fds), err
+}
+
+// expectHangUp fails unless the listener closes c without answering.
+func expectHangUp(t *testing.T, c *net.UnixConn, what string) {
+	t.Helper()
+	if b, n, err := readListener(c); !errors.Is(err, io.EOF) {
+		t.Errorf("%s: the listener answered (%d bytes, %d fds, %v), want it to hang up", what, len(b), n, err)
 	}
 }
 
@@ -46,11 +52,7 @@ func expectHangUp(t *testing.T, c *net.UnixConn, what string) {
 // must contain want), then expects the listener to hang up.
 func expectRefusal(t *testing.T, c *net.UnixConn, what, want string) {
 	t.Helper()
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	buf := make([]byte, maxMsgLen)
-	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
-	b, fds, err := readMsg(c, buf, oob)
-	closeFDs(fds)
+	b, _, err := readListener(c)
 	if err != nil {
 		t.Errorf("%s: reading the refusal: %v", what, err)
 		return
