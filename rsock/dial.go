@@ -54,8 +54,8 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
 	}
 	c, err := d.dial(ctx, s, network, address)
-	if c != nil {
-		s.logConn(c.(*Conn), "client")
+	if rc, ok := c.(*Conn); ok && rc != nil {
+		s.logConn(rc, "client")
 	}
 	return c, err
 }
