@@ -31,8 +31,10 @@ type httpServer struct {
 	url  string // http://host:port
 
 	conns     atomic.Int64 // connections accepted (StateNew)
+	used      atomic.Int64 // connections that served a request (their first StateActive)
 	mu        sync.Mutex
-	wrongConn []string // connections over the wrong transport
+	wrongConn []string          // connections over the wrong transport
+	active    map[net.Conn]bool // connections seen active, under mu
 }
 
 type connKey struct{}
@@ -58,6 +60,17 @@ func newHTTPServer(t *testing.T, tc transportCase, want string, h http.Handler, 
 			return context.WithValue(ctx, connKey{}, c)
 		},
 		ConnState: func(c net.Conn, st http.ConnState) {
+			if st == http.StateActive {
+				s.mu.Lock()
+				if !s.active[c] {
+					if s.active == nil {
+						s.active = map[net.Conn]bool{}
+					}
+					s.active[c] = true
+					s.used.Add(1)
+				}
+				s.mu.Unlock()
+			}
 			if st != http.StateNew {
 				return
 			}

@@ -73,16 +73,21 @@ func TestPlainHTTPClient(t *testing.T) {
 			t.Errorf("%d dials and %d server connections, want 1 and 1", d, a)
 		}
 
-		// h2c with prior knowledge from a stock client.
-		c2, dials2 := stockHTTPClient(t, true)
+		// h2c with prior knowledge from a stock client: its requests all
+		// go over one connection. (The client may dial a spare at its
+		// first request and close it unused: net/http's HTTP/2 pool lets
+		// concurrent first dials race and keeps one, so its dial count is
+		// not the measure; measured: 2 of 150 runs under load.)
+		used := s.used.Load()
+		c2, _ := stockHTTPClient(t, true)
 		for range scaled(20, 5) {
 			if got := get(t, c2, s.url+"/proto"); got != "HTTP/2.0 alpn=none" {
 				t.Fatalf("h2c: the server saw %q", got)
 			}
 		}
 		download(t, c2, s.url, 23, scaled[int64](8<<20, 1<<20))
-		if d := dials2.Load(); d != 1 {
-			t.Errorf("h2c: %d dials, want 1", d)
+		if u := s.used.Load() - used; u != 1 {
+			t.Errorf("h2c: %d connections served the requests, want 1", u)
 		}
 	})
 }
