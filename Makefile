@@ -35,7 +35,8 @@ test: test-unit test-softroce
 # Debian packages the tests use: curl drives the example server in e2e;
 # gcc (cgo, -race) and libibverbs-dev, whose <infiniband/verbs.h> the
 # verbs provider's ABI declarations are checked against (nothing links it);
-# chromium loads the example's /debug/rsock page headless (examples/httpserver).
+# chromium loads the example's /debug/rsock page headless (examples/httpserver),
+# and the test keeps its screenshot in .artifacts/.
 DEB_PACKAGES = curl ca-certificates gcc libc6-dev libibverbs-dev chromium
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -48,7 +49,7 @@ test-unit: deps
 	$(GO) vet ./...
 	CGO_ENABLED=0 $(GO) build ./...
 	$(GO) vet -tags ibverbs_abicheck ./internal/verbs/ibverbs
-	$(GO) test -race -count=1 -timeout 30m ./...
+	RSOCK_ARTIFACTS=$(CURDIR)/.artifacts $(GO) test -race -count=1 -timeout 30m ./...
 	cd examples/prometheus && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 lint:

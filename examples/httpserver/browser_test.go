@@ -20,8 +20,8 @@ import (
 // TestDebugPageInABrowser loads the example's /debug/rsock in headless
 // Chromium (Debian's package; make test installs it), checks the DOM it
 // built: a row per live connection with its transport, and keeps a
-// screenshot: in $RSOCK_ARTIFACTS if set, else in the test's temporary
-// directory (its path is logged).
+// screenshot: in $RSOCK_ARTIFACTS if set (make test sets .artifacts/ of the
+// repository), else in the test's temporary directory (its path is logged).
 func TestDebugPageInABrowser(t *testing.T) {
 	browser := ""
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {

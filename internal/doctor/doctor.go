@@ -113,6 +113,9 @@ func Run(w io.Writer, o Options) int {
 	}
 	memlock(w)
 
+	fmt.Fprintln(w, "\nshm")
+	shmPrimitives(w)
+
 	fmt.Fprintln(w, "\nself-tests (a connection to this process)")
 	selfTest(w, "shm", "127.0.0.1", o.Timeout)
 	live, budget := shm.Mappings()
@@ -138,6 +141,29 @@ func Run(w io.Writer, o Options) int {
 		}
 	}
 	return status
+}
+
+// shmPrimitives checks what shm is made of: memfds, abstract Unix sockets
+// (its rendezvous), and the network namespace two processes must share.
+func shmPrimitives(w io.Writer) {
+	if fd, err := unix.MemfdCreate("rsock-doctor", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING); err != nil {
+		fmt.Fprintf(w, "  memfd_create: fails: %v\n", err)
+	} else {
+		_ = unix.Close(fd)
+		fmt.Fprintln(w, "  memfd_create: works")
+	}
+	name := fmt.Sprintf("@rsock-doctor-%d", os.Getpid())
+	if ln, err := net.Listen("unixpacket", name); err != nil {
+		fmt.Fprintf(w, "  abstract Unix sockets: fail: %v\n", err)
+	} else {
+		ln.Close()
+		fmt.Fprintln(w, "  abstract Unix sockets: work")
+	}
+	if ns, err := os.Readlink("/proc/self/ns/net"); err != nil {
+		fmt.Fprintf(w, "  network namespace: unknown: %v\n", err)
+	} else {
+		fmt.Fprintf(w, "  network namespace: %s (shm connects processes of the same namespace and boot)\n", ns)
+	}
 }
 
 // memlock reports RLIMIT_MEMLOCK against what a verbs connection pins.

@@ -31,6 +31,9 @@ func TestDoctorOnThisHost(t *testing.T) {
 	assert.Contains(t, out, "  valid")
 	assert.Contains(t, out, "shm on 127.0.0.1: works (shm agreed)")
 	assert.Contains(t, out, "RLIMIT_MEMLOCK")
+	assert.Contains(t, out, "memfd_create: works")
+	assert.Contains(t, out, "abstract Unix sockets: work")
+	assert.Contains(t, out, "network namespace: net:[")
 	if _, err := os.Stat("/sys/class/infiniband"); err != nil {
 		assert.Contains(t, out, "no RDMA device: ")
 		assert.Contains(t, out, "verbs: not tried")
