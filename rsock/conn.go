@@ -94,6 +94,10 @@ type ConnInfo struct {
 	// notification per message, and almost no background progress.
 	Notifications uint64
 	Background    uint64
+	// Registered is the memory the connection registered with its device
+	// (receive ring, state-message buffers, and on verbs the staging
+	// buffer of the peer's ring size): pinned on verbs; 0 on TCP.
+	Registered int64
 }
 
 // Info returns the Conn's transport, the reason for it, and its counters.
@@ -112,6 +116,7 @@ func (c *Conn) Info() ConnInfo {
 		ci.SpinHits = st.SpinHits.Load()
 		ci.Notifications = st.Notifications.Load()
 		ci.Background = st.Background.Load()
+		ci.Registered = c.s.Registered()
 	} else {
 		ci.BytesRead = c.bytesRead.Load()
 		ci.BytesWritten = c.bytesWritten.Load()

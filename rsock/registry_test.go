@@ -208,3 +208,17 @@ func BenchmarkRegister(b *testing.B) {
 		c.unregister()
 	}
 }
+
+// TestRegisteredBytes: a shm connection registers its ring and its
+// state-message buffers (the peer's ring is mapped, no staging); TCP none.
+func TestRegisteredBytes(t *testing.T) {
+	cfg := &Config{Transports: []string{"shm"}, RingSize: 64 << 10}
+	c, s := pipe(t, listen(t, cfg), cfg)
+	defer c.Close()
+	defer s.Close()
+	assert.Equal(t, int64(64<<10+DefaultCredits*64), c.Info().Registered)
+	tc, ts := pipe(t, listen(t, tcpOnly()), tcpOnly())
+	defer tc.Close()
+	defer ts.Close()
+	assert.Zero(t, tc.Info().Registered)
+}

@@ -354,3 +354,18 @@ func echoCheck(t *testing.T, c *Conn, size int, seed uint64) {
 		t.Fatalf("echo: got %d bytes, want %d, or different bytes", len(got), size)
 	}
 }
+
+// TestVerbsRegisteredBytes: a verbs connection at the default ring
+// registers (pins) its ring, its state-message buffers and a staging
+// buffer of the peer's ring size, and ConnInfo says so.
+func TestVerbsRegisteredBytes(t *testing.T) {
+	ln := listenVerbs(t, verbsCfg())
+	c, s, err := verbsPipe(t, ln, verbsCfg())
+	require.NoError(t, err)
+	defer c.Close()
+	defer s.Close()
+	want := int64(2*DefaultRingSize + DefaultCredits*64)
+	assert.Equal(t, want, c.Info().Registered)
+	assert.Equal(t, want, s.Info().Registered)
+	t.Logf("registered (pinned) per verbs connection at the default ring: %d KiB", want>>10)
+}

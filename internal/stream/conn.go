@@ -204,6 +204,18 @@ func wake(ch chan struct{}) {
 // or hostile messages underneath the protocol.
 func (c *Conn) QP() verbs.QP { return c.ep.qp }
 
+// Registered reports the bytes of memory the Conn registered with its
+// device: the receive ring, the state-message buffers, and the staging
+// buffer for WRITEs (the peer's ring size) where the peer's ring is not
+// mapped here. On RDMA devices they are pinned for the Conn's life.
+func (c *Conn) Registered() int64 {
+	n := int64(c.opts.RingSize + c.opts.Credits*slotSize)
+	if c.stage != nil {
+		n += int64(c.peer.Size)
+	}
+	return n
+}
+
 // Occupancy reports the bytes waiting in the receive ring (announced by
 // the peer, not yet consumed) and the ring's size. It does not wait for
 // the connection's lock: readable is -1 when a call holds it.
