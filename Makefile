@@ -33,17 +33,18 @@ demo:
 test: test-unit test-softroce
 
 # Debian packages the tests use: curl drives the example server in e2e;
-# gcc (cgo, -race) and libibverbs-dev, whose <infiniband/verbs.h> the
-# verbs provider's ABI declarations are checked against (nothing links it);
+# gcc (cgo, -race), libibverbs-dev and librdmacm-dev, whose
+# <infiniband/verbs.h> and <rdma/rdma_cma.h> the verbs provider's ABI
+# declarations are checked against (nothing links either library);
 # chromium loads the example's /debug/rsock page headless (examples/httpserver),
 # and the test keeps its screenshot in .artifacts/.
-DEB_PACKAGES = curl ca-certificates gcc libc6-dev libibverbs-dev chromium
+DEB_PACKAGES = curl ca-certificates gcc libc6-dev libibverbs-dev librdmacm-dev chromium
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 
 # Besides the tests: the module builds without cgo (verbs then reports
-# itself unavailable), and shim.h matches the real libibverbs ABI.
+# itself unavailable), and shim.h matches the real libibverbs and librdmacm ABIs.
 test-unit: deps
 	$(GO) version
 	$(GO) vet ./...

@@ -48,9 +48,18 @@ func pipe(t testing.TB, ln *Listener, cfg *Config) (client, server *Conn) {
 	d := Dialer{Config: cfg, Timeout: 10 * time.Second}
 	c, err := d.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
-	r := <-ch
-	require.NoError(t, r.err)
-	return c.(*Conn), r.c.(*Conn)
+	// A hang guard: a server that failed after the client switched (and
+	// aborted the connection) hands nothing to Accept.
+	select {
+	case r := <-ch:
+		require.NoError(t, r.err)
+		return c.(*Conn), r.c.(*Conn)
+	case <-time.After(time.Minute):
+		c.Close()
+		info, _ := InfoOf(c)
+		t.Fatalf("dialled, but nothing accepted within a minute (client: %+v)", info)
+		return nil, nil
+	}
 }
 
 func TestNettestTCPFallback(t *testing.T) {

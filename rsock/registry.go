@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
 )
 
 // The process's view of its connections (Connections, Totals). Every Conn
@@ -225,13 +226,17 @@ type TotalStats struct {
 	HandshakeFailuresBy map[string]int64
 	// Probes counts the dials that asked a server whether it speaks rsock.
 	Probes int64
+	// CMRejected counts the rdma_cm connect requests refused for want of
+	// a valid ticket (iWARP devices; docs/protocol.md §6).
+	CMRejected int64
 }
 
 // Totals returns the process's totals.
 func Totals() TotalStats {
 	t := TotalStats{Open: snapshot(registry.open), Opened: snapshot(registry.opened), ByCode: snapshot(registry.byCode),
 		Fallbacks: registry.fallbacks.Load(), HandshakeFailures: registry.handshakeFails.Load(),
-		HandshakeFailuresBy: snapshot(registry.failCauses), Probes: registry.probes.Load()}
+		HandshakeFailuresBy: snapshot(registry.failCauses), Probes: registry.probes.Load(),
+		CMRejected: int64(ibverbs.CMRejected())}
 	return t
 }
 

@@ -19,12 +19,14 @@ import (
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
+	"github.com/rdmanet/rdmanet/internal/verbs/verbstest"
 )
 
 // The verbs tests need an RDMA device and an address on one of its ports:
 // the Soft-RoCE harness (test/softroce, run by make test) sets SOFTROCE_IP
 // in its guest; on a host with a real device, set RSOCK_TEST_VERBS_IP. The
-// transport is pinned to verbs (no tcp), so a fallback cannot pass.
+// transport is pinned to verbs (no tcp), so a fallback cannot pass, and
+// where RSOCK_REQUIRE_VERBS is set (the VM) a missing device fails.
 
 func verbsIP(t testing.TB) string {
 	t.Helper()
@@ -33,11 +35,11 @@ func verbsIP(t testing.TB) string {
 		ip = os.Getenv("SOFTROCE_IP")
 	}
 	if ip == "" {
-		t.Skip("no RDMA address to test verbs on: set RSOCK_TEST_VERBS_IP (make test runs these in the Soft-RoCE VM)")
+		verbstest.Unavailable(t, "no RDMA address to test verbs on: set RSOCK_TEST_VERBS_IP (make test runs these in the Soft-RoCE VM)")
 	}
 	d, err := ibverbs.New().Open(verbs.OpenOptions{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, GIDIndex: -1})
 	if err != nil {
-		t.Skipf("verbs unavailable for %s: %v", ip, err)
+		verbstest.Unavailable(t, fmt.Sprintf("verbs unavailable for %s: %v", ip, err))
 	}
 	d.Close()
 	return ip

@@ -17,10 +17,11 @@ var (
 	descFallbacks  = prometheus.NewDesc("rsock_fallbacks_total", "Connections on TCP although an accelerated transport was allowed.", nil, nil)
 	descHandshakes = prometheus.NewDesc("rsock_handshake_failures_total", "Connections the listeners dropped during the handshake, by cause.", []string{"cause"}, nil)
 	descProbes     = prometheus.NewDesc("rsock_probes_total", "Dials that asked a server whether it speaks rsock.", nil, nil)
+	descCMRejected = prometheus.NewDesc("rsock_rdma_cm_rejected_total", "rdma_cm connect requests refused for want of a valid ticket (iWARP).", nil, nil)
 )
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descOpen, descMade, descByCode, descFallbacks, descHandshakes, descProbes} {
+	for _, d := range []*prometheus.Desc{descOpen, descMade, descByCode, descFallbacks, descHandshakes, descProbes, descCMRejected} {
 		ch <- d
 	}
 }
@@ -41,4 +42,5 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.CounterValue, float64(n), cause)
 	}
 	ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(t.Probes))
+	ch <- prometheus.MustNewConstMetric(descCMRejected, prometheus.CounterValue, float64(t.CMRejected))
 }

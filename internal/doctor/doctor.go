@@ -71,6 +71,7 @@ func Run(w io.Writer, o Options) int {
 	}
 	devs, err := ibverbs.Devices()
 	var roce []netip.Addr // local IPv4 addresses with a RoCE v2 GID on an active port
+	var iwarp []string    // iWARP devices
 	switch {
 	case err != nil:
 		fmt.Fprintf(w, "  no RDMA device: %v (no RDMA NIC here, and no Soft-RoCE or soft-iWARP device: for one, `rdma link add rxe0 type rxe netdev eth0`)\n", err)
@@ -83,7 +84,8 @@ func Run(w io.Writer, o Options) int {
 			kind = "RoCE"
 		}
 		if d.IWARP {
-			kind = "iWARP: rsock declines it (its connections need rdma_cm)"
+			kind = "iWARP, connected through rdma_cm"
+			iwarp = append(iwarp, d.Name)
 		}
 		fmt.Fprintf(w, "  %s (%s)\n", d.Name, kind)
 		for _, p := range d.Ports {
@@ -104,9 +106,12 @@ func Run(w io.Writer, o Options) int {
 			}
 		}
 	}
+	if len(iwarp) > 0 {
+		roce = append(roce, iwarpAddrs(w, iwarp)...)
+	}
 	if len(devs) > 0 {
 		if len(roce) == 0 {
-			fmt.Fprintln(w, "  no active port has a RoCE v2 GID with an IPv4 address: verbs connections by IP cannot find a device")
+			fmt.Fprintln(w, "  no active port has a RoCE v2 GID with an IPv4 address, and no address belongs to an iWARP device: verbs connections by IP cannot find a device")
 		} else {
 			fmt.Fprintf(w, "  IPv4 addresses verbs connections can use: %v\n", roce)
 		}
@@ -121,7 +126,7 @@ func Run(w io.Writer, o Options) int {
 	live, budget := shm.Mappings()
 	fmt.Fprintf(w, "  shm mappings of this process: %d of a budget of %d\n", live, budget)
 	if len(roce) == 0 {
-		fmt.Fprintln(w, "  verbs: not tried: no address with a RoCE v2 GID")
+		fmt.Fprintln(w, "  verbs: not tried: no address with a RoCE v2 GID or on an iWARP device")
 	}
 	for _, ip := range roce {
 		selfTest(w, "verbs", ip.String(), o.Timeout)
@@ -221,4 +226,28 @@ func selfTest(w io.Writer, transport, ip string, timeout time.Duration) {
 		return
 	}
 	fmt.Fprintf(w, "  %s on %s: works (%s)\n", transport, ip, info.Reason)
+}
+
+// iwarpAddrs reports the connection manager and returns the host's IPv4
+// addresses it binds to one of the iWARP devices.
+func iwarpAddrs(w io.Writer, iwarp []string) []netip.Addr {
+	if err := ibverbs.LoadCM(); err != nil {
+		fmt.Fprintf(w, "  librdmacm (for %s): not usable: %v\n", strings.Join(iwarp, ", "), err)
+		return nil
+	}
+	fmt.Fprintln(w, "  librdmacm: loaded, rdma_cm event channel open")
+	addrs, _ := net.InterfaceAddrs()
+	var out []netip.Addr
+	for _, a := range addrs {
+		p, err := netip.ParsePrefix(a.String())
+		if err != nil || !p.Addr().Is4() || p.Addr().IsLoopback() {
+			continue
+		}
+		dev, err := ibverbs.CMDevice(p.Addr())
+		if err == nil && slices.Contains(iwarp, dev) {
+			fmt.Fprintf(w, "  %v: %s (rdma_cm)\n", p.Addr(), dev)
+			out = append(out, p.Addr())
+		}
+	}
+	return out
 }

@@ -19,7 +19,9 @@
 //     receiver-not-ready error that moves the QP to the error state.
 //   - A WRITE outside the bounds of the peer MR named by the remote key, or to
 //     an MR without remote-write access, fails with StatusRemoteAccess and
-//     moves the QP to the error state.
+//     moves the QP to the error state. (On iWARP a WRITE's completion is
+//     local, so the WRITE may complete successfully; the peer then ends the
+//     connection and the QP moves to the error state all the same.)
 //   - Once a QP is in the error state, all outstanding work requests complete
 //     with StatusFlushed. A later post either returns ErrQPState or completes
 //     as flushed (devices differ); callers handle both.
@@ -264,7 +266,10 @@ type QPAttr struct {
 // QP is a reliable-connected queue pair.
 type QP interface {
 	// Info describes this end for the peer (for ibverbs: QPN, PSN, GID,
-	// LID, MTU). It is sent over the bootstrap connection.
+	// LID, MTU; on iWARP, where to connect through rdma_cm). It is sent
+	// over the bootstrap connection: by the active side before Connect,
+	// by the passive side after its Connect, which may add to it (a
+	// ticket the active side must present).
 	Info() []byte
 	// Connect connects this QP to the peer described by peer (the peer's
 	// Info). The passive side (server) calls it before answering the

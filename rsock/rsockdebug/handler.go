@@ -183,6 +183,7 @@ var page = template.Must(template.New("page").Funcs(template.FuncMap{
 <tr><th>fallbacks</th><td>{{.Totals.Fallbacks}}</td></tr>
 <tr><th>failed handshakes (listeners)</th><td>{{.Totals.HandshakeFailures}}{{range $k, $v := .Totals.HandshakeFailuresBy}}, {{$k}} {{$v}}{{end}}</td></tr>
 <tr><th>probes (dials)</th><td>{{.Totals.Probes}}</td></tr>
+<tr><th>rdma_cm requests rejected</th><td>{{.Totals.CMRejected}}</td></tr>
 </table>
 <h2>Connections</h2>
 <table id="connections">

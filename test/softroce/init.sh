@@ -4,7 +4,8 @@
 #
 # Mounts the pseudo file systems, loads the modules (crc32_generic first:
 # without it `rdma link add` fails with "No such file or directory"), makes
-# the netdev (a veth pair, or eth0 with --two-hosts), creates rxe0 on it,
+# the netdevs (two veth pairs, or eth0 and eth1 with --two-hosts), creates
+# rxe0 on the first and siw0 (soft-iWARP) on the second,
 # then runs /etc/softroce/tests/NNN.cmd one by one, each in its own session
 # under a watchdog, its output labelled "[name] ", and reports each as
 #   @@SOFTROCE:<token> RESULT <name> PASS|FAIL rc=<n> secs=<s>
@@ -76,7 +77,7 @@ wait_for() {
 	done
 }
 # shellcheck disable=SC2317 # called through wait_for
-port_active() { grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null; }
+port_active() { grep -q ACTIVE "/sys/class/infiniband/${1:-rxe0}/ports/1/state" 2>/dev/null; }
 # shellcheck disable=SC2317 # called through wait_for
 gid1_set() {
 	g=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null) || return 1
@@ -89,31 +90,48 @@ setup() {
 	/usr/sbin/modprobe rdma_ucm || say "rdma_ucm not loaded: rdma_cm tools will not work"
 	/usr/sbin/modprobe configfs && mount -t configfs configfs /sys/kernel/config 2>/dev/null
 	step /usr/bin/ip link set lo up || return 1
+	step /usr/sbin/modprobe siw || return 1
 	case $role in
 	single)
 		netdev=veth0 ip=10.0.0.1 peer=10.0.0.1
+		siw_netdev=veth2 siw_ip=10.0.1.1 siw_peer=10.0.1.1
 		step /usr/sbin/modprobe veth || return 1
-		step /usr/bin/ip link add veth0 type veth peer name veth1 || return 1
-		if ! /usr/bin/ip link set veth0 mtu "$SR_MTU" || ! /usr/bin/ip link set veth1 mtu "$SR_MTU"; then
-			say "could not set MTU $SR_MTU on the veth pair"
-		fi
-		step /usr/bin/ip addr add "$ip/24" dev veth0 || return 1
-		step /usr/bin/ip link set veth1 up || return 1
-		step /usr/bin/ip link set veth0 up || return 1
+		# Each device its own netdev and subnet: rdma_cm resolves an IP to
+		# the device on its netdev, so siw0 beside rxe0 on veth0 would
+		# never be chosen.
+		for pair in "veth0 veth1 $ip" "veth2 veth3 $siw_ip"; do
+			# shellcheck disable=SC2086 # three words
+			set -- $pair
+			step /usr/bin/ip link add "$1" type veth peer name "$2" || return 1
+			if ! /usr/bin/ip link set "$1" mtu "$SR_MTU" || ! /usr/bin/ip link set "$2" mtu "$SR_MTU"; then
+				say "could not set MTU $SR_MTU on $1/$2"
+			fi
+			step /usr/bin/ip addr add "$3/24" dev "$1" || return 1
+			step /usr/bin/ip link set "$2" up || return 1
+			step /usr/bin/ip link set "$1" up || return 1
+		done
 		;;
 	server | client)
-		netdev=eth0
-		if [ "$role" = server ]; then ip=10.0.0.1 peer=10.0.0.2; else ip=10.0.0.2 peer=10.0.0.1; fi
+		netdev=eth0 siw_netdev=eth1
+		if [ "$role" = server ]; then
+			ip=10.0.0.1 peer=10.0.0.2 siw_ip=10.0.1.1 siw_peer=10.0.1.2
+		else
+			ip=10.0.0.2 peer=10.0.0.1 siw_ip=10.0.1.2 siw_peer=10.0.1.1
+		fi
 		step /usr/sbin/modprobe virtio_pci || return 1
 		step /usr/sbin/modprobe virtio_net || return 1
-		wait_for 10 test -e /sys/class/net/eth0 || {
-			say "eth0 did not appear"
-			setup_ok=0
-			return 1
-		}
-		/usr/bin/ip link set eth0 mtu "$SR_MTU" || say "could not set MTU $SR_MTU on eth0"
-		step /usr/bin/ip addr add "$ip/24" dev eth0 || return 1
-		step /usr/bin/ip link set eth0 up || return 1
+		for nd in "eth0 $ip" "eth1 $siw_ip"; do
+			# shellcheck disable=SC2086 # two words
+			set -- $nd
+			wait_for 10 test -e "/sys/class/net/$1" || {
+				say "$1 did not appear"
+				setup_ok=0
+				return 1
+			}
+			/usr/bin/ip link set "$1" mtu "$SR_MTU" || say "could not set MTU $SR_MTU on $1"
+			step /usr/bin/ip addr add "$2/24" dev "$1" || return 1
+			step /usr/bin/ip link set "$1" up || return 1
+		done
 		;;
 	*)
 		say "unknown role $role"
@@ -134,11 +152,27 @@ setup() {
 	}
 	say "$(/usr/bin/rdma link show rxe0/1)"
 	say "rxe0 GID[1] $(cat /sys/class/infiniband/rxe0/ports/1/gids/1), $netdev mtu $(cat "/sys/class/net/$netdev/mtu")"
+	step /usr/bin/rdma link add siw0 type siw netdev "$siw_netdev" || return 1
+	wait_for 15 port_active siw0 || {
+		say "siw0 port 1 not ACTIVE: $(cat /sys/class/infiniband/siw0/ports/1/state 2>&1)"
+		setup_ok=0
+		return 1
+	}
+	say "$(/usr/bin/rdma link show siw0/1), $siw_netdev $siw_ip mtu $(cat "/sys/class/net/$siw_netdev/mtu")"
 	export SOFTROCE_DEV=rxe0 SOFTROCE_PORT=1 SOFTROCE_GID_INDEX=1 SOFTROCE_NETDEV="$netdev"
 	export SOFTROCE_IP="$ip" SOFTROCE_PEER_IP="$peer" SOFTROCE_ROLE="$role"
+	export SOFTROCE_SIW_DEV=siw0 SOFTROCE_SIW_NETDEV="$siw_netdev"
+	export SOFTROCE_SIW_IP="$siw_ip" SOFTROCE_SIW_PEER_IP="$siw_peer"
+	# The devices are the point here: rsock's verbs tests fail, not skip,
+	# when they find none (verbstest.RequireEnv).
+	export RSOCK_REQUIRE_VERBS=rxe0,siw0
 }
 
 setup
+# soft-iWARP counts the memory it pins against RLIMIT_MEMLOCK even for root
+# (rxe, through the core's ib_umem_get, exempts CAP_IPC_LOCK); the
+# kernel's default 8 MiB holds two verbs connections at the default ring.
+ulimit -l unlimited || say "could not raise RLIMIT_MEMLOCK"
 t_setup=$(now_cs)
 if [ "$setup_ok" = 1 ]; then
 	say "setup done in $(fmt_secs $((t_setup - t_boot)))s"

@@ -5,7 +5,9 @@
 # The environment: SOFTROCE_DEV (rxe0), SOFTROCE_PORT (1), SOFTROCE_GID_INDEX
 # (1: the IPv4-mapped RoCE v2 GID), SOFTROCE_NETDEV, SOFTROCE_IP,
 # SOFTROCE_PEER_IP (own IP when single) and SOFTROCE_ROLE (single, or server
-# and client with --two-hosts).
+# and client with --two-hosts); for soft-iWARP on its own netdev and subnet,
+# SOFTROCE_SIW_DEV (siw0), SOFTROCE_SIW_NETDEV, SOFTROCE_SIW_IP and
+# SOFTROCE_SIW_PEER_IP.
 
 # sr_now: whole seconds since boot.
 sr_now() {
@@ -13,14 +15,21 @@ sr_now() {
 	echo "${_up%%.*}"
 }
 
-# sr_devinfo: ibv_devinfo of the device; fails unless its port is active.
+# sr_devinfo [DEV [TRANSPORT]]: ibv_devinfo of DEV (default $SOFTROCE_DEV);
+# fails unless its port is active and, if given, its transport is
+# TRANSPORT (InfiniBand for RoCE, iWARP).
 sr_devinfo() {
-	_out=$(ibv_devinfo -d "$SOFTROCE_DEV" 2>&1)
+	_dev=${1:-$SOFTROCE_DEV}
+	_out=$(ibv_devinfo -d "$_dev" 2>&1)
 	_rc=$?
 	echo "$_out"
 	[ "$_rc" = 0 ] || return "$_rc"
+	if [ -n "${2:-}" ] && ! echo "$_out" | grep -q "transport:[[:space:]]*$2"; then
+		echo "$_dev's transport is not $2"
+		return 1
+	fi
 	echo "$_out" | grep -q 'state:[[:space:]]*PORT_ACTIVE' || {
-		echo "port of $SOFTROCE_DEV is not PORT_ACTIVE"
+		echo "port of $_dev is not PORT_ACTIVE"
 		return 1
 	}
 }
@@ -100,6 +109,59 @@ sr_rc_pingpong() {
 			*) return "$_rc" ;;
 			esac
 			[ "$(sr_now)" -lt "$_end" ] || return "$_rc"
+			sleep 1
+		done
+		;;
+	*)
+		echo "unknown SOFTROCE_ROLE '$SOFTROCE_ROLE'"
+		return 1
+		;;
+	esac
+}
+
+# sr_rping [COUNT]: rping (rdma_cm) on siw0's IP. single: server and client
+# in the guest; the client starts once the server's iWARP listener (a real
+# TCP socket) is up. server / client (--two-hosts): one side each; the
+# client retries while the server does not listen yet (an rping client
+# that finds no listener can hang: each try has a bound).
+sr_rping() {
+	_count=${1:-10}
+	case ${SOFTROCE_ROLE:-single} in
+	single)
+		rm -f /tmp/.rp.src /tmp/.rp.crc
+		{
+			timeout 100 rping -s -a "$SOFTROCE_SIW_IP" -p 7174 -C "$_count" -v
+			echo $? >/tmp/.rp.src
+		} 2>&1 | sed 's/^/server: /' &
+		_spipe=$!
+		if sr_wait_listen 7174 20; then
+			{
+				timeout 60 rping -c -a "$SOFTROCE_SIW_IP" -p 7174 -C "$_count" -v
+				echo $? >/tmp/.rp.crc
+			} 2>&1 | sed 's/^/client: /'
+		else
+			echo "rping server did not listen on port 7174"
+		fi
+		_crc=$(cat /tmp/.rp.crc 2>/dev/null || echo none)
+		# A server whose client failed would wait for its timeout.
+		[ "$_crc" = 0 ] || killall rping 2>/dev/null
+		wait "$_spipe"
+		_src=$(cat /tmp/.rp.src 2>/dev/null || echo none)
+		echo "client exit $_crc, server exit $_src"
+		[ "$_src" = 0 ] && [ "$_crc" = 0 ]
+		;;
+	server)
+		timeout 100 rping -s -a "$SOFTROCE_SIW_IP" -p 7174 -C "$_count" -v
+		;;
+	client)
+		_end=$(($(sr_now) + ${SR_CONNECT_SECS:-60}))
+		sr_wait_ping "$SOFTROCE_SIW_PEER_IP" "${SR_CONNECT_SECS:-60}" || {
+			echo "peer $SOFTROCE_SIW_PEER_IP does not answer ping"
+			return 1
+		}
+		while :; do
+			timeout 20 rping -c -a "$SOFTROCE_SIW_PEER_IP" -p 7174 -C "$_count" -v && return 0
+			[ "$(sr_now)" -lt "$_end" ] || return 1
 			sleep 1
 		done
 		;;

@@ -37,7 +37,8 @@ go_cmd=${GO:-go}
 packages=(qemu-system-x86 busybox-static ibverbs-utils ibverbs-providers rdma-core perftest
 	rdmacm-utils iproute2 libibverbs-dev cpio kmod gcc libc6-dev xz-utils)
 # Modules for the guest; their dependencies are added by modprobe --show-depends.
-modules=(crc32_generic rdma_rxe ib_uverbs veth rdma_ucm configfs virtio_pci virtio_net)
+# siw (soft-iWARP) is not in Debian's kernel: run.sh builds it (stage siw).
+modules=(crc32_generic rdma_rxe siw ib_uverbs veth rdma_ucm configfs virtio_pci virtio_net)
 
 two_hosts=0
 defaults=1
@@ -56,9 +57,11 @@ runs each test in the guest, one after the other; prints `N passed, M failed`
 last and exits non-zero unless every test passed.
 
 Built-in checks (unless --no-defaults): devinfo (ibv_devinfo -d rxe0, port
-active), rc_pingpong (ibv_rc_pingpong server + client, GID index 1), probe
-(Go cgo probe: device, port, GID, PD, 1 MiB MR, CQ + channel, RC QP) and
-probe_write (the probe plus an RDMA WRITE between two connected RC QPs).
+active), rc_pingpong (ibv_rc_pingpong server + client, GID index 1),
+siw_devinfo (siw0 is iWARP, port active), siw_rping (rping over rdma_cm on
+siw0's IP), probe (Go cgo probe: device, port, GID, PD, 1 MiB MR, CQ +
+channel, RC QP) and probe_write (the probe plus an RDMA WRITE between two
+connected RC QPs).
 
 options:
   --test NAME=CMD   add a test: CMD runs under /bin/sh (busybox) in the guest
@@ -84,8 +87,11 @@ linux-image-amd64 depends on), GO (go).
 
 In the guest each test sees SOFTROCE_DEV=rxe0 SOFTROCE_PORT=1
 SOFTROCE_GID_INDEX=1 SOFTROCE_NETDEV SOFTROCE_IP SOFTROCE_PEER_IP
-SOFTROCE_ROLE (single|server|client), runs in /tmp/softroce with stdin
-/dev/null, and can call the helpers of test/softroce/lib.sh.
+SOFTROCE_ROLE (single|server|client), and for soft-iWARP (siw0, built by
+run.sh, on its own netdev and subnet 10.0.1.0/24) SOFTROCE_SIW_DEV=siw0
+SOFTROCE_SIW_NETDEV SOFTROCE_SIW_IP SOFTROCE_SIW_PEER_IP; it runs in
+/tmp/softroce with stdin /dev/null, and can call the helpers of
+test/softroce/lib.sh.
 EOF
 }
 
@@ -174,6 +180,9 @@ fi
 if [ "$defaults" = 1 ]; then
 	add_test devinfo 'sr_devinfo'
 	add_test rc_pingpong 'sr_rc_pingpong 500'
+	# shellcheck disable=SC2016 # expands in the guest
+	add_test siw_devinfo 'sr_devinfo "$SOFTROCE_SIW_DEV" iWARP'
+	add_test siw_rping 'sr_rping 10'
 	# Single quotes: these expand in the guest.
 	# shellcheck disable=SC2016
 	add_test probe 'softroce-probe -dev "$SOFTROCE_DEV" -port "$SOFTROCE_PORT" -gid-index "$SOFTROCE_GID_INDEX"'
@@ -402,6 +411,51 @@ if [ "$pvh" = 1 ] && [ -e "$kroot/vmlinux" ]; then
 	kernel_note="$kernel_note, PVH vmlinux"
 fi
 stage_end "$kernel_note; $kver"
+
+# ----------------------------------------------------------------------- siw
+
+# Debian builds its kernels without soft-iWARP (# CONFIG_RDMA_SIW is not
+# set), so build siw.ko out of tree from Debian's source of the same
+# kernel, against its headers (whose Module.symvers makes the symbol
+# versions match), and cache it in the unpacked kernel's module tree, where
+# modprobe --show-depends finds it like any other module. Only the siw
+# directory is taken from the 140 MB source package, which is not
+# installed.
+stage_begin siw
+siw_ko=$kroot/lib/modules/$kver/extra/siw.ko
+siw_note="cached"
+if [ ! -e "$siw_ko" ]; then
+	hdr=linux-headers-$kver
+	src=linux-source-$(echo "$kver" | cut -d. -f1-2)
+	if [ "$(dpkg-query -W -f='${Status}' "$hdr" 2>/dev/null || true)" != "install ok installed" ]; then
+		log "installing $hdr"
+		as_root env DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q \
+			--no-install-recommends -o DPkg::Lock::Timeout=300 "$hdr" >/dev/null ||
+			{ apt_update && as_root env DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q \
+				--no-install-recommends -o DPkg::Lock::Timeout=300 "$hdr" >/dev/null; } ||
+			die "apt-get install $hdr failed"
+	fi
+	tmp=$(mktemp -d "$cache/kernel/.siw.XXXXXX")
+	log "apt-get download $src, extracting drivers/infiniband/sw/siw"
+	(cd "$tmp" && timeout 300 apt-get download -q -o APT::Sandbox::User=root "$src" >/dev/null) ||
+		{ apt_update && (cd "$tmp" && timeout 300 apt-get download -q -o APT::Sandbox::User=root "$src" >/dev/null); } ||
+		die "apt-get download $src failed"
+	dpkg-deb --fsys-tarfile "$tmp"/"$src"_*.deb | tar -xO "./usr/src/$src.tar.xz" |
+		tar -xJ -C "$tmp" "$src/drivers/infiniband/sw/siw" || die "no drivers/infiniband/sw/siw in $src"
+	rm -f "$tmp"/*.deb
+	make -s -C "/usr/src/$hdr" M="$tmp/$src/drivers/infiniband/sw/siw" CONFIG_RDMA_SIW=m modules >"$tmp/build.log" 2>&1 ||
+		{ cat "$tmp/build.log"; die "building siw.ko failed"; }
+	built=$tmp/$src/drivers/infiniband/sw/siw/siw.ko
+	strip --strip-debug "$built"
+	vm=$(modinfo -F vermagic "$built")
+	[[ $vm == "$kver "* ]] || die "siw.ko has vermagic '$vm', the guest kernel is $kver"
+	mkdir -p "$(dirname "$siw_ko")"
+	mv "$built" "$siw_ko.tmp" && mv "$siw_ko.tmp" "$siw_ko"
+	depmod -b "$kroot" "$kver"
+	rm -rf "$tmp"
+	siw_note="built from $src for $kver"
+fi
+stage_end "$siw_note, $(($(stat -c %s "$siw_ko") / 1024)) KiB"
 flock -u 9
 exec 9>&-
 
@@ -480,15 +534,25 @@ for b in ip rdma ss; do copy_bin "$(find_exe "$b")" /usr/bin; done
 copy_bin "$(find_exe kmod)" /usr/bin
 for b in modprobe insmod rmmod lsmod depmod modinfo; do ln -sf ../bin/kmod "$root/usr/sbin/$b"; done
 
-# libibverbs loads the rxe provider by the .driver file; glibc dlopens libgcc_s.
+# libibverbs loads the rxe and siw providers by their .driver files; rsock
+# dlopens librdmacm (no binary links it but the rdmacm tools); glibc
+# dlopens libgcc_s.
 multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
-rxe_so=
-for f in /usr/lib/"$multiarch"/libibverbs/librxe-rdmav*.so; do [ -f "$f" ] && rxe_so=$f; done
-[ -n "$rxe_so" ] || die "rxe provider (librxe-rdmav*.so) not found: is ibverbs-providers installed?"
-mkdir -p "$root$(dirname "$rxe_so")" "$root/etc/libibverbs.d"
-cp -L "$rxe_so" "$root$rxe_so"
-copy_libs "$rxe_so"
-cp /etc/libibverbs.d/rxe.driver "$root/etc/libibverbs.d/"
+mkdir -p "$root/etc/libibverbs.d"
+for drv in rxe siw; do
+	so=
+	for f in /usr/lib/"$multiarch"/libibverbs/lib"$drv"-rdmav*.so; do [ -f "$f" ] && so=$f; done
+	[ -n "$so" ] || die "$drv provider (lib$drv-rdmav*.so) not found: is ibverbs-providers installed?"
+	mkdir -p "$root$(dirname "$so")"
+	cp -L "$so" "$root$so"
+	copy_libs "$so"
+	cp "/etc/libibverbs.d/$drv.driver" "$root/etc/libibverbs.d/"
+done
+rdmacm=/usr/lib/$multiarch/librdmacm.so.1
+[ -f "$rdmacm" ] || die "$rdmacm not found: is librdmacm1 installed?"
+mkdir -p "$root$(dirname "$rdmacm")"
+cp -L "$rdmacm" "$root$rdmacm"
+copy_libs "$rdmacm"
 for f in /lib/"$multiarch"/libgcc_s.so.1 /usr/lib/"$multiarch"/libgcc_s.so.1; do
 	if [ -f "$f" ]; then
 		mkdir -p "$root$(dirname "$f")"
@@ -590,11 +654,12 @@ if [ "$two_hosts" = 0 ]; then
 	run_guest single -nic none &
 	gpid[single]=$!
 else
-	# Two UDP ports on 127.0.0.1 not in use now; each guest sends to the other's.
+	# Two pairs of UDP ports on 127.0.0.1 not in use now (p1,p2 for eth0, p1+2,p2+2 for
+	# eth1); each guest sends to the other's.
 	for _ in 1 2 3 4 5 6 7 8 9 10; do
 		p1=$((20000 + RANDOM % 40000))
 		p2=$((p1 + 1))
-		if ! ss -Hlun "( sport = :$p1 or sport = :$p2 )" 2>/dev/null | grep -q .; then break; fi
+		if ! ss -Hlun "( sport = :$p1 or sport = :$p2 or sport = :$((p1 + 2)) or sport = :$((p2 + 2)) )" 2>/dev/null | grep -q .; then break; fi
 	done
 	log "booting two guests, UDP 127.0.0.1:$p1 <-> 127.0.0.1:$p2 (timeout ${vm_timeout}s, test timeout ${test_timeout}s)"
 	i=0
@@ -602,8 +667,11 @@ else
 		i=$((i + 1))
 		if [ "$r" = server ]; then mine=$p1 theirs=$p2; else mine=$p2 theirs=$p1; fi
 		qemu_pidfiles+=("$work/qemu-$r.pid")
+		# eth0 carries rxe0, eth1 siw0: rdma_cm must resolve each IP to its own device.
 		run_guest "$r" -netdev "socket,id=n0,udp=127.0.0.1:$theirs,localaddr=127.0.0.1:$mine" \
-			-device "virtio-net-pci,netdev=n0,mac=52:54:00:5e:00:0$i,romfile=" |
+			-device "virtio-net-pci,netdev=n0,mac=52:54:00:5e:00:0$i,romfile=" \
+			-netdev "socket,id=n1,udp=127.0.0.1:$((theirs + 2)),localaddr=127.0.0.1:$((mine + 2))" \
+			-device "virtio-net-pci,netdev=n1,mac=52:54:00:5e:01:0$i,romfile=" |
 			sed -u "s/^/[$r] /" &
 		gpid[$r]=$!
 	done

@@ -9,14 +9,19 @@
 #      figure);
 #   2. one guest (rxe0 on a veth pair): run.sh's built-in checks plus those
 #      binaries;
-#   3. two guests on a virtual wire, each with its own rxe0: the built-in
-#      checks plus rsock's two-host test (client in one, server in the other).
+#   3. two guests on two virtual wires, each with its own rxe0 and siw0: the
+#      built-in checks plus rsock's two-host test (client in one, server in
+#      the other) on each device.
+#
+# Every test of stages 2 and 3 runs on rxe0 (Soft-RoCE) and on siw0
+# (soft-iWARP); the summary counts them per device ("other": the doctor,
+# which checks both).
 #
 # Prints each stage's time, and last the combined "N passed, M failed"; the
 # exit status is 0 only if nothing failed and something passed.
 #   SOFTROCE_SUITE_SKIP_TWO_HOSTS=1   skip stage 3
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 GO=${GO:-go}
 cache=${SOFTROCE_CACHE:-.cache/softroce}
 bin=$cache/bin
@@ -36,6 +41,13 @@ done
 CGO_ENABLED=1 "$GO" build -o "$bin/rsockperf" ./cmd/rsockperf || { echo "softroce-suite: building rsockperf failed"; echo "0 passed, 1 failed"; exit 1; }
 stage "build test binaries" "$ts"
 
+# Every verbs test runs on both devices of the guest: rxe0 (Soft-RoCE, the
+# guest's SOFTROCE_* defaults) and siw0 (soft-iWARP, connected through
+# rdma_cm; the same variables pointed at it). The guest sets
+# RSOCK_REQUIRE_VERBS=rxe0,siw0, so a test that finds no device fails.
+# shellcheck disable=SC2016
+siw='SOFTROCE_DEV=$SOFTROCE_SIW_DEV SOFTROCE_IP=$SOFTROCE_SIW_IP SOFTROCE_PEER_IP=$SOFTROCE_SIW_PEER_IP SOFTROCE_GID_INDEX=0'
+
 # rsockperf reports a failed unit run and carries on (exit 0): here any
 # failure fails the test. Its rsock modes get a generous handshake bound:
 # sixteen verbs handshakes at once take seconds under emulation. (The
@@ -43,29 +55,41 @@ stage "build test binaries" "$ts"
 # anything.)
 # shellcheck disable=SC2016
 perf='RSOCK_SNIFF_TIMEOUT=30s RSOCK_HANDSHAKE_TIMEOUT=30s rsockperf compare --quick --quiet --transports verbs --host "$SOFTROCE_IP" --idle-conns 50 --conns 8 >/tmp/rsockperf.out 2>&1; rc=$?; cat /tmp/rsockperf.out; [ "$rc" = 0 ] && ! grep -q FAILED /tmp/rsockperf.out'
-# rsockperf doctor must find rxe0, a RoCE v2 GID with an IPv4 address,
-# and verbs working by a connection to itself.
+# rsockperf doctor must find rxe0 with a RoCE v2 GID with an IPv4 address,
+# siw0 through rdma_cm, and verbs working by a connection to itself on
+# each device's address.
 # shellcheck disable=SC2016
-doctor='rsockperf doctor >/tmp/doctor.out 2>&1; rc=$?; cat /tmp/doctor.out; [ "$rc" = 0 ] && grep -q "^  rxe0 " /tmp/doctor.out && grep -q "RoCE v2.*IPv4" /tmp/doctor.out && grep -q "verbs on .*: works" /tmp/doctor.out'
+doctor='rsockperf doctor >/tmp/doctor.out 2>&1; rc=$?; cat /tmp/doctor.out; [ "$rc" = 0 ] && grep -q "^  rxe0 " /tmp/doctor.out && grep -q "RoCE v2.*IPv4" /tmp/doctor.out && grep -q "^  siw0 (iWARP" /tmp/doctor.out && grep -q "verbs on $SOFTROCE_IP: works" /tmp/doctor.out && grep -q "verbs on $SOFTROCE_SIW_IP: works" /tmp/doctor.out'
 one=(
 	--bin "$bin/ibverbs.test" --bin "$bin/rsock.test" --bin "$bin/e2e.test" --bin "$bin/rsockperf"
-	--test ibverbs='ibverbs.test -test.count=1 -test.timeout 150s -test.v'
-	--test rsock='rsock.test -test.count=1 -test.timeout 200s -test.v -test.run Verbs'
-	--test e2e='RSOCK_E2E_TRANSPORTS=verbs e2e.test -test.count=1 -test.timeout 200s -test.v -test.skip "^TestCurl"'
-	--test rsockperf="$perf"
 	--test doctor="$doctor"
-	--test-timeout 220 --timeout 540
+	--test-timeout 220 --timeout 900
 )
+for dev in rxe0 siw0; do
+	env=
+	[ "$dev" = siw0 ] && env="$siw "
+	one+=(
+		--test "ibverbs.$dev=${env}ibverbs.test -test.count=1 -test.timeout 150s -test.v"
+		--test "rsock.$dev=${env}rsock.test -test.count=1 -test.timeout 200s -test.v -test.run Verbs"
+		--test "e2e.$dev=${env}RSOCK_E2E_TRANSPORTS=verbs e2e.test -test.count=1 -test.timeout 200s -test.v -test.skip \"^TestCurl\""
+		--test "rsockperf.$dev=${env}$perf"
+	)
+done
 two=(
 	--two-hosts --bin "$bin/rsock.test"
-	--test rsock_two_hosts='rsock.test -test.count=1 -test.timeout 120s -test.v -test.run TwoHosts'
-	--test-timeout 140 --timeout 240
+	--test-timeout 140 --timeout 360
 )
+for dev in rxe0 siw0; do
+	env=
+	[ "$dev" = siw0 ] && env="$siw "
+	two+=(--test "rsock_two_hosts.$dev=${env}rsock.test -test.count=1 -test.timeout 120s -test.v -test.run TwoHosts")
+done
 
 passed=0
 failed=0
-tally() { # the summary line of a run.sh log
-	local line
+declare -A dev_pass=() dev_fail=()
+tally() { # the summary line of a run.sh log, and its results per device
+	local line st name dev
 	line=$(tail -n 1 "$1")
 	if [[ $line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
 		passed=$((passed + BASH_REMATCH[1]))
@@ -73,6 +97,17 @@ tally() { # the summary line of a run.sh log
 	else
 		failed=$((failed + 1))
 	fi
+	while read -r st name; do
+		dev=other
+		[[ $name =~ \.(rxe0|siw0)(@|$) ]] && dev=${BASH_REMATCH[1]}
+		[[ $name == siw_* ]] && dev=siw0
+		[[ $name =~ ^(devinfo|rc_pingpong|probe|probe_write)(@|$) ]] && dev=rxe0
+		if [ "$st" = PASS ]; then
+			dev_pass[$dev]=$((${dev_pass[$dev]:-0} + 1))
+		else
+			dev_fail[$dev]=$((${dev_fail[$dev]:-0} + 1))
+		fi
+	done < <(sed -n 's/^  \(PASS\|FAIL\)  \([^ ]*\) .*/\1 \2/p' "$1")
 }
 
 log=$(mktemp)
@@ -90,5 +125,8 @@ if [ "${SOFTROCE_SUITE_SKIP_TWO_HOSTS:-0}" != 1 ]; then
 fi
 
 stage "total" "$t0"
+for dev in rxe0 siw0 other; do
+	echo "softroce-suite: $dev: ${dev_pass[$dev]:-0} passed, ${dev_fail[$dev]:-0} failed"
+done
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ] && [ "$passed" -gt 0 ]

@@ -3,13 +3,14 @@
 package ibverbs
 
 // This file only compiles: it proves at build time that shim.h's layouts
-// and constants match the real <infiniband/verbs.h>. Build it with
-// `go vet -tags ibverbs_abicheck ./internal/verbs/ibverbs` on a host with
-// libibverbs-dev (make test does). A mismatch is a compile error naming
+// and constants match the real <infiniband/verbs.h> and <rdma/rdma_cma.h>.
+// Build it with `go vet -tags ibverbs_abicheck ./internal/verbs/ibverbs`
+// on a host with libibverbs-dev and librdmacm-dev (make test does). A mismatch is a compile error naming
 // the field.
 
 /*
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 #include "shim.h"
 
 #define SAME(rs, ibv, f) \
@@ -154,5 +155,41 @@ VAL(RS_EVENT_QP_REQ_ERR, IBV_EVENT_QP_REQ_ERR);
 VAL(RS_EVENT_QP_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
 VAL(RS_EVENT_DEVICE_FATAL, IBV_EVENT_DEVICE_FATAL);
 VAL(RS_EVENT_PORT_ERR, IBV_EVENT_PORT_ERR);
+
+SIZE(rs_cm_channel, rdma_event_channel);
+SAME(rs_cm_id, rdma_cm_id, verbs);
+SAME(rs_cm_id, rdma_cm_id, channel);
+SAME(rs_cm_id, rdma_cm_id, context);
+SAME(rs_cm_id, rdma_cm_id, qp);
+_Static_assert(offsetof(struct rs_cm_id, src) == offsetof(struct rdma_cm_id, route.addr.src_storage), "rdma_cm_id.route.addr.src moved");
+_Static_assert(offsetof(struct rs_cm_id, dst) == offsetof(struct rdma_cm_id, route.addr.dst_storage), "rdma_cm_id.route.addr.dst moved");
+SIZE(rs_conn_param, rdma_conn_param);
+SAME(rs_conn_param, rdma_conn_param, private_data);
+SAME(rs_conn_param, rdma_conn_param, private_data_len);
+SAME(rs_conn_param, rdma_conn_param, responder_resources);
+SAME(rs_conn_param, rdma_conn_param, initiator_depth);
+SAME(rs_conn_param, rdma_conn_param, retry_count);
+SAME(rs_conn_param, rdma_conn_param, rnr_retry_count);
+SAME(rs_conn_param, rdma_conn_param, qp_num);
+SAME(rs_cm_event, rdma_cm_event, id);
+SAME(rs_cm_event, rdma_cm_event, listen_id);
+SAME(rs_cm_event, rdma_cm_event, event);
+SAME(rs_cm_event, rdma_cm_event, status);
+SAME(rs_cm_event, rdma_cm_event, param.conn);
+VAL(RS_PS_TCP, RDMA_PS_TCP);
+VAL(RS_CM_ADDR_RESOLVED, RDMA_CM_EVENT_ADDR_RESOLVED);
+VAL(RS_CM_ADDR_ERROR, RDMA_CM_EVENT_ADDR_ERROR);
+VAL(RS_CM_ROUTE_RESOLVED, RDMA_CM_EVENT_ROUTE_RESOLVED);
+VAL(RS_CM_ROUTE_ERROR, RDMA_CM_EVENT_ROUTE_ERROR);
+VAL(RS_CM_CONNECT_REQUEST, RDMA_CM_EVENT_CONNECT_REQUEST);
+VAL(RS_CM_CONNECT_RESPONSE, RDMA_CM_EVENT_CONNECT_RESPONSE);
+VAL(RS_CM_CONNECT_ERROR, RDMA_CM_EVENT_CONNECT_ERROR);
+VAL(RS_CM_UNREACHABLE, RDMA_CM_EVENT_UNREACHABLE);
+VAL(RS_CM_REJECTED, RDMA_CM_EVENT_REJECTED);
+VAL(RS_CM_ESTABLISHED, RDMA_CM_EVENT_ESTABLISHED);
+VAL(RS_CM_DISCONNECTED, RDMA_CM_EVENT_DISCONNECTED);
+VAL(RS_CM_DEVICE_REMOVAL, RDMA_CM_EVENT_DEVICE_REMOVAL);
+VAL(RS_CM_ADDR_CHANGE, RDMA_CM_EVENT_ADDR_CHANGE);
+VAL(RS_CM_TIMEWAIT_EXIT, RDMA_CM_EVENT_TIMEWAIT_EXIT);
 */
 import "C"

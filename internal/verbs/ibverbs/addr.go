@@ -18,12 +18,16 @@ type target struct {
 	port     int
 	gidIndex int
 	roce     bool // Ethernet link layer: the GID is routed (GRH), no LID
+	iwarp    bool // connected through rdma_cm (cm.go)
 }
 
 // sysfs reads the RDMA devices' description from a sysfs tree (normally
 // /sys). Tests give it a fake tree.
 type sysfs struct {
 	root string
+	// cm names the device the connection manager binds an IP to, or says
+	// why it cannot (librdmacm missing); nil: iWARP devices are declined.
+	cm func(ip netip.Addr) (string, error)
 }
 
 func (s sysfs) read(parts ...string) (string, error) {
@@ -141,13 +145,15 @@ func (s sysfs) selectTarget(local net.Addr, dev string, port, gidIndex int) (tar
 		devs = []string{dev}
 	}
 	var skipped []string
-	usable := devs[:0:0]
+	var usable, iwarps []string
 	for _, d := range devs {
-		if s.iwarp(d) {
-			skipped = append(skipped, d+" is iWARP, whose connections need rdma_cm's MPA exchange; rsock declines iWARP")
-			continue
+		if !s.iwarp(d) {
+			usable = append(usable, d)
+		} else if s.cm == nil {
+			skipped = append(skipped, d+" is iWARP, whose connections need rdma_cm, not available here")
+		} else {
+			iwarps = append(iwarps, d)
 		}
-		usable = append(usable, d)
 	}
 	portsOf := func(d string) []int {
 		if port > 0 {
@@ -157,9 +163,10 @@ func (s sysfs) selectTarget(local net.Addr, dev string, port, gidIndex int) (tar
 	}
 	// An explicit GID index needs no address match.
 	if gidIndex >= 0 {
-		for _, d := range usable {
+		for _, d := range append(usable, iwarps...) {
 			if ps := portsOf(d); len(ps) > 0 {
-				return target{dev: d, port: ps[0], gidIndex: gidIndex, roce: s.linkLayer(d, ps[0]) != "InfiniBand"}, nil
+				iw := s.iwarp(d)
+				return target{dev: d, port: ps[0], gidIndex: gidIndex, roce: !iw && s.linkLayer(d, ps[0]) != "InfiniBand", iwarp: iw}, nil
 			}
 		}
 		return target{}, fmt.Errorf("%w: %s", errNoDevice, strings.Join(append(skipped, "no device and port for the GID index override"), "; "))
@@ -193,6 +200,15 @@ func (s sysfs) selectTarget(local net.Addr, dev string, port, gidIndex int) (tar
 	// GID 0 (routing is by LID).
 	if t, ok := s.ipoibTarget(ip, usable, port); ok {
 		return t, nil
+	}
+	// iWARP: a device has no GID per address; the connection manager
+	// knows which device serves the IP.
+	if len(iwarps) > 0 {
+		if t, why := s.iwarpTarget(ip, iwarps, port); why == "" {
+			return t, nil
+		} else {
+			skipped = append(skipped, why)
+		}
 	}
 	if ip.IsLoopback() {
 		skipped = append(skipped, fmt.Sprintf("%v is a loopback address, which no RDMA device serves (dial the host's own address)", ip))
@@ -241,4 +257,39 @@ func (s sysfs) ipoibTarget(ip netip.Addr, devs []string, port int) (target, bool
 		}
 	}
 	return target{}, false
+}
+
+// iwarpTarget finds the iWARP device rdma_cm binds ip to, or says why
+// none fits.
+func (s sysfs) iwarpTarget(ip netip.Addr, iwarps []string, port int) (target, string) {
+	name, err := s.cm(ip)
+	if err != nil {
+		return target{}, fmt.Sprintf("iWARP (%s): %v", strings.Join(iwarps, ", "), err)
+	}
+	for _, d := range iwarps {
+		if d != name {
+			continue
+		}
+		p := port
+		if p == 0 {
+			if ps := s.ports(d); len(ps) > 0 {
+				p = ps[0]
+			}
+		}
+		if p == 0 {
+			return target{}, d + " has no port"
+		}
+		return target{dev: d, port: p, iwarp: true}, ""
+	}
+	return target{}, fmt.Sprintf("rdma_cm binds %v to %s, not to an iWARP device (%s)", ip, name, strings.Join(iwarps, ", "))
+}
+
+// addrIP is the IP of a TCP address (invalid for anything else).
+func addrIP(a net.Addr) netip.Addr {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok || ta == nil {
+		return netip.Addr{}
+	}
+	ip, _ := netip.AddrFromSlice(ta.IP)
+	return ip.Unmap()
 }

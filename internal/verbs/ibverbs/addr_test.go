@@ -3,6 +3,7 @@ package ibverbs
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,13 +106,49 @@ func TestSelectTargetNoDevices(t *testing.T) {
 	}
 }
 
-func TestSelectTargetDeclinesIWARP(t *testing.T) {
+// TestSelectTargetIWARP: an iWARP device has no GID per address; the
+// connection manager names the device that serves the IP. Without one
+// (librdmacm missing, or nil), the device is declined with the reason.
+func TestSelectTargetIWARP(t *testing.T) {
 	files := map[string]string{}
-	roceDev(files, "iw0", "1", map[string][2]string{"0": {"0000:0000:0000:0000:0000:ffff:0a00:0001", ""}})
-	files["class/infiniband/iw0/node_type"] = "4: RNIC"
+	roceDev(files, "rxe0", "1", map[string][2]string{"1": {"0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2"}})
+	files["class/infiniband/siw0/node_type"] = "4: RNIC"
+	files["class/infiniband/siw0/ports/1/link_layer"] = "Ethernet"
+	files["class/infiniband/siw0/ports/1/gids/0"] = "5254:00ff:fe12:3456:0000:0000:0000:0000"
 	s := fakeSysfs(t, files)
-	_, err := s.selectTarget(tcp("10.0.0.1"), "", 0, -1)
-	if !errors.Is(err, errNoDevice) || !strings.Contains(err.Error(), "iWARP") {
-		t.Fatalf("got %v, want iWARP declined", err)
+	asked := ""
+	s.cm = func(ip netip.Addr) (string, error) {
+		asked = ip.String()
+		if ip == netip.MustParseAddr("10.0.1.1") {
+			return "siw0", nil
+		}
+		return "", errors.New("rdma_cm finds no device")
+	}
+
+	// RoCE keeps its path: the GID match, without asking rdma_cm.
+	got, err := s.selectTarget(tcp("10.0.0.1"), "", 0, -1)
+	if err != nil || got.dev != "rxe0" || got.iwarp || asked != "" {
+		t.Fatalf("10.0.0.1: %+v, %v (rdma_cm asked for %q), want rxe0 by GID", got, err, asked)
+	}
+	got, err = s.selectTarget(tcp("10.0.1.1"), "", 0, -1)
+	if err != nil || got != (target{dev: "siw0", port: 1, iwarp: true}) {
+		t.Fatalf("10.0.1.1: %+v, %v, want siw0 port 1 through rdma_cm", got, err)
+	}
+	if _, err = s.selectTarget(tcp("10.0.2.1"), "", 0, -1); !errors.Is(err, errNoDevice) || !strings.Contains(err.Error(), "rdma_cm finds no device") {
+		t.Fatalf("10.0.2.1: %v, want no device with rdma_cm's reason", err)
+	}
+	// An explicit device and GID index (the test harness's override).
+	got, err = s.selectTarget(nil, "siw0", 0, 0)
+	if err != nil || !got.iwarp || got.roce || got.dev != "siw0" {
+		t.Fatalf("override siw0: %+v, %v, want iWARP", got, err)
+	}
+	// rdma_cm binds the IP to a RoCE device: not an iWARP target.
+	s.cm = func(netip.Addr) (string, error) { return "rxe0", nil }
+	if _, err = s.selectTarget(tcp("10.0.1.1"), "", 0, -1); !errors.Is(err, errNoDevice) || !strings.Contains(err.Error(), "not to an iWARP device") {
+		t.Fatalf("rdma_cm on rxe0: %v", err)
+	}
+	s.cm = nil
+	if _, err = s.selectTarget(tcp("10.0.1.1"), "", 0, -1); !errors.Is(err, errNoDevice) || !strings.Contains(err.Error(), "siw0 is iWARP") {
+		t.Fatalf("no connection manager: %v, want siw0 declined", err)
 	}
 }

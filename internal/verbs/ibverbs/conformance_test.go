@@ -1,6 +1,7 @@
 package ibverbs_test
 
 import (
+	"net"
 	"os"
 	"strconv"
 	"testing"
@@ -11,8 +12,9 @@ import (
 )
 
 // deviceOptions names the device to test: the Soft-RoCE harness sets
-// SOFTROCE_DEV, SOFTROCE_PORT and SOFTROCE_GID_INDEX; elsewhere
-// RSOCK_DEVICE, RSOCK_PORT and RSOCK_GID_INDEX do. With neither, the
+// SOFTROCE_DEV, SOFTROCE_PORT, SOFTROCE_GID_INDEX and SOFTROCE_IP;
+// elsewhere RSOCK_DEVICE, RSOCK_PORT, RSOCK_GID_INDEX and
+// RSOCK_TEST_VERBS_IP do. With neither, the
 // first device's port 1 is tried, which on a host without RDMA devices
 // reports the provider unavailable and the suite skips with the reason.
 func deviceOptions() verbs.OpenOptions {
@@ -34,6 +36,13 @@ func deviceOptions() verbs.OpenOptions {
 		o.GIDIndex = g
 	} else {
 		o.GIDIndex = 0
+	}
+	// Both QPs of a pair are on this host: the device's own IP is the
+	// local and the remote address (the connection manager, for iWARP,
+	// connects by IP).
+	if ip := net.ParseIP(pick("SOFTROCE_IP", "RSOCK_TEST_VERBS_IP")); ip != nil {
+		o.LocalAddr = &net.TCPAddr{IP: ip}
+		o.RemoteAddr = &net.TCPAddr{IP: ip}
 	}
 	return o
 }

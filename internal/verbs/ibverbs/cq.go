@@ -173,7 +173,15 @@ func (q *CQ) Arm() error { return q.arm(0) }
 
 // ArmSolicited is Arm for solicited completions only (verbs.CQ): the
 // device's solicited_only arming.
-func (q *CQ) ArmSolicited() error { return q.arm(1) }
+// On iWARP devices it is a full Arm: soft-iWARP never reports a receive
+// completion as solicited, so a solicited-only Arm would never fire there
+// (verbs.CQ allows notifying for more than asked).
+func (q *CQ) ArmSolicited() error {
+	if q.dev.t.iwarp {
+		return q.arm(0)
+	}
+	return q.arm(1)
+}
 
 func (q *CQ) arm(solicitedOnly C.int) error {
 	q.mu.Lock()

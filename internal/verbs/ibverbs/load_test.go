@@ -31,3 +31,18 @@ func TestLoadLibraryWithoutVerbs(t *testing.T) {
 		t.Fatalf("loading libc as libibverbs: %v, want ErrUnavailable naming ibv_get_device_list", err)
 	}
 }
+
+// TestLoadConnectionManager: without librdmacm (or with a library that is
+// not it), the connection manager is unavailable with the reason; iWARP
+// devices are then declined, and nothing else changes.
+func TestLoadConnectionManager(t *testing.T) {
+	err := loadCMLib("librdmacm-rsock-test-missing.so.1")
+	if !errors.Is(err, verbs.ErrUnavailable) || !strings.Contains(err.Error(), "librdmacm-rsock-test-missing.so.1") {
+		t.Fatalf("loading a missing library: %v, want ErrUnavailable naming it", err)
+	}
+	err = loadCMLib("libc.so.6")
+	if !errors.Is(err, verbs.ErrUnavailable) || !strings.Contains(err.Error(), "rdma_create_event_channel") {
+		t.Fatalf("loading libc as librdmacm: %v, want ErrUnavailable naming rdma_create_event_channel", err)
+	}
+	t.Logf("reason: %v", err)
+}

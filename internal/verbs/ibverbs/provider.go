@@ -11,6 +11,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -33,13 +34,22 @@ type Provider struct {
 
 // New returns the ibverbs provider.
 func New() *Provider {
-	return &Provider{sys: sysfs{root: "/sys"}}
+	return &Provider{sys: sysfs{root: "/sys", cm: cmDevice}}
 }
 
 // contexts holds the process's opened device contexts, by device name.
 var contexts struct {
 	mu   sync.Mutex
 	ctxs map[string]*devCtx
+}
+
+// cmDevice names the device the connection manager binds ip to.
+func cmDevice(ip netip.Addr) (string, error) {
+	s, err := cmLoad()
+	if err != nil {
+		return "", err
+	}
+	return s.deviceFor(ip)
 }
 
 // Name is "ibverbs".
@@ -179,6 +189,8 @@ func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 // verbs.Device.
 type Device struct {
 	dc     *devCtx
+	local  netip.Addr // the bootstrap connection's IPs (rdma_cm connects by IP)
+	remote netip.Addr
 	pd     *C.struct_rs_pd
 	t      target
 	gid    [16]byte
@@ -200,6 +212,11 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: ibverbs: %v", verbs.ErrUnavailable, err)
 	}
+	if t.iwarp {
+		if _, err := cmLoad(); err != nil {
+			return nil, err
+		}
+	}
 	dc, err := openContext(t.dev)
 	if err != nil {
 		return nil, err
@@ -212,13 +229,13 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if attr.state != C.RS_PORT_ACTIVE {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d is not active (state %d)", verbs.ErrUnavailable, t.dev, t.port, attr.state)
 	}
-	d := &Device{dc: dc, t: t, lid: uint16(attr.lid), mtu: uint8(attr.active_mtu)}
+	d := &Device{dc: dc, t: t, lid: uint16(attr.lid), mtu: uint8(attr.active_mtu), local: addrIP(o.LocalAddr), remote: addrIP(o.RemoteAddr)}
 	if d.mtu < mtu256 || d.mtu > mtu4096 {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d reports MTU code %d", verbs.ErrUnavailable, t.dev, t.port, d.mtu)
 	}
 	switch uint8(attr.link_layer) {
 	case C.RS_LINK_LAYER_ETHERNET:
-		d.t.roce = true
+		d.t.roce = !t.iwarp
 	case C.RS_LINK_LAYER_INFINIBAND:
 		d.t.roce = false
 	}

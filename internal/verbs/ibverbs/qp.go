@@ -83,6 +83,11 @@ type QP struct {
 	rqTail atomic.Uint64
 
 	asyncErr atomic.Pointer[string]
+
+	// rdma_cm devices (cm.go): the QP's connection manager state, set by
+	// Connect, and on the passive side the listener port for Info.
+	cm     *cmConn
+	cmPort uint16
 }
 
 // NewQP creates an RC queue pair in the INIT state: receives can be posted
@@ -149,7 +154,19 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 }
 
 // Info describes this end: QP number, PSN, GID, LID and MTU.
+// On an rdma_cm device (iWARP) it carries, on the passive side once
+// Connect has returned, the listener port and the ticket the active side
+// must connect with (cm.go).
 func (q *QP) Info() []byte {
+	if q.dev.t.iwarp {
+		q.smu.Lock()
+		defer q.smu.Unlock()
+		in := info{cm: true}
+		if q.cm != nil && q.cm.ticket != nil {
+			in.port, in.ticket, in.secret = q.cmPort, q.cm.ticket.num, q.cm.ticket.secret
+		}
+		return in.marshal()
+	}
 	in := info{mtu: q.dev.mtu, lid: q.dev.lid, qpn: q.qpn, psn: q.psn, gid: q.dev.gid}
 	return in.marshal()
 }
@@ -173,6 +190,12 @@ func (q *QP) Connect(ctx context.Context, peer []byte, active bool) error {
 		return fmt.Errorf("%w: already connected", verbs.ErrQPState)
 	}
 	d := q.dev
+	if d.t.iwarp != in.cm {
+		return fmt.Errorf("%w: the peer's device and %s are not connected the same way (rdma_cm: %v and %v)", verbs.ErrPeerInfo, d.t.dev, in.cm, d.t.iwarp)
+	}
+	if d.t.iwarp {
+		return q.connectCM(ctx, in, active)
+	}
 	if d.t.roce && in.gid == [16]byte{} {
 		return fmt.Errorf("%w: RoCE peer without a GID", verbs.ErrPeerInfo)
 	}
@@ -195,9 +218,63 @@ func (q *QP) Connect(ctx context.Context, peer []byte, active bool) error {
 	return nil
 }
 
-// Established has nothing to wait for: ibverbs connects without side
-// exchanges.
-func (q *QP) Established(context.Context) error { return nil }
+// connectCM connects through the connection manager (cm.go). The
+// passive side files its ticket and returns; Established waits for the
+// active side's connect request.
+func (q *QP) connectCM(ctx context.Context, in info, active bool) error {
+	s, err := cmLoad()
+	if err != nil {
+		return err
+	}
+	if q.cm != nil {
+		return fmt.Errorf("%w: already connecting", verbs.ErrQPState)
+	}
+	if !active {
+		if q.cm, q.cmPort, err = s.listenFor(q); err != nil {
+			q.cm = nil
+			return err
+		}
+		return nil
+	}
+	if in.port == 0 {
+		return fmt.Errorf("%w: the passive side sent no rdma_cm listener port", verbs.ErrPeerInfo)
+	}
+	t := cmTicket{num: in.ticket, secret: in.secret}
+	if q.cm, err = s.connect(ctx, q, in.port, t.pdata()); err != nil {
+		return err
+	}
+	q.state.Store(qpConnected)
+	return nil
+}
+
+// WriteCompletesLocally reports whether a WRITE's completion says only that
+// it left this side (iWARP: RDMAP does not acknowledge WRITEs), so that a
+// WRITE the peer refuses may complete successfully; the peer then ends
+// the connection and the QP moves to the error state.
+func (q *QP) WriteCompletesLocally() bool { return q.dev.t.iwarp }
+
+// Established waits, on the passive side of an rdma_cm device, until the
+// active side's connect request was accepted and the connection is up.
+// Devices connected without the connection manager have nothing to wait
+// for.
+func (q *QP) Established(ctx context.Context) error {
+	q.smu.Lock()
+	c := q.cm
+	q.smu.Unlock()
+	if c == nil || c.ticket == nil {
+		return nil
+	}
+	if err := c.await(ctx, C.RS_CM_ESTABLISHED, "accept"); err != nil {
+		return err
+	}
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.state.Load() == qpClosed {
+		return verbs.ErrClosed
+	}
+	q.state.Store(qpConnected)
+	return nil
+}
 
 // MaxInline is the largest SendWR.Inline accepted.
 func (q *QP) MaxInline() int { return q.maxInline }
@@ -246,6 +323,12 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 	case qpInit:
 		return verbs.ErrQPState
 	}
+	if why := q.asyncErr.Load(); why != nil {
+		// The QP is in the error state. Refused here, because some
+		// devices (soft-iWARP) take a post in that state and never
+		// complete it.
+		return fmt.Errorf("%w (%s)", verbs.ErrQPState, *why)
+	}
 	seq := q.sqHead
 	if seq-q.sqTail.Load() >= uint64(len(q.sends)) {
 		return verbs.ErrQueueFull
@@ -283,6 +366,9 @@ func (q *QP) PostRecv(wr *verbs.RecvWR) error {
 	defer q.rmu.Unlock()
 	if q.state.Load() == qpClosed {
 		return verbs.ErrClosed
+	}
+	if why := q.asyncErr.Load(); why != nil {
+		return fmt.Errorf("%w (%s)", verbs.ErrQPState, *why)
 	}
 	seq := q.rqHead
 	if seq-q.rqTail.Load() >= uint64(len(q.recvs)) {
@@ -337,8 +423,20 @@ func (q *QP) Close() error {
 	if was == qpClosed {
 		return nil
 	}
+	var id *C.struct_rs_cm_id
+	if q.cm != nil {
+		if s, _ := cmLoad(); s != nil {
+			if id = s.detach(q.cm); id != nil {
+				C.rs_cm_disconnect(id)
+			}
+		}
+	}
 	C.rs_qp_err(q.qp)
-	return q.destroy()
+	err := q.destroy()
+	if id != nil {
+		destroyID(id)
+	}
+	return err
 }
 
 func (q *QP) destroy() error {

@@ -324,6 +324,8 @@ int rs_get_async_event(struct rs_context *ctx, struct rs_async_event *ev)
 
 void rs_ack_async_event(struct rs_async_event *ev) { ibv.ack_async_event(ev); }
 
+const char *rs_context_name(struct rs_context *ctx) { return ibv.get_device_name(ctx->device); }
+
 int rs_set_nonblock(int fd)
 {
 	int fl = fcntl(fd, F_GETFL);

@@ -354,5 +354,98 @@ int rs_post_recv(struct rs_qp *qp, uint64_t wr_id, uint64_t laddr, uint32_t len,
 int rs_get_async_event(struct rs_context *ctx, struct rs_async_event *ev);
 void rs_ack_async_event(struct rs_async_event *ev);
 int rs_set_nonblock(int fd);
+const char *rs_context_name(struct rs_context *ctx);
+
+// ---- librdmacm (cmshim.c): the connection manager, for devices whose QPs
+// can only be connected through it (iWARP). Loaded with dlopen like
+// libibverbs; layouts follow <rdma/rdma_cma.h> and are checked by
+// abicheck.go.
+
+#include <sys/socket.h>
+
+// struct rdma_event_channel.
+struct rs_cm_channel {
+	int fd;
+};
+
+// struct rdma_cm_id, up to route.addr's two addresses.
+struct rs_cm_id {
+	struct rs_context *verbs;
+	struct rs_cm_channel *channel;
+	void *context;
+	struct rs_qp *qp;
+	struct sockaddr_storage src; // route.addr.src_storage
+	struct sockaddr_storage dst; // route.addr.dst_storage
+};
+
+// struct rdma_conn_param.
+struct rs_conn_param {
+	const void *private_data;
+	uint8_t private_data_len;
+	uint8_t responder_resources;
+	uint8_t initiator_depth;
+	uint8_t flow_control;
+	uint8_t retry_count;
+	uint8_t rnr_retry_count;
+	uint8_t srq;
+	uint32_t qp_num;
+};
+
+// struct rdma_cm_event, up to param.conn (librdmacm allocates events;
+// rsock only reads them).
+struct rs_cm_event {
+	struct rs_cm_id *id;
+	struct rs_cm_id *listen_id;
+	uint32_t event; // enum rdma_cm_event_type
+	int status;
+	union {
+		struct rs_conn_param conn;
+	} param;
+};
+
+enum {
+	RS_PS_TCP = 0x0106,
+
+	RS_CM_ADDR_RESOLVED = 0,
+	RS_CM_ADDR_ERROR = 1,
+	RS_CM_ROUTE_RESOLVED = 2,
+	RS_CM_ROUTE_ERROR = 3,
+	RS_CM_CONNECT_REQUEST = 4,
+	RS_CM_CONNECT_RESPONSE = 5,
+	RS_CM_CONNECT_ERROR = 6,
+	RS_CM_UNREACHABLE = 7,
+	RS_CM_REJECTED = 8,
+	RS_CM_ESTABLISHED = 9,
+	RS_CM_DISCONNECTED = 10,
+	RS_CM_DEVICE_REMOVAL = 11,
+	RS_CM_ADDR_CHANGE = 14,
+	RS_CM_TIMEWAIT_EXIT = 15,
+};
+
+// What rsock reads of an event, copied before the event is acknowledged.
+struct rs_cm_got {
+	struct rs_cm_id *id;
+	struct rs_cm_id *listen_id;
+	uint32_t event;
+	int status;
+	uint8_t pdata_len;
+	uint8_t pdata[64];
+};
+
+int rs_cm_load(const char *name, char *err, size_t errlen);
+struct rs_cm_channel *rs_cm_create_channel(int *err);
+struct rs_cm_id *rs_cm_create_id(struct rs_cm_channel *ch, int *err);
+int rs_cm_destroy_id(struct rs_cm_id *id);
+int rs_cm_bind(struct rs_cm_id *id, const struct sockaddr *addr);
+int rs_cm_listen(struct rs_cm_id *id, int backlog);
+uint16_t rs_cm_src_port(struct rs_cm_id *id);
+int rs_cm_resolve_addr(struct rs_cm_id *id, const struct sockaddr *src, const struct sockaddr *dst, int timeout_ms);
+int rs_cm_resolve_route(struct rs_cm_id *id, int timeout_ms);
+int rs_cm_connect(struct rs_cm_id *id, uint32_t qpn, const void *pdata, uint8_t len);
+int rs_cm_accept(struct rs_cm_id *id, uint32_t qpn);
+int rs_cm_reject(struct rs_cm_id *id);
+int rs_cm_disconnect(struct rs_cm_id *id);
+int rs_cm_get_event(struct rs_cm_channel *ch, struct rs_cm_got *got);
+const char *rs_cm_event_str(uint32_t event);
 
 #endif

@@ -4,6 +4,7 @@ package ibverbs
 
 import (
 	"fmt"
+	"net/netip"
 	"runtime"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
@@ -28,6 +29,15 @@ func Load() error {
 	_, err := (*Provider)(nil).Open(verbs.OpenOptions{})
 	return err
 }
+
+// LoadCM reports why the connection manager cannot be used by this binary.
+func LoadCM() error { return Load() }
+
+// CMDevice reports why the connection manager cannot be used by this binary.
+func CMDevice(netip.Addr) (string, error) { return "", Load() }
+
+// CMRejected is 0: this binary rejects no rdma_cm requests.
+func CMRejected() uint64 { return 0 }
 
 // Open always fails with an error wrapping verbs.ErrUnavailable.
 func (*Provider) Open(verbs.OpenOptions) (verbs.Device, error) {

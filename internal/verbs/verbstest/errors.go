@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +15,8 @@ import (
 )
 
 // testRemoteAccess: WRITEs the peer must refuse fail with StatusRemoteAccess
-// and leave the QP unable to execute later requests.
+// and leave the QP unable to execute later requests (iWARP: the WRITE may
+// complete, and the QP then becomes unusable; see localWriter).
 func (s *suite) testRemoteAccess(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -43,12 +45,64 @@ func (s *suite) testRemoteAccess(t *testing.T) {
 			src := pr.alloc(pr.a, 8, localWrite)
 			addr, rkey := tc.target(pr)
 			pr.postSend(pr.a, verbs.SendWR{ID: 1, Op: verbs.OpWrite, Local: verbs.SGE{MR: src, Length: 8}, RemoteAddr: addr, RKey: rkey, Signaled: true})
-			if c := pr.one(pr.a.cq); c.ID != 1 || c.Status != verbs.StatusRemoteAccess {
+			c := pr.one(pr.a.cq)
+			if l, ok := pr.a.qp.(localWriter); ok && l.WriteCompletesLocally() && c.ID == 1 && c.Status == verbs.StatusSuccess {
+				// iWARP: the WRITE's completion is local; the peer's
+				// refusal ends the connection.
+				pr.expectUnusableSoon(pr.a)
+				return
+			}
+			if c.ID != 1 || c.Status != verbs.StatusRemoteAccess {
 				t.Fatalf("refused WRITE completed with %+v (%v), want StatusRemoteAccess", c, c.Status)
 			}
 			pr.expectUnusable(pr.a)
 		})
 	}
+}
+
+// localWriter is implemented by QPs whose WRITE completions are local
+// (ibverbs on iWARP, where RDMAP does not acknowledge WRITEs): a WRITE the
+// peer refuses may complete successfully, and the QP moves to the error
+// state when the peer ends the connection.
+type localWriter interface {
+	WriteCompletesLocally() bool
+}
+
+// expectUnusableSoon checks that sd's QP moves to the error state: SENDs
+// are posted until one is refused with ErrQPState or completes with an
+// error, waiting for each completion at most 100 ms (a post the peer
+// never sees may not complete before the QP's error is known), within
+// the suite's timeout.
+func (pr *pair) expectUnusableSoon(sd *side) {
+	pr.t.Helper()
+	src := pr.alloc(sd, 8, localWrite)
+	wc := make([]verbs.Completion, 1)
+	for id := uint64(2); pr.ctx.Err() == nil; id++ {
+		err := sd.qp.PostSend(&verbs.SendWR{ID: id, Op: verbs.OpSend, Local: verbs.SGE{MR: src, Length: 8}, Signaled: true})
+		switch {
+		case errors.Is(err, verbs.ErrQPState):
+			return
+		case errors.Is(err, verbs.ErrQueueFull):
+		case err != nil:
+			pr.t.Fatalf("post on a QP the peer refused: %v, want ErrQPState or an error completion", err)
+		}
+		ctx, cancel := context.WithTimeout(pr.ctx, 100*time.Millisecond)
+		for ctx.Err() == nil {
+			n, err := sd.cq.Poll(wc)
+			if err != nil {
+				pr.t.Fatalf("Poll: %v", err)
+			}
+			if n == 1 && wc[0].Status != verbs.StatusSuccess {
+				cancel()
+				return
+			}
+			if n == 0 {
+				runtime.Gosched()
+			}
+		}
+		cancel()
+	}
+	pr.t.Fatal("the QP still takes work after the peer refused a WRITE")
 }
 
 // expectUnusable checks that a post on sd's QP, now in the error state,

@@ -31,11 +31,12 @@ import (
 var Timeout = 2 * time.Minute
 
 // Run runs the conformance suite against p. Devices are opened with opts. If
-// the provider reports verbs.ErrUnavailable, the suite is skipped.
+// the provider reports verbs.ErrUnavailable, the suite is skipped (failed
+// where RequireEnv is set).
 func Run(t *testing.T, p verbs.Provider, opts verbs.OpenOptions) {
 	dev, err := p.Open(opts)
 	if errors.Is(err, verbs.ErrUnavailable) {
-		t.Skipf("provider %s unavailable: %v", p.Name(), err)
+		Unavailable(t, fmt.Sprintf("provider %s unavailable: %v", p.Name(), err))
 	}
 	if err != nil {
 		t.Fatalf("Open: %v", err)

@@ -1,0 +1,199 @@
+//go:build cgo && linux
+
+// cmshim.c: loads librdmacm with dlopen and wraps the connection manager
+// calls rsock makes for devices that need it (iWARP). Like shim.c, nothing
+// links against the library: a host without it reports those devices
+// unavailable with the reason, and nothing else changes.
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "shim.h"
+
+struct cm_table {
+	struct rs_cm_channel *(*create_event_channel)(void);
+	int (*create_id)(struct rs_cm_channel *ch, struct rs_cm_id **id, void *context, int ps);
+	int (*destroy_id)(struct rs_cm_id *id);
+	int (*bind_addr)(struct rs_cm_id *id, const struct sockaddr *addr);
+	int (*listen)(struct rs_cm_id *id, int backlog);
+	uint16_t (*get_src_port)(struct rs_cm_id *id);
+	int (*resolve_addr)(struct rs_cm_id *id, const struct sockaddr *src, const struct sockaddr *dst, int timeout_ms);
+	int (*resolve_route)(struct rs_cm_id *id, int timeout_ms);
+	int (*connect)(struct rs_cm_id *id, struct rs_conn_param *param);
+	int (*accept)(struct rs_cm_id *id, struct rs_conn_param *param);
+	int (*reject)(struct rs_cm_id *id, const void *pdata, uint8_t len);
+	int (*disconnect)(struct rs_cm_id *id);
+	int (*get_cm_event)(struct rs_cm_channel *ch, struct rs_cm_event **ev);
+	int (*ack_cm_event)(struct rs_cm_event *ev);
+	const char *(*event_str)(uint32_t event);
+};
+
+// cm is set once, by a successful rs_cm_load, before any other call.
+static struct cm_table cm;
+
+int rs_cm_load(const char *name, char *err, size_t errlen)
+{
+	void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL) {
+		const char *e = dlerror();
+		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+		return -1;
+	}
+	struct cm_table t;
+	memset(&t, 0, sizeof(t));
+#define CMSYM(field, sym)                                                   \
+	do {                                                                \
+		*(void **)(&t.field) = dlsym(h, sym);                      \
+		if (t.field == NULL) {                                      \
+			snprintf(err, errlen, "%s has no symbol %s", name, sym); \
+			dlclose(h);                                         \
+			return -1;                                          \
+		}                                                           \
+	} while (0)
+	CMSYM(create_event_channel, "rdma_create_event_channel");
+	CMSYM(create_id, "rdma_create_id");
+	CMSYM(destroy_id, "rdma_destroy_id");
+	CMSYM(bind_addr, "rdma_bind_addr");
+	CMSYM(listen, "rdma_listen");
+	CMSYM(get_src_port, "rdma_get_src_port");
+	CMSYM(resolve_addr, "rdma_resolve_addr");
+	CMSYM(resolve_route, "rdma_resolve_route");
+	CMSYM(connect, "rdma_connect");
+	CMSYM(accept, "rdma_accept");
+	CMSYM(reject, "rdma_reject");
+	CMSYM(disconnect, "rdma_disconnect");
+	CMSYM(get_cm_event, "rdma_get_cm_event");
+	CMSYM(ack_cm_event, "rdma_ack_cm_event");
+	CMSYM(event_str, "rdma_event_str");
+#undef CMSYM
+	cm = t;
+	return 0;
+}
+
+// The calls below return 0 or an errno value (librdmacm returns -1 and
+// sets errno).
+static int cm_ret(int rc) { return rc == 0 ? 0 : (errno != 0 ? errno : EIO); }
+
+struct rs_cm_channel *rs_cm_create_channel(int *err)
+{
+	errno = 0;
+	struct rs_cm_channel *ch = cm.create_event_channel();
+	*err = ch == NULL ? (errno != 0 ? errno : ENODEV) : 0;
+	return ch;
+}
+
+struct rs_cm_id *rs_cm_create_id(struct rs_cm_channel *ch, int *err)
+{
+	struct rs_cm_id *id = NULL;
+	errno = 0;
+	*err = cm_ret(cm.create_id(ch, &id, NULL, RS_PS_TCP));
+	return *err == 0 ? id : NULL;
+}
+
+int rs_cm_destroy_id(struct rs_cm_id *id)
+{
+	errno = 0;
+	return cm_ret(cm.destroy_id(id));
+}
+
+int rs_cm_bind(struct rs_cm_id *id, const struct sockaddr *addr)
+{
+	errno = 0;
+	return cm_ret(cm.bind_addr(id, addr));
+}
+
+int rs_cm_listen(struct rs_cm_id *id, int backlog)
+{
+	errno = 0;
+	return cm_ret(cm.listen(id, backlog));
+}
+
+// rs_cm_src_port is the bound port in host byte order.
+uint16_t rs_cm_src_port(struct rs_cm_id *id)
+{
+	uint16_t be = cm.get_src_port(id);
+	return (uint16_t)((be >> 8) | (be << 8));
+}
+
+int rs_cm_resolve_addr(struct rs_cm_id *id, const struct sockaddr *src, const struct sockaddr *dst, int timeout_ms)
+{
+	errno = 0;
+	return cm_ret(cm.resolve_addr(id, src, dst, timeout_ms));
+}
+
+int rs_cm_resolve_route(struct rs_cm_id *id, int timeout_ms)
+{
+	errno = 0;
+	return cm_ret(cm.resolve_route(id, timeout_ms));
+}
+
+// Both ends ask for one outstanding RDMA READ each way (rsock posts none)
+// and finite retries, as the QPs connected without rdma_cm do.
+static void conn_param(struct rs_conn_param *p, uint32_t qpn)
+{
+	memset(p, 0, sizeof(*p));
+	p->responder_resources = 1;
+	p->initiator_depth = 1;
+	p->retry_count = 6;
+	p->rnr_retry_count = 6;
+	p->qp_num = qpn;
+}
+
+int rs_cm_connect(struct rs_cm_id *id, uint32_t qpn, const void *pdata, uint8_t len)
+{
+	struct rs_conn_param p;
+	conn_param(&p, qpn);
+	p.private_data = pdata;
+	p.private_data_len = len;
+	errno = 0;
+	return cm_ret(cm.connect(id, &p));
+}
+
+int rs_cm_accept(struct rs_cm_id *id, uint32_t qpn)
+{
+	struct rs_conn_param p;
+	conn_param(&p, qpn);
+	errno = 0;
+	return cm_ret(cm.accept(id, &p));
+}
+
+int rs_cm_reject(struct rs_cm_id *id)
+{
+	errno = 0;
+	return cm_ret(cm.reject(id, NULL, 0));
+}
+
+int rs_cm_disconnect(struct rs_cm_id *id)
+{
+	errno = 0;
+	return cm_ret(cm.disconnect(id));
+}
+
+// rs_cm_get_event reads one event from a non-blocking channel into got and
+// acknowledges it: 0, EAGAIN when there is none, or another errno. A
+// CONNECT_REQUEST's private data is copied (at most sizeof got->pdata).
+int rs_cm_get_event(struct rs_cm_channel *ch, struct rs_cm_got *got)
+{
+	struct rs_cm_event *ev = NULL;
+	errno = 0;
+	if (cm.get_cm_event(ch, &ev) != 0)
+		return errno != 0 ? errno : EIO;
+	memset(got, 0, sizeof(*got));
+	got->id = ev->id;
+	got->listen_id = ev->listen_id;
+	got->event = ev->event;
+	got->status = ev->status;
+	if (ev->event == RS_CM_CONNECT_REQUEST && ev->param.conn.private_data != NULL) {
+		uint8_t n = ev->param.conn.private_data_len;
+		if (n > sizeof(got->pdata))
+			n = sizeof(got->pdata);
+		memcpy(got->pdata, ev->param.conn.private_data, n);
+		got->pdata_len = n;
+	}
+	cm.ack_cm_event(ev);
+	return 0;
+}
+
+const char *rs_cm_event_str(uint32_t event) { return cm.event_str(event); }
