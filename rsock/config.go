@@ -87,6 +87,13 @@ type Config struct {
 	Device   string
 	Port     int
 	GIDIndex int
+	// ConnectionManager connects verbs queue pairs through rdma_cm on
+	// InfiniBand and RoCE too (iWARP always uses it): addresses and paths
+	// then follow the kernel's routes (VLANs, bonds, InfiniBand path
+	// records) instead of the GID table entry of the local IP. It matters
+	// on the dialing side; a server follows its client. Env
+	// RSOCK_VERBS_CM=1.
+	ConnectionManager bool
 
 	// Logger receives fallbacks, remembered probe verdicts, a listener's
 	// failed handshakes (rate-limited) and connections that end in a reset,
@@ -129,6 +136,7 @@ type settings struct {
 	device        string
 	port          int
 	gidIndex      int // -1: automatic
+	viaCM         bool
 	log           *slog.Logger
 }
 
@@ -256,6 +264,12 @@ func (s *settings) resolveDevice(cfg *Config) error {
 	}
 	if s.port < 0 || s.port > 255 {
 		return &ConfigError{Field: "Port", Value: strconv.Itoa(s.port), Err: fmt.Errorf("not in [1, 255]")}
+	}
+	s.viaCM = cfg.ConnectionManager
+	if e := strings.TrimSpace(os.Getenv("RSOCK_VERBS_CM")); e != "" && !s.viaCM {
+		if s.viaCM, err = strconv.ParseBool(e); err != nil {
+			return &ConfigError{Field: "ConnectionManager", Env: "RSOCK_VERBS_CM", Value: e, Err: err}
+		}
 	}
 	s.gidIndex = -1
 	switch e := strings.TrimSpace(os.Getenv("RSOCK_GID_INDEX")); {

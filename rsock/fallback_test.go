@@ -18,6 +18,7 @@ import (
 
 	"github.com/rdmanet/rdmanet/internal/transport"
 	"github.com/rdmanet/rdmanet/internal/verbs"
+	"github.com/rdmanet/rdmanet/internal/verbs/sim"
 )
 
 // tcpOnly allows only the TCP fallback.
@@ -339,4 +340,32 @@ func TestDialSlowServerIsNotPlain(t *testing.T) {
 		slow.opens.Store(0)
 	}
 	assert.False(t, plainServers.known(key), "the slow rsock server was remembered as plain")
+}
+
+// TestRegistrationRefusedFallsBack: a host that refuses to register the
+// staging buffer (its RLIMIT_MEMLOCK reached; here sim's MRLimit lets each
+// device register its ring and receive buffers, not the staging) costs the
+// connection its ring, not the connection: both sides continue on TCP with
+// the reason. The staging is registered before either side switches; it
+// used to be registered after, and the connection was aborted.
+func TestRegistrationRefusedFallsBack(t *testing.T) {
+	registerSim(t)
+	cfg := simCfg()
+	withFaults(t, sim.Faults{MRLimit: int64(2*cfg.RingSize) - 1})
+	ln := listen(t, cfg)
+	c, s := pipe(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	for _, x := range []*Conn{c, s} {
+		info := x.Info()
+		assert.Equal(t, "tcp", TransportOf(x), info.Reason)
+		assert.Contains(t, info.Reason, "staging", "the reason names what was refused")
+		assert.Contains(t, info.Reason, "MRLimit")
+	}
+	_, err := c.Write([]byte("ping"))
+	require.NoError(t, err)
+	buf := make([]byte, 4)
+	_, err = io.ReadFull(s, buf)
+	require.NoError(t, err)
+	require.Equal(t, "ping", string(buf))
 }

@@ -42,7 +42,7 @@ func (s *settings) streamOptions() stream.Options {
 }
 
 func (s *settings) openOptions(raw net.Conn) verbs.OpenOptions {
-	return verbs.OpenOptions{LocalAddr: raw.LocalAddr(), RemoteAddr: raw.RemoteAddr(), Device: s.device, Port: s.port, GIDIndex: s.gidIndex}
+	return verbs.OpenOptions{LocalAddr: raw.LocalAddr(), RemoteAddr: raw.RemoteAddr(), Device: s.device, Port: s.port, GIDIndex: s.gidIndex, ConnectionManager: s.viaCM}
 }
 
 // newEndpoint prepares an endpoint of the named transport for raw.
@@ -150,7 +150,13 @@ func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, 
 			why.add(name, err)
 			continue
 		}
-		if err := e.Connect(ctx, offer.Info, false); err != nil {
+		err = e.Connect(ctx, offer.Info, false)
+		if err == nil {
+			// Everything the connection registers, before the client
+			// switches: a registration the host refuses is a decline.
+			err = e.Prepare(streamRing(offer.Ring))
+		}
+		if err != nil {
 			e.Close()
 			why.add(name, err)
 			continue
@@ -424,6 +430,9 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		closeAll(ep)
 		name := m.Transport.String()
 		err := s.checkPeerRing(m.Ring)
+		if err == nil {
+			err = ep.Prepare(streamRing(m.Ring)) // before switching: see the server's
+		}
 		if err == nil {
 			err = ep.Connect(ctx, m.Info, true)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/nettest"
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
@@ -370,4 +371,61 @@ func TestVerbsRegisteredBytes(t *testing.T) {
 	assert.Equal(t, want, c.Info().Registered)
 	assert.Equal(t, want, s.Info().Registered)
 	t.Logf("registered (pinned) per verbs connection at the default ring: %d KiB", want>>10)
+}
+
+// TestVerbsMemlockBudget: a process that reaches RLIMIT_MEMLOCK (a client
+// opening connections until the host refuses to pin more) loses the ring
+// on the connections over the limit, never the connections: each of them
+// continues on TCP with the reason, and every connection carries data.
+// It runs where the device counts pinned memory against the limit for
+// this process (soft-iWARP does even for root; rxe exempts CAP_IPC_LOCK,
+// and the test then skips, saying so).
+func TestVerbsMemlockBudget(t *testing.T) {
+	ip := verbsIP(t)
+	var old unix.Rlimit
+	require.NoError(t, unix.Getrlimit(unix.RLIMIT_MEMLOCK, &old))
+	const limit = 6 << 20
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: limit, Max: old.Max}))
+	t.Cleanup(func() { _ = unix.Setrlimit(unix.RLIMIT_MEMLOCK, &old) })
+
+	// Does the limit bind here? Registering twice the limit must fail.
+	d, err := ibverbs.New().Open(verbs.OpenOptions{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, GIDIndex: -1})
+	require.NoError(t, err)
+	mr, err := d.AllocMR(2*limit, verbs.AccessLocalWrite)
+	if err == nil {
+		mr.Close()
+		d.Close()
+		t.Skipf("the device on %s pins past RLIMIT_MEMLOCK for this process (CAP_IPC_LOCK): no budget to reach", ip)
+	}
+	d.Close()
+	t.Logf("registering %d bytes with RLIMIT_MEMLOCK at %d: %v", 2*limit, limit, err)
+
+	cfg := &Config{Transports: []string{"verbs", "tcp"}, ProbeTimeout: 30 * time.Second, SniffTimeout: 30 * time.Second}
+	ln, err := (&ListenConfig{Config: cfg}).Listen(context.Background(), "tcp", net.JoinHostPort(ip, "0"))
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	const conns = 6 // each pins about 4 MiB at the default ring: the second already passes the limit
+	byTransport := map[string]int{}
+	for i := range conns {
+		c, s := pipe(t, ln.(*Listener), cfg)
+		t.Cleanup(func() { c.Close(); s.Close() })
+		tr := TransportOf(c)
+		require.Equal(t, tr, TransportOf(s), "client and server agree")
+		byTransport[tr]++
+		if tr == "tcp" {
+			reason := c.Info().Reason
+			assert.Contains(t, reason, "cannot allocate memory", "connection %d: the reason names the refused registration", i)
+			t.Logf("connection %d on tcp: %s", i, reason)
+		}
+		msg := []byte(fmt.Sprintf("connection %d", i))
+		_, err := c.Write(msg)
+		require.NoError(t, err)
+		got := make([]byte, len(msg))
+		_, err = io.ReadFull(s, got)
+		require.NoError(t, err)
+		require.Equal(t, msg, got)
+	}
+	t.Logf("connections by transport: %v", byTransport)
+	assert.Positive(t, byTransport["verbs"], "the first connection fits under the limit")
+	assert.Positive(t, byTransport["tcp"], "later ones pass it")
 }

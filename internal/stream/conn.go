@@ -113,8 +113,12 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {
 			return nil, err
 		}
-	} else if c.stage, err = e.dev.AllocMR(int(peer.Size), verbs.AccessLocalWrite); err != nil {
+	} else if err = e.Prepare(peer); err != nil {
 		return nil, err
+	} else if len(e.stage.Bytes()) < int(peer.Size) {
+		return nil, fmt.Errorf("stream: prepared staging of %d bytes for a peer ring of %d", len(e.stage.Bytes()), peer.Size)
+	} else {
+		c.stage = e.stage
 	}
 	e.owned = false
 	e.conn.Store(c)

@@ -50,6 +50,7 @@ type Endpoint struct {
 	qp    verbs.QP
 	ring  verbs.MR             // our receive ring: the peer writes into it
 	slots verbs.MR             // receive buffers for state messages
+	stage verbs.MR             // staging for WRITEs into the peer's ring (Prepare), unless the peer's memory is mapped
 	owned bool                 // resources not yet handed to a Conn
 	rwr   verbs.RecvWR         // reused by postSlot (callers serialise): no allocation per post
 	conn  atomic.Pointer[Conn] // the Conn the CQ's notifications go to, once started
@@ -130,6 +131,27 @@ func (e *Endpoint) Connect(ctx context.Context, peer []byte, active bool) error 
 	return e.qp.Connect(ctx, peer, active)
 }
 
+// Prepare allocates what the connection needs for the peer's ring: the
+// staging its WRITEs are copied from, as large as that ring, unless the
+// provider maps the peer's memory. rsock calls it once the peer's ring is
+// known and before either side switches, so that a registration the host
+// refuses (RLIMIT_MEMLOCK) costs only the ring, not the connection. Start
+// calls it if nobody did.
+func (e *Endpoint) Prepare(peer Ring) error {
+	if err := validatePeer(peer); err != nil {
+		return err
+	}
+	if _, mapped := e.qp.(verbs.RemoteMapper); mapped || e.stage != nil {
+		return nil
+	}
+	m, err := e.dev.AllocMR(int(peer.Size), verbs.AccessLocalWrite)
+	if err != nil {
+		return fmt.Errorf("stream: staging for the peer's ring: %w", err)
+	}
+	e.stage = m
+	return nil
+}
+
 // Established waits, on the passive side, for the connection's side
 // exchanges to finish; see verbs.QP.Established.
 func (e *Endpoint) Established(ctx context.Context) error { return e.qp.Established(ctx) }
@@ -156,7 +178,7 @@ func (e *Endpoint) release(drain func()) {
 	if e.cq != nil {
 		_ = e.cq.Close()
 	}
-	for _, mr := range []verbs.MR{e.ring, e.slots} {
+	for _, mr := range []verbs.MR{e.ring, e.slots, e.stage} {
 		if mr != nil {
 			_ = mr.Close()
 		}

@@ -315,6 +315,11 @@ type OpenOptions struct {
 	Device   string
 	Port     int
 	GIDIndex int // -1 for automatic
+	// ConnectionManager connects ibverbs QPs through rdma_cm on every
+	// device, not only on those that need it (iWARP): addressing and path
+	// follow the kernel's routes (VLANs, bonds, InfiniBand path records).
+	// The passive side follows the active side's choice.
+	ConnectionManager bool
 }
 
 // Provider opens devices of one transport kind.

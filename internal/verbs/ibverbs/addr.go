@@ -18,7 +18,8 @@ type target struct {
 	port     int
 	gidIndex int
 	roce     bool // Ethernet link layer: the GID is routed (GRH), no LID
-	iwarp    bool // connected through rdma_cm (cm.go)
+	iwarp    bool // an iWARP device: connected through rdma_cm only
+	cm       bool // QPs connect through rdma_cm by default (iWARP, or asked for)
 }
 
 // sysfs reads the RDMA devices' description from a sysfs tree (normally

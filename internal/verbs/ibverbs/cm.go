@@ -274,7 +274,16 @@ func (s *cmState) request(got *C.struct_rs_cm_got) {
 	}
 	c.id = child
 	s.conns[child] = c
-	if e := C.rs_cm_accept(child, C.uint32_t(c.qp.qpn)); e != 0 {
+	e := C.int(0)
+	if !c.qp.dev.t.iwarp {
+		// InfiniBand and RoCE: rdma_cm leaves a QP it did not create to
+		// its owner, with the attributes the request carried.
+		e = c.qp.cmReady(child)
+	}
+	if e == 0 {
+		e = C.rs_cm_accept(child, C.uint32_t(c.qp.qpn))
+	}
+	if e != 0 {
 		select {
 		case c.events <- cmEvent{typ: C.RS_CM_CONNECT_ERROR, status: -int(e)}:
 		default:
@@ -434,7 +443,20 @@ func (s *cmState) connectOnce(ctx context.Context, q *QP, port uint16, pdata []b
 		if e := C.rs_cm_connect(id, C.uint32_t(q.qpn), p, C.uint8_t(len(pdata))); e != 0 {
 			return errnoErr("rdma_cm connect", e)
 		}
-		return c.await(ctx, C.RS_CM_ESTABLISHED, "connect")
+		if q.dev.t.iwarp {
+			return c.await(ctx, C.RS_CM_ESTABLISHED, "connect") // the driver moved the QP
+		}
+		// InfiniBand and RoCE: the reply's attributes, then the RTU.
+		if err := c.await(ctx, C.RS_CM_CONNECT_RESPONSE, "connect"); err != nil {
+			return err
+		}
+		if e := q.cmReady(id); e != 0 {
+			return errnoErr("QP to RTR and RTS through rdma_cm", e)
+		}
+		if e := C.rs_cm_establish(id); e != 0 {
+			return errnoErr("rdma_cm establish", e)
+		}
+		return nil
 	}()
 	if err != nil {
 		if id := s.detach(c); id != nil {
@@ -510,3 +532,12 @@ func (q *QP) cmFail(why string) {
 // destroyID destroys an identifier; it may wait for the loop to
 // acknowledge the identifier's events, so the loop never calls it.
 func destroyID(id *C.struct_rs_cm_id) { C.rs_cm_destroy_id(id) }
+
+// cmReady takes q through RTR to RTS with the attributes rdma_cm derived
+// for id (InfiniBand and RoCE; an iWARP driver does this itself).
+func (q *QP) cmReady(id *C.struct_rs_cm_id) C.int {
+	if e := C.rs_cm_qp_to(id, q.qp, C.RS_QPS_RTR, qpTimeout, retryCount, rnrRetry); e != 0 {
+		return e
+	}
+	return C.rs_cm_qp_to(id, q.qp, C.RS_QPS_RTS, qpTimeout, retryCount, rnrRetry)
+}

@@ -28,6 +28,8 @@ struct cm_table {
 	int (*get_cm_event)(struct rs_cm_channel *ch, struct rs_cm_event **ev);
 	int (*ack_cm_event)(struct rs_cm_event *ev);
 	const char *(*event_str)(uint32_t event);
+	int (*init_qp_attr)(struct rs_cm_id *id, struct rs_qp_attr *attr, int *mask);
+	int (*establish)(struct rs_cm_id *id);
 };
 
 // cm is set once, by a successful rs_cm_load, before any other call.
@@ -67,6 +69,8 @@ int rs_cm_load(const char *name, char *err, size_t errlen)
 	CMSYM(get_cm_event, "rdma_get_cm_event");
 	CMSYM(ack_cm_event, "rdma_ack_cm_event");
 	CMSYM(event_str, "rdma_event_str");
+	CMSYM(init_qp_attr, "rdma_init_qp_attr");
+	CMSYM(establish, "rdma_establish");
 #undef CMSYM
 	cm = t;
 	return 0;
@@ -197,3 +201,30 @@ int rs_cm_get_event(struct rs_cm_channel *ch, struct rs_cm_got *got)
 }
 
 const char *rs_cm_event_str(uint32_t event) { return cm.event_str(event); }
+
+// rs_cm_qp_to moves qp (created by rsock, not by rdma_cm) to state with the
+// attributes rdma_cm derives for id from its route and the peer's request
+// or reply; on RTS the retry limits are rsock's finite ones.
+int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry)
+{
+	struct rs_qp_attr a;
+	int mask = 0;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = state;
+	errno = 0;
+	if (cm.init_qp_attr(id, &a, &mask) != 0)
+		return errno != 0 ? errno : EIO;
+	if (state == RS_QPS_RTS) {
+		a.timeout = timeout;
+		a.retry_cnt = retry_cnt;
+		a.rnr_retry = rnr_retry;
+		mask |= RS_QP_TIMEOUT | RS_QP_RETRY_CNT | RS_QP_RNR_RETRY;
+	}
+	return rs_modify_qp(qp, &a, mask);
+}
+
+int rs_cm_establish(struct rs_cm_id *id)
+{
+	errno = 0;
+	return cm_ret(cm.establish(id));
+}

@@ -40,6 +40,8 @@ func deviceOptions() verbs.OpenOptions {
 	// Both QPs of a pair are on this host: the device's own IP is the
 	// local and the remote address (the connection manager, for iWARP,
 	// connects by IP).
+	// RSOCK_VERBS_CM=1 connects every pair through rdma_cm, on RoCE too.
+	o.ConnectionManager, _ = strconv.ParseBool(os.Getenv("RSOCK_VERBS_CM"))
 	if ip := net.ParseIP(pick("SOFTROCE_IP", "RSOCK_TEST_VERBS_IP")); ip != nil {
 		o.LocalAddr = &net.TCPAddr{IP: ip}
 		o.RemoteAddr = &net.TCPAddr{IP: ip}

@@ -212,7 +212,8 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: ibverbs: %v", verbs.ErrUnavailable, err)
 	}
-	if t.iwarp {
+	t.cm = t.iwarp || o.ConnectionManager
+	if t.cm {
 		if _, err := cmLoad(); err != nil {
 			return nil, err
 		}

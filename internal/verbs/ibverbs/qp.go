@@ -84,8 +84,10 @@ type QP struct {
 
 	asyncErr atomic.Pointer[string]
 
-	// rdma_cm devices (cm.go): the QP's connection manager state, set by
-	// Connect, and on the passive side the listener port for Info.
+	// Connected through rdma_cm (cm.go): viaCM, the QP's connection
+	// manager state (set by Connect), and on the passive side the
+	// listener port for Info.
+	viaCM  bool
 	cm     *cmConn
 	cmPort uint16
 }
@@ -128,6 +130,7 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 		dev: d, cq: cq, qp: qpp, qpn: uint32(qpp.qp_num), psn: rand.Uint32N(1 << 24),
 		inline: int(cap.max_inline_data), maxInline: attr.MaxInline,
 		sends: make([]sendRec, attr.SendDepth), recvs: make([]uint64, attr.RecvDepth),
+		viaCM: d.t.cm,
 	}
 	q.maxInline = max(q.maxInline, q.inline)
 	if q.inline > 0 {
@@ -154,13 +157,13 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 }
 
 // Info describes this end: QP number, PSN, GID, LID and MTU.
-// On an rdma_cm device (iWARP) it carries, on the passive side once
-// Connect has returned, the listener port and the ticket the active side
-// must connect with (cm.go).
+// Connected through rdma_cm (iWARP, or OpenOptions.ConnectionManager),
+// it carries, on the passive side once Connect has returned, the listener
+// port and the ticket the active side must connect with (cm.go).
 func (q *QP) Info() []byte {
-	if q.dev.t.iwarp {
-		q.smu.Lock()
-		defer q.smu.Unlock()
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.viaCM {
 		in := info{cm: true}
 		if q.cm != nil && q.cm.ticket != nil {
 			in.port, in.ticket, in.secret = q.cmPort, q.cm.ticket.num, q.cm.ticket.secret
@@ -190,10 +193,15 @@ func (q *QP) Connect(ctx context.Context, peer []byte, active bool) error {
 		return fmt.Errorf("%w: already connected", verbs.ErrQPState)
 	}
 	d := q.dev
-	if d.t.iwarp != in.cm {
-		return fmt.Errorf("%w: the peer's device and %s are not connected the same way (rdma_cm: %v and %v)", verbs.ErrPeerInfo, d.t.dev, in.cm, d.t.iwarp)
+	switch {
+	case d.t.iwarp && !in.cm:
+		return fmt.Errorf("%w: %s is iWARP, and the peer does not connect through rdma_cm", verbs.ErrPeerInfo, d.t.dev)
+	case !active && !d.t.iwarp:
+		q.viaCM = in.cm // the passive side follows the active side's choice
+	case q.viaCM != in.cm:
+		return fmt.Errorf("%w: the peer answered rdma_cm %v to rdma_cm %v", verbs.ErrPeerInfo, in.cm, q.viaCM)
 	}
-	if d.t.iwarp {
+	if q.viaCM {
 		return q.connectCM(ctx, in, active)
 	}
 	if d.t.roce && in.gid == [16]byte{} {

@@ -326,6 +326,8 @@ void rs_ack_async_event(struct rs_async_event *ev) { ibv.ack_async_event(ev); }
 
 const char *rs_context_name(struct rs_context *ctx) { return ibv.get_device_name(ctx->device); }
 
+int rs_modify_qp(struct rs_qp *qp, struct rs_qp_attr *attr, int mask) { return ibv.modify_qp(qp, attr, mask); }
+
 int rs_set_nonblock(int fd)
 {
 	int fl = fcntl(fd, F_GETFL);

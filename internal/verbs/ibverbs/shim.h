@@ -355,6 +355,7 @@ int rs_get_async_event(struct rs_context *ctx, struct rs_async_event *ev);
 void rs_ack_async_event(struct rs_async_event *ev);
 int rs_set_nonblock(int fd);
 const char *rs_context_name(struct rs_context *ctx);
+int rs_modify_qp(struct rs_qp *qp, struct rs_qp_attr *attr, int mask);
 
 // ---- librdmacm (cmshim.c): the connection manager, for devices whose QPs
 // can only be connected through it (iWARP). Loaded with dlopen like
@@ -447,5 +448,7 @@ int rs_cm_reject(struct rs_cm_id *id);
 int rs_cm_disconnect(struct rs_cm_id *id);
 int rs_cm_get_event(struct rs_cm_channel *ch, struct rs_cm_got *got);
 const char *rs_cm_event_str(uint32_t event);
+int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry);
+int rs_cm_establish(struct rs_cm_id *id);
 
 #endif

@@ -81,6 +81,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
@@ -131,6 +132,10 @@ type Faults struct {
 	// complete with StatusFlushed (as some hardware does) instead of failing
 	// with verbs.ErrQPState.
 	FlushPostsInError bool
+	// MRLimit, if positive, caps the bytes registered on one device:
+	// AllocMR past it fails with ENOMEM, as registration does past
+	// RLIMIT_MEMLOCK.
+	MRLimit int64
 }
 
 // Provider opens simulated devices. The zero value is ready to use (with no
@@ -330,6 +335,7 @@ type Device struct {
 	keys   map[uint32]*MR // remote-writable MRs by rkey
 	cqs    map[*CQ]struct{}
 	qps    map[*QP]struct{}
+	bytes  int64 // registered (Faults.MRLimit)
 }
 
 var _ verbs.Device = (*Device)(nil)
@@ -349,6 +355,14 @@ func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if d.isClosed() {
 		return nil, verbs.ErrClosed
 	}
+	if limit := d.prov.currentFaults().MRLimit; limit > 0 {
+		d.mu.Lock()
+		over := d.bytes+int64(size) > limit
+		d.mu.Unlock()
+		if over {
+			return nil, fmt.Errorf("sim: registering %d bytes passes the device's limit of %d (Faults.MRLimit): %w", size, limit, syscall.ENOMEM)
+		}
+	}
 	buf, err := verbs.AllocMem(size)
 	if err != nil {
 		return nil, err
@@ -366,6 +380,7 @@ func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 		return nil, verbs.ErrClosed
 	}
 	d.mrs[mr] = struct{}{}
+	d.bytes += int64(len(buf))
 	if mr.rkey != 0 {
 		d.keys[mr.rkey] = mr
 	}
@@ -485,6 +500,7 @@ func (d *Device) forgetMR(mr *MR) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.mrs, mr)
+	d.bytes -= int64(len(mr.buf))
 	if mr.rkey != 0 && d.keys[mr.rkey] == mr {
 		delete(d.keys, mr.rkey)
 	}
