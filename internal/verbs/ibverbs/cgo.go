@@ -11,6 +11,7 @@ import "C"
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -46,6 +47,30 @@ func loadLib(name string) error {
 		return fmt.Errorf("%w: ibverbs: cannot load %s: %s", verbs.ErrUnavailable, name, C.GoString(&buf[0]))
 	}
 	return nil
+}
+
+// pollable makes a library's event descriptor readable in the Go
+// netpoller: it sets the descriptor non-blocking (so that the library's
+// read says EAGAIN when there is nothing; a duplicate shares the open
+// file and with it the flag) and returns a duplicate as a file, whose
+// RawConn waits for readiness. Closing the file leaves fd to its owner.
+func pollable(fd C.int, name string) (*os.File, syscall.RawConn, error) {
+	if e := C.rs_set_nonblock(fd); e != 0 {
+		return nil, nil, errnoErr(name+" non-blocking", e)
+	}
+	dup, err := syscall.Dup(int(fd))
+	if err != nil {
+		return nil, nil, fmt.Errorf("ibverbs: dup %s: %w", name, err)
+	}
+	// After the flag: os.NewFile puts only a non-blocking descriptor in
+	// the netpoller.
+	f := os.NewFile(uintptr(dup), name)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("ibverbs: %s: %w", name, err)
+	}
+	return f, rc, nil
 }
 
 // errnoErr makes an error of an errno value returned by the shim.

@@ -134,25 +134,10 @@ func startCM() (*cmState, error) {
 	if ch == nil {
 		return nil, fmt.Errorf("%w: ibverbs: rdma_cm event channel: %v (is the rdma_ucm module loaded, /dev/infiniband/rdma_cm present?)", verbs.ErrUnavailable, syscall.Errno(e))
 	}
-	// The channel stays open for the life of the process; its events are
-	// read when a duplicate of its descriptor, in the netpoller, is ready.
-	fd, err := syscall.Dup(int(ch.fd))
+	// The channel stays open for the life of the process.
+	f, rc, err := pollable(ch.fd, "rdma_cm event channel")
 	if err != nil {
-		return nil, fmt.Errorf("ibverbs: dup rdma_cm fd: %w", err)
-	}
-	// Non-blocking for both descriptors (they share the open file), so
-	// that rdma_get_cm_event on the channel says EAGAIN when it is empty,
-	// and before os.NewFile, which puts only a non-blocking descriptor in
-	// the netpoller.
-	if e := C.rs_set_nonblock(C.int(fd)); e != 0 {
-		syscall.Close(fd)
-		return nil, errnoErr("rdma_cm fd non-blocking", e)
-	}
-	f := os.NewFile(uintptr(fd), "rdma_cm")
-	rc, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("ibverbs: rdma_cm fd: %w", err)
+		return nil, err
 	}
 	s := &cmState{ch: ch, conns: map[*C.struct_rs_cm_id]*cmConn{}, listeners: map[netip.Addr]*cmListener{}}
 	go s.loop(rc, f)
@@ -519,7 +504,7 @@ func putSockaddr(ss *C.struct_sockaddr_storage, ip netip.Addr, port uint16) {
 // It runs on a goroutine of its own: the event loop must not wait for
 // the QP's lock, which Connect holds while it waits for the loop.
 func (q *QP) cmFail(why string) {
-	q.asyncErr.Store(&why)
+	q.markDead(why)
 	go func() {
 		q.smu.Lock()
 		defer q.smu.Unlock()

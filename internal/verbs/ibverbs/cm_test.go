@@ -237,3 +237,55 @@ func sendOne(t *testing.T, a, b *QP) {
 		t.Fatalf("received %q", got)
 	}
 }
+
+// TestCMPostAsPeerCloses: a SEND posted while the peer closes (before or
+// after its disconnect is known here) completes or is refused; it never
+// hangs. soft-iWARP takes a post on a QP that has just gone to the error
+// state and never completes it: the provider refuses posts once it knows,
+// and completes as flushed what the device dropped (CQ.flushDead). The
+// conformance suite's ClosedPeer hit this race in about one run in five.
+func TestCMPostAsPeerCloses(t *testing.T) {
+	d := openCMDevice(t)
+	const rounds = 50
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i := range rounds {
+		a, b := newCMQP(t, d), newCMQP(t, d)
+		if err := b.Connect(ctx, a.Info(), false); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Connect(ctx, b.Info(), true); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Established(ctx); err != nil {
+			t.Fatal(err)
+		}
+		b.Close()
+		err := a.PostSend(&verbs.SendWR{ID: 2, Op: verbs.OpSend, Inline: []byte("late"), Signaled: true})
+		if err != nil {
+			if !errors.Is(err, verbs.ErrQPState) {
+				t.Fatalf("round %d: post: %v, want ErrQPState or a completion", i, err)
+			}
+		} else {
+			wc := make([]verbs.Completion, 1)
+			deadline := time.Now().Add(30 * time.Second) // a hang guard
+			for {
+				n, err := a.cq.Poll(wc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n == 1 {
+					if wc[0].ID != 2 {
+						t.Fatalf("round %d: completion %+v, want ID 2", i, wc[0])
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("round %d: a SEND posted as the peer closed never completed (QP error: %v)", i, a.asyncErr.Load() != nil)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		a.Close()
+	}
+}

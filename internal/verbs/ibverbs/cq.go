@@ -44,6 +44,9 @@ type CQ struct {
 	mu  sync.Mutex
 	wcs [pollBatch]C.struct_rs_wc
 	qps map[uint32]*QP // by QP number: translates completions
+	// dead counts the attached QPs known to be in the error state whose
+	// work Poll may have to flush itself (flushDead).
+	dead atomic.Int32
 
 	unacked C.uint // events read and not acknowledged; events' own until it returns
 }
@@ -73,16 +76,9 @@ func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 		C.rs_destroy_channel(ch)
 		return nil, err
 	}
-	if e := C.rs_set_nonblock(ch.fd); e != 0 {
-		return fail(errnoErr("completion channel non-blocking", e))
-	}
-	fd, err := syscall.Dup(int(ch.fd))
-	if err != nil {
-		return fail(fmt.Errorf("ibverbs: dup completion channel: %w", err))
-	}
-	q.file = os.NewFile(uintptr(fd), "ibverbs-cq")
-	if q.rc, err = q.file.SyscallConn(); err != nil {
-		return fail(fmt.Errorf("ibverbs: completion channel: %w", err))
+	var err error
+	if q.file, q.rc, err = pollable(ch.fd, "completion channel"); err != nil {
+		return fail(err)
 	}
 	if q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), ch, &e); q.cq == nil {
 		return fail(errnoErr(fmt.Sprintf("create CQ of %d entries", depth), e))
@@ -120,7 +116,52 @@ func (q *CQ) Poll(wc []verbs.Completion) (int, error) {
 			break
 		}
 	}
+	if got < len(wc) && q.dead.Load() > 0 {
+		got += q.flushDead(wc[got:])
+	}
 	return got, nil
+}
+
+// flushDead completes, as flushed, the work still outstanding on QPs
+// known to be in the error state (QP.markDead), once the device has no
+// completion left to give. Some devices never complete work posted as the
+// QP went to the error state (soft-iWARP takes such posts and drops
+// them); RC promises that every request completes, so the provider keeps
+// the promise. A completion the device still delivers later for a
+// request completed here is recognised by its sequence number and
+// dropped (translate).
+func (q *CQ) flushDead(wc []verbs.Completion) int {
+	n := 0
+	for _, qp := range q.qps {
+		if !qp.isDead() {
+			continue
+		}
+		qp.smu.Lock()
+		for seq := qp.sqTail.Load(); seq < qp.sqHead && n < len(wc); seq++ {
+			id, op := qp.retireSend(seq)
+			wc[n] = verbs.Completion{ID: id, Op: op, Status: verbs.StatusFlushed}
+			n++
+		}
+		qp.smu.Unlock()
+		qp.rmu.Lock()
+		for seq := qp.rqTail.Load(); seq < qp.rqHead && n < len(wc); seq++ {
+			id, op := qp.retireRecv(seq)
+			wc[n] = verbs.Completion{ID: id, Op: op, Status: verbs.StatusFlushed}
+			n++
+		}
+		qp.rmu.Unlock()
+	}
+	return n
+}
+
+// wake calls an armed notification, so that a caller waiting for the CQ
+// polls: a QP of it went to the error state (QP.markDead).
+func (q *CQ) wake() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.armed.Swap(false) && !q.closed.Load() {
+		q.notify()
+	}
 }
 
 // wrRecv marks a receive work request's ID (send IDs have it clear).
@@ -138,11 +179,17 @@ func (q *CQ) translate(w *C.struct_rs_wc, c *verbs.Completion) bool {
 	id := uint64(w.wr_id)
 	*c = verbs.Completion{Status: status(w.status)}
 	if id&wrRecv != 0 {
+		if id&^wrRecv < qp.rqTail.Load() {
+			return false // completed already (flushDead)
+		}
 		c.ID, c.Op = qp.retireRecv(id &^ wrRecv)
 		if c.Status == verbs.StatusSuccess {
 			c.Len = int(w.byte_len)
 		}
 		return true
+	}
+	if id < qp.sqTail.Load() {
+		return false // completed already (flushDead)
 	}
 	c.ID, c.Op = qp.retireSend(id)
 	return true

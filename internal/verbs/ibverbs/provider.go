@@ -104,19 +104,10 @@ func (dc *devCtx) alive() error {
 // startAsync starts the goroutine that reads the context's asynchronous
 // events (QP errors, device removal). It parks in the netpoller.
 func (dc *devCtx) startAsync() error {
-	fd, err := syscall.Dup(int(dc.ctx.async_fd))
-	if err != nil {
-		return fmt.Errorf("ibverbs: dup async fd: %w", err)
-	}
-	if e := C.rs_set_nonblock(C.int(fd)); e != 0 {
-		syscall.Close(fd)
-		return errnoErr("async fd non-blocking", e)
-	}
-	dc.async = os.NewFile(uintptr(fd), "ibverbs-async-"+dc.name)
-	rc, err := dc.async.SyscallConn()
-	if err != nil {
-		dc.async.Close()
-		return fmt.Errorf("ibverbs: async fd: %w", err)
+	var rc syscall.RawConn
+	var err error
+	if dc.async, rc, err = pollable(dc.ctx.async_fd, "async fd of "+dc.name); err != nil {
+		return err
 	}
 	go dc.asyncLoop(rc)
 	return nil
@@ -148,11 +139,11 @@ var asyncName = map[C.uint32_t]string{
 	C.RS_EVENT_PORT_ERR:      "port error",
 }
 
-// handle records an asynchronous event. A QP error needs no action here:
-// the device has moved the QP to the error state, so its outstanding work
-// requests complete as flushed and the connection sees them; the event
-// only makes the error message clearer. A CQ overrun loses completions,
-// so it fails the CQ (CQ.fail), which tells its user.
+// handle records an asynchronous event. On a QP error the device has
+// moved the QP to the error state; the QP is marked (QP.markDead: posts
+// refused from now on, outstanding work flushed, the reason in the error
+// messages). A CQ overrun loses completions, so it fails the CQ
+// (CQ.fail), which tells its user.
 func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 	name, ok := asyncName[ev.event_type]
 	if !ok {
@@ -165,7 +156,7 @@ func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 		qp := dc.qps[qpp]
 		dc.mu.Unlock()
 		if qp != nil {
-			qp.asyncErr.Store(&name)
+			qp.markDead(name)
 		}
 	case C.RS_EVENT_CQ_ERR:
 		cqp := *(**C.struct_rs_cq)(unsafe.Pointer(&ev.element))
@@ -178,10 +169,14 @@ func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 	case C.RS_EVENT_DEVICE_FATAL:
 		dc.mu.Lock()
 		dc.dead = fmt.Errorf("%w: ibverbs: device %s: %s", verbs.ErrUnavailable, dc.name, name)
+		qps := make([]*QP, 0, len(dc.qps))
 		for _, qp := range dc.qps {
-			qp.asyncErr.Store(&name)
+			qps = append(qps, qp)
 		}
 		dc.mu.Unlock()
+		for _, qp := range qps {
+			qp.markDead(name)
+		}
 	}
 }
 

@@ -403,6 +403,20 @@ func (q *QP) postErr(op string, e C.int) error {
 	return err
 }
 
+// markDead records, once, why q is in the error state: posts are refused
+// from then on (some devices take them and never complete them), the CQ
+// completes what is outstanding as flushed if the device does not
+// (CQ.flushDead), and a caller waiting on the CQ is woken to poll.
+func (q *QP) markDead(why string) {
+	if !q.asyncErr.CompareAndSwap(nil, &why) {
+		return
+	}
+	q.cq.dead.Add(1)
+	q.cq.wake()
+}
+
+func (q *QP) isDead() bool { return q.asyncErr.Load() != nil }
+
 // retireSend returns the ID and opcode of send seq and retires it and
 // every earlier send (completions of a send queue come in order). Called
 // by Poll under the CQ's lock.
