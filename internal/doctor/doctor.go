@@ -102,6 +102,11 @@ func Run(w io.Writer, o Options) int {
 						roce = append(roce, g.IPv4)
 					}
 				}
+				if d.IWARP {
+					// One GID, derived from the MAC; sysfs's type label is RoCE's.
+					fmt.Fprintf(w, "      GID %d %s (from the MAC; iWARP is addressed by IP)\n", g.Index, g.GID)
+					continue
+				}
 				fmt.Fprintf(w, "      GID %d %s [%s] %s%s\n", g.Index, g.GID, g.Type, g.Netdev, ip)
 			}
 		}

@@ -434,8 +434,9 @@ func (q *QP) retireRecv(seq uint64) (uint64, verbs.Opcode) {
 }
 
 // Close moves the QP to the error state, so outstanding requests complete
-// as flushed, and destroys it; once it returns the device no longer
-// touches memory through this QP.
+// as flushed (by the device, or by the CQ where the device does not), and
+// destroys it; once it returns the device no longer touches memory
+// through this QP.
 func (q *QP) Close() error {
 	q.smu.Lock()
 	q.rmu.Lock()
@@ -458,6 +459,9 @@ func (q *QP) Close() error {
 	if id != nil {
 		destroyID(id)
 	}
+	// The device flushes what was outstanding, unless the QP is destroyed
+	// before it does (Soft-RoCE, now and then): the CQ completes the rest.
+	q.markDead("queue pair closed")
 	return err
 }
 
