@@ -119,55 +119,32 @@ sr_rc_pingpong() {
 	esac
 }
 
-# sr_rping [COUNT]: rping (rdma_cm) on siw0's IP. single: server and client
-# in the guest; the client starts once the server's iWARP listener (a real
-# TCP socket) is up. server / client (--two-hosts): one side each; the
-# client retries while the server does not listen yet (an rping client
-# that finds no listener can hang: each try has a bound).
+# sr_rping [COUNT]: rping (rdma_cm) on siw0's own IP, server and client in
+# this guest; the client starts once the server's iWARP listener (a real
+# TCP socket) is up. In two-guest mode each guest checks its own siw0 this
+# way: across guests an rping client that finds no listener yet hangs
+# (softiwarp.md), and rsock's two-host test covers that path with retries.
 sr_rping() {
 	_count=${1:-10}
-	case ${SOFTROCE_ROLE:-single} in
-	single)
-		rm -f /tmp/.rp.src /tmp/.rp.crc
-		{
-			timeout 100 rping -s -a "$SOFTROCE_SIW_IP" -p 7174 -C "$_count" -v
-			echo $? >/tmp/.rp.src
-		} 2>&1 | sed 's/^/server: /' &
-		_spipe=$!
-		if sr_wait_listen 7174 20; then
-			{
-				timeout 60 rping -c -a "$SOFTROCE_SIW_IP" -p 7174 -C "$_count" -v
-				echo $? >/tmp/.rp.crc
-			} 2>&1 | sed 's/^/client: /'
-		else
-			echo "rping server did not listen on port 7174"
-		fi
-		_crc=$(cat /tmp/.rp.crc 2>/dev/null || echo none)
-		# A server whose client failed would wait for its timeout.
-		[ "$_crc" = 0 ] || killall rping 2>/dev/null
-		wait "$_spipe"
-		_src=$(cat /tmp/.rp.src 2>/dev/null || echo none)
-		echo "client exit $_crc, server exit $_src"
-		[ "$_src" = 0 ] && [ "$_crc" = 0 ]
-		;;
-	server)
+	rm -f /tmp/.rp.src /tmp/.rp.crc
+	{
 		timeout 100 rping -s -a "$SOFTROCE_SIW_IP" -p 7174 -C "$_count" -v
-		;;
-	client)
-		_end=$(($(sr_now) + ${SR_CONNECT_SECS:-60}))
-		sr_wait_ping "$SOFTROCE_SIW_PEER_IP" "${SR_CONNECT_SECS:-60}" || {
-			echo "peer $SOFTROCE_SIW_PEER_IP does not answer ping"
-			return 1
-		}
-		while :; do
-			timeout 20 rping -c -a "$SOFTROCE_SIW_PEER_IP" -p 7174 -C "$_count" -v && return 0
-			[ "$(sr_now)" -lt "$_end" ] || return 1
-			sleep 1
-		done
-		;;
-	*)
-		echo "unknown SOFTROCE_ROLE '$SOFTROCE_ROLE'"
-		return 1
-		;;
-	esac
+		echo $? >/tmp/.rp.src
+	} 2>&1 | sed 's/^/server: /' &
+	_spipe=$!
+	if sr_wait_listen 7174 20; then
+		{
+			timeout 60 rping -c -a "$SOFTROCE_SIW_IP" -p 7174 -C "$_count" -v
+			echo $? >/tmp/.rp.crc
+		} 2>&1 | sed 's/^/client: /'
+	else
+		echo "rping server did not listen on port 7174"
+	fi
+	_crc=$(cat /tmp/.rp.crc 2>/dev/null || echo none)
+	# A server whose client failed would wait for its timeout.
+	[ "$_crc" = 0 ] || killall rping 2>/dev/null
+	wait "$_spipe"
+	_src=$(cat /tmp/.rp.src 2>/dev/null || echo none)
+	echo "client exit $_crc, server exit $_src"
+	[ "$_src" = 0 ] && [ "$_crc" = 0 ]
 }
