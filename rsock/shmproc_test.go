@@ -470,12 +470,12 @@ func (p *svcProc) lastInfo(t testing.TB) (name string, secret []byte) {
 }
 
 // parseShmInfo reads an shm QP Info (internal/verbs/shm/wire.go): magic
-// "rshm", version 4, name length at 5, secret at 40..72, name from 72.
+// "rshm", version 5, name length at 5, secret at 40..72, name from 72.
 func parseShmInfo(t testing.TB, info []byte) (name string, secret []byte) {
 	t.Helper()
 	require.GreaterOrEqual(t, len(info), 72, "shm info %x", info)
 	require.Equal(t, "rshm", string(info[:4]))
-	require.Equal(t, byte(4), info[4], "shm info version")
+	require.Equal(t, byte(5), info[4], "shm info version")
 	require.Len(t, info, 72+int(info[5]))
 	return string(info[72:]), info[40:72]
 }
@@ -1056,16 +1056,11 @@ func runShmIntruder() {
 	}
 }
 
-// connectMsg is a well-formed shm rendezvous connect message (see
-// internal/verbs/shm/wire.go): header "rsrv", version 5, kind 1; the
-// secret; the sender's link id; an exchange with inbox capacity 64 and no
-// regions.
+// connectMsg is a well-formed shm rendezvous connect message, a link's
+// first (see internal/verbs/shm/wire.go): header "rsrv", version 6, kind
+// 1; the secret.
 func connectMsg(secret []byte) []byte {
-	b := append([]byte("rsrv"), 5, 1, 0, 0)
-	b = append(b, secret...)
-	b = binary.LittleEndian.AppendUint32(b, 0)
-	b = binary.LittleEndian.AppendUint32(b, 64)
-	return append(b, 0, 0, 0, 0)
+	return append(append([]byte("rsrv"), 6, 1, 0, 0), secret...)
 }
 
 // intrude connects to the rendezvous socket, sends msg (nil: nothing) with

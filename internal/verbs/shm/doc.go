@@ -134,35 +134,35 @@
 // a 32-byte random secret of this QP, and the name of this process's
 // rendezvous listener: an abstract SOCK_SEQPACKET Unix socket
 // ("@rsock-shm-<pid>-<random>"), started by the first QP that needs it and
-// closed when no QP and no link it accepted is left. The passive side (server) registers its secret
-// with the listener in Connect and returns; the active side sends the
-// secret and its fds (inbox, remote-writable regions) on the link to the
-// passive side's process; the passive process compares the secret in
-// constant time with the registered ones (each usable once), answers with
-// its own fds and Established returns.
+// closed when no QP and no link it accepted is left. The passive side
+// (server) registers its secret with the listener in Connect and returns;
+// the active side attaches on the link to the passive side's process: it
+// sends the secret and its fds (inbox, remote-writable regions); the
+// passive process compares the secret in constant time with the registered
+// ones (each usable once), answers with its own fds and Established
+// returns.
 //
 // A link (link.go; SMC-D's link group, UCX's per-peer endpoint) is what two
 // processes share for all their QPs: one connection to the peer's
 // rendezvous listener, dialed by the first active QP towards that listener
 // and kept by the dialing side in a table by the listener's name, and a
-// doorbell per direction (a bell page and an eventfd, exchanged in the
-// link's first message along with the first QP's). Later QPs to the same
-// peer process attach to the link: an attach message carries the secret,
-// the QP's fds and its link id, and the answer the peer QP's. Every
-// control message names the receiving QP by its link id (slot and
-// generation, so a stale message does not reach a QP that reused the
-// slot). The dialing side closes the link a second after its last QP
-// closed (linkLinger), unless another QP to that process took it over by
-// then: a client that connects, talks and closes in a loop attaches each
-// connection (one message each way) instead of setting up a link (a Unix
-// connection, credentials, doorbells): in such a loop, with no other
-// connection between the two processes, dial took 303 us instead of 391
-// (p50, two processes here). The accepting side closes the link when it ends, and
-// holds the rendezvous listener until then, so that the name the
-// lingering link is kept under stays valid. A QP's close sends "gone" to its peer QP;
-// the link's end tells every QP on it that the peer process is gone. So a
-// connection costs no file descriptor of its own: each process holds, per
-// peer process, one Unix socket, its own eventfd and the peer's.
+// doorbell per direction (a bell page and an eventfd, traded in the link's
+// first message, which proves the secret of a registered QP, and its
+// answer). Then every QP to that peer process, the first one too, attaches
+// to the link: an attach message carries the secret, the QP's fds and its
+// link id, and the answer the peer QP's. Every control message names the
+// receiving QP by its link id (slot and generation, so a stale message
+// does not reach a QP that reused the slot). The dialing side closes the
+// link a second after its last QP closed (linkLinger), unless another QP
+// to that process took it over by then: a client that connects, talks and
+// closes in a loop attaches each connection (one message each way) instead
+// of setting up a link (a Unix connection, credentials, doorbells). The
+// accepting side closes the link when it ends, and holds the rendezvous
+// listener until then, so that the name the lingering link is kept under
+// stays valid. A QP's close sends "gone" to its peer QP; the link's end
+// tells every QP on it that the peer process is gone. So a connection
+// costs no file descriptor of its own: each process holds, per peer
+// process, one Unix socket, its own eventfd and the peer's.
 //
 // The secret travels only inside the Info exchanged over rsock's TCP
 // bootstrap connection, so only the process at the other end of that
@@ -178,9 +178,10 @@
 // different user namespaces (whose uids map differently) are refused. A
 // new connection to the listener must present a registered secret in its
 // first message, before anything else it sent is looked at, or it is
-// closed without touching any registration; a wrong secret in a later
-// attach is refused with a message and leaves the link alone. A failure
-// after the secret matched is reported to that QP's Established. Every
+// closed without touching any registration (a secret sets up one link at
+// most, so links number no more than registrations); a wrong secret in an
+// attach is refused with a message and leaves the link alone. A failure of
+// an attach after its secret matched is reported to that QP's Established. Every
 // received fd is checked before it is mapped, and closed unless kept, on
 // every path. A malformed message on a link is a protocol violation that
 // ends the link, and with it the QPs of that peer process only.

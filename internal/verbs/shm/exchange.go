@@ -12,11 +12,11 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// The active side of an exchange (on a new link or an established one),
-// and what both sides send and map for a QP.
+// The active side of an exchange, and what both sides send and map for a
+// QP.
 
 // connectActive runs the active side: it attaches q to the link to the
-// peer's process, or sets up that link if there is none.
+// peer's process, setting up that link if there is none.
 func (q *QP) connectActive(ctx context.Context, info *peerInfo) (err error) {
 	if info.name == "" {
 		return fmt.Errorf("%w: shm: peer has no rendezvous listener", verbs.ErrPeerInfo)
@@ -57,19 +57,16 @@ func (q *QP) connectActive(ctx context.Context, info *peerInfo) (err error) {
 		}
 	}()
 	wait := make(chan attachReply, 1)
-	l, id, first, err := getLink(xctx, q, info.name, wait)
+	l, id, err := getLink(xctx, q, info, wait)
 	if err != nil {
 		return err
-	}
-	if first {
-		return q.setupLink(xctx, l, id, info)
 	}
 	return q.attach(xctx, l, id, info, wait)
 }
 
 // attach runs the active side of an exchange on an established link.
 func (q *QP) attach(ctx context.Context, l *link, id uint32, info *peerInfo, wait chan attachReply) error {
-	msg, fds, err := q.exportLocal(msgAttach, &exchange{secret: info.secret, src: id}, nil)
+	msg, fds, err := q.exportLocal(msgAttach, &exchange{secret: info.secret, src: id})
 	if err == nil {
 		err = l.write(msg, fds)
 		closeFDs(fds)
@@ -116,15 +113,11 @@ func (q *QP) attach(ctx context.Context, l *link, id uint32, info *peerInfo, wai
 	return nil
 }
 
-// setupLink dials the peer's rendezvous and runs a new link's first
-// exchange for q; other QPs to that peer wait for it (finishSetup).
-func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) (err error) {
-	defer func() {
-		l.finishSetup(err)
-		if err != nil {
-			l.unbind(id)
-		}
-	}()
+// setup dials the peer's rendezvous and runs a new link's first exchange,
+// which proves the secret of a QP registered there (info's) and trades the
+// doorbells; then it starts the link. The QPs, that one first, attach to
+// it.
+func (l *link) setup(ctx context.Context, info *peerInfo) error {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unixpacket", info.name)
 	if err != nil {
@@ -133,12 +126,7 @@ func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) 
 	c := conn.(*net.UnixConn)
 	l.mu.Lock()
 	l.c = c
-	closing := l.closing
 	l.mu.Unlock()
-	if closing {
-		_ = c.Close()
-		return verbs.ErrClosed
-	}
 	dl, _ := ctx.Deadline()
 	_ = c.SetDeadline(dl)
 	stopCtx := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
@@ -156,60 +144,40 @@ func (q *QP) setupLink(ctx context.Context, l *link, id uint32, info *peerInfo) 
 	if err != nil {
 		return err
 	}
-	msg, fds, err := q.exportLocal(msgConnect, &exchange{secret: info.secret, src: id}, lfds)
-	if err == nil {
-		err = writeMsg(c, msg, fds)
-		closeFDs(fds[linkFDs:])
+	err = writeMsg(c, append(appendHeader(nil, msgConnect), info.secret[:]...), lfds)
+	if aerr := l.adoptDoorbell(lfds); err == nil {
+		err = aerr
 	}
 	if err != nil {
-		closeFDs(lfds)
 		return fmt.Errorf("%w: shm: sending to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
-	}
-	if err := l.adoptDoorbell(lfds); err != nil {
-		return err
 	}
 	buf := make([]byte, maxMsgLen)
 	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
 	b, rfds, err := readMsg(c, buf, oob)
-	if err != nil {
-		if q.isClosingNow() {
-			return verbs.ErrClosed
-		}
-		return fmt.Errorf("%w: shm: the peer refused the exchange: %v", verbs.ErrPeerInfo, err)
-	}
-	x, err := decodeExchangeMsg(b, msgAccept)
-	if err == nil && x.dst != id {
-		err = fmt.Errorf("%w: accept for %#x, want %#x", errMsgFormat, x.dst, id)
-	}
 	if err == nil {
-		err = l.mapPeerDoorbell(rfds)
-	}
-	if err != nil {
-		closeFDs(rfds)
-		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
-	}
-	p, err := mapPeerSide(x, rfds[linkFDs:])
-	if err != nil {
-		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
+		err = decodeLinked(b)
+		if err == nil {
+			err = l.mapPeerDoorbell(rfds)
+		} else {
+			closeFDs(rfds)
+		}
 	}
 	if !stopCtx() { // ctx ended: the deadline may already be in the past
-		p.release()
 		return context.Cause(ctx)
 	}
-	_ = c.SetDeadline(time.Time{})
-	if err := q.install(p, l, id, x.src); err != nil {
-		return err
+	if err != nil {
+		return fmt.Errorf("%w: shm: link to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
 	}
+	_ = c.SetDeadline(time.Time{})
 	l.start()
 	return nil
 }
 
-// exportLocal builds this side's connect, attach or accept message (x
-// gives the secret and ids) and the fds to attach: linkFDs first (the
-// caller's), then duplicates of the inbox memfd and of up to maxExportMRs
-// remote-writable regions' memfds, whose keys it returns. The caller
-// closes the duplicates after sending.
-func (q *QP) exportLocal(kind byte, x *exchange, linkFDs []int) ([]byte, []int, error) {
+// exportLocal builds this side's attach or accept message (x gives the
+// secret and ids) and the fds to attach: duplicates of the inbox memfd and
+// of up to maxExportMRs remote-writable regions' memfds, whose keys it
+// returns. The caller closes the fds after sending.
+func (q *QP) exportLocal(kind byte, x *exchange) ([]byte, []int, error) {
 	x.inboxCap = q.in.cap
 	q.cmu.Lock()
 	inFD := -1
@@ -223,8 +191,8 @@ func (q *QP) exportLocal(kind byte, x *exchange, linkFDs []int) ([]byte, []int, 
 	if err != nil {
 		return nil, nil, err
 	}
-	fds := append(append(make([]int, 0, len(linkFDs)+4), linkFDs...), inFD)
-	fds, x.mrs = q.dev.exportFDs(fds, maxExportMRs)
+	fds, mrs := q.dev.exportFDs([]int{inFD}, maxExportMRs)
+	x.mrs = mrs
 	return encodeExchange(kind, x), fds, nil
 }
 

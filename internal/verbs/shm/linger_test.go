@@ -2,6 +2,7 @@ package shm
 
 import (
 	"bytes"
+	"context"
 	"testing"
 	"time"
 )
@@ -134,4 +135,29 @@ func listenerRefs() int {
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	return rv.refs
+}
+
+// TestFreshLinkThenAttach alternates connections that set up a new link
+// with ones that attach to the link the previous one left lingering; each
+// active side closes as soon as its Connect returns.
+func TestFreshLinkThenAttach(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range 100 {
+		for _, fresh := range []bool{true, false} {
+			if fresh {
+				waitLinks(t) // ends the lingering link
+			}
+			a, b := openEnd(t, 16), openEnd(t, 16)
+			if err := b.qp.Connect(ctx, a.qp.Info(), false); err != nil {
+				t.Fatalf("%d (fresh %v): passive Connect: %v", i, fresh, err)
+			}
+			if err := a.qp.Connect(ctx, b.qp.Info(), true); err != nil {
+				t.Fatalf("%d (fresh %v): active Connect: %v", i, fresh, err)
+			}
+			a.close() // before b may have seen Established
+
+			b.close()
+		}
+	}
 }

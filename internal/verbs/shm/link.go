@@ -176,10 +176,7 @@ func (l *link) dropUnlock() {
 // linkLinger is how long a dialed link outlives its last QP. A QP to the
 // same peer process within it attaches to the link (one message each
 // way) instead of dialing a new one (a Unix connection, credentials, an
-// eventfd and a bell page per side): in a loop of connect, one round trip
-// and close, dial took 303 us instead of 391 (p50, two processes here,
-// measured with two doorbells per link; rsockperf's setup figure moves
-// less, since its control connection keeps the link up anyway).
+// eventfd and a bell page per side; BENCHMARKS.md has the difference).
 // Meanwhile the link costs each side three descriptors (the Unix socket,
 // its eventfd and the peer's) and two goroutines (reader and dispatcher),
 // parked.
@@ -430,13 +427,13 @@ func (l *link) serveAttach(body []byte, fds []int) bool {
 		rv.mu.Unlock()
 		_ = l.write(appendRefuse(x.src, why), nil)
 	}
-	q := takeRegistration(x.secret[:])
+	q := claimRegistration(x.secret[:], false)
 	if q == nil {
 		closeFDs(fds)
 		refuseAttach("unknown secret")
 		return true
 	}
-	if err := q.acceptActive(l, x, fds, false); err != nil {
+	if err := q.acceptActive(l, x, fds); err != nil {
 		refuseAttach(err.Error())
 		q.setEstablished(fmt.Errorf("%w: shm: exchange with the active side failed: %v", verbs.ErrPeerInfo, err))
 		return true
@@ -460,60 +457,64 @@ func (l *link) write(b []byte, fds []int) error {
 // ringPeer rings the peer QP peerID.
 func (l *link) ringPeer(peerID uint32) { l.peer.ring(peerID&0xffff, l.peerEvt) }
 
-// getLink returns the established link to the peer whose rendezvous is
-// name, with q bound to it (id) and wait registered for the answer to its
-// attach. If there is none, it returns a new link that q must set up
-// (first true): q is bound to it, and other QPs wait until q's exchange
-// finished.
-func getLink(ctx context.Context, q *QP, name string, wait chan attachReply) (l *link, id uint32, first bool, err error) {
+// getLink returns the established link to the peer process of info, with
+// q bound to it (id) and wait registered for the answer to its attach. If
+// there is none, q sets one up; other QPs to that peer wait for it.
+func getLink(ctx context.Context, q *QP, info *peerInfo, wait chan attachReply) (*link, uint32, error) {
 	for {
 		links.mu.Lock()
 		if links.byName == nil {
 			links.byName = map[string]*link{}
 		}
-		l = links.byName[name]
-		if old := l; old != nil {
-			old.mu.Lock()
+		l := links.byName[info.name]
+		if l != nil {
+			l.mu.Lock()
 			switch {
-			case old.closing:
+			case l.closing:
+				l.mu.Unlock()
 				l = nil
-			case old.lingering:
-				old.lingering = false // q takes over the link's own hold
+			case l.lingering:
+				l.lingering = false // q takes over the link's own hold
+				l.mu.Unlock()
 			default:
-				old.qps++
+				l.qps++
+				l.mu.Unlock()
 			}
-			old.mu.Unlock()
 		}
+		var err error
 		if l == nil {
 			l = newLink()
-			l.dialed, l.name, l.ready, l.qps = true, name, make(chan struct{}), 1
-			id, _ = l.bind(q, nil)
-			links.byName[name] = l
+			l.dialed, l.name, l.ready, l.qps = true, info.name, make(chan struct{}), 1
+			links.byName[info.name] = l
 			links.mu.Unlock()
-			return l, id, true, nil
-		}
-		links.mu.Unlock()
-		select {
-		case <-l.ready:
-		case <-ctx.Done():
-			l.drop()
-			return nil, 0, false, context.Cause(ctx)
-		case <-q.closing:
-			l.drop()
-			return nil, 0, false, errQPClosing
-		}
-		if l.readyErr == nil {
-			if id, ok := l.bind(q, wait); ok {
-				return l, id, false, nil
+			err = l.setup(ctx, info)
+			l.finishSetup(err)
+		} else {
+			links.mu.Unlock()
+			select {
+			case <-l.ready:
+			case <-ctx.Done():
+				err = context.Cause(ctx)
+			case <-q.closing:
+				err = errQPClosing
 			}
 		}
-		l.drop() // that link failed or is closing: try a new one
+		if err == nil && l.readyErr == nil {
+			if id, ok := l.bind(q, wait); ok {
+				return l, id, nil
+			}
+		}
+		l.drop()
+		if err != nil {
+			return nil, 0, err
+		}
+		// That link failed or is closing: try a new one.
 	}
 }
 
 var errQPClosing = errors.New("shm: queue pair closed")
 
-// finishSetup records the outcome of the first exchange of a dialed link.
+// finishSetup records the outcome of a dialed link's setup.
 func (l *link) finishSetup(err error) {
 	l.mu.Lock()
 	l.readyErr = err
@@ -526,10 +527,6 @@ func (l *link) finishSetup(err error) {
 	}
 	close(l.ready)
 }
-
-// linkFDs is how many fds a link's first message carries before the
-// QP's: the sender's eventfd and its bell page.
-const linkFDs = 2
 
 // newLinkDoorbell makes this side's eventfd and bell page for a link and
 // returns them in the order they are sent. The caller sends them, then
@@ -560,13 +557,12 @@ func (l *link) adoptDoorbell(fds []int) error {
 }
 
 // mapPeerDoorbell validates and maps the peer's eventfd and bell page,
-// the first linkFDs of fds; it takes ownership of those on success and
-// failure.
+// fds; it takes ownership of them on success and failure.
 func (l *link) mapPeerDoorbell(fds []int) error {
-	if len(fds) < linkFDs {
-		return fmt.Errorf("shm: %d file descriptors, want the link's %d first", len(fds), linkFDs)
+	if len(fds) != 2 {
+		closeFDs(fds)
+		return fmt.Errorf("shm: %d file descriptors, want an eventfd and a bell page", len(fds))
 	}
-	defer func() { fds[0], fds[1] = -1, -1 }()
 	b, err := mapPeerBell(fds[1])
 	_ = unix.Close(fds[1])
 	if err == nil {

@@ -73,6 +73,7 @@ type QP struct {
 	lnName    string
 	lnRef     bool
 	passive   bool
+	rvLinked  bool // a link was set up with secret (guarded by rv.mu)
 	isClosing bool
 	closing   chan struct{} // closed when Close starts
 	estDone   chan struct{} // closed when the passive exchange has finished

@@ -156,10 +156,12 @@ func unregister(q *QP) {
 	}
 }
 
-// takeRegistration returns the registered QP whose secret is secret and
-// removes its registration (one use). Every registration is compared, in
-// constant time, whatever matches.
-func takeRegistration(secret []byte) *QP {
+// claimRegistration returns the registered QP whose secret is secret, or
+// nil; every registration is compared, in constant time, whatever
+// matches. For an attach (link false) it removes the registration: one
+// use. For a link's setup it leaves it, but a secret sets up one link at
+// most, so links number no more than registrations.
+func claimRegistration(secret []byte, link bool) *QP {
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	found := -1
@@ -172,7 +174,12 @@ func takeRegistration(secret []byte) *QP {
 		return nil
 	}
 	q := rv.regs[found]
-	rv.regs = slices.Delete(rv.regs, found, found+1)
+	if !link {
+		rv.regs = slices.Delete(rv.regs, found, found+1)
+	} else if q.rvLinked {
+		return nil
+	}
+	q.rvLinked = true
 	return q
 }
 
@@ -273,12 +280,11 @@ func serveQueued(p pendingConn) {
 	}
 }
 
-// serveRendezvous runs the passive side of a new link's first exchange: the
-// connect message must present the secret of a registered QP before
-// anything it carries is looked at. Anything wrong closes c and leaves
-// other registrations alone; once the secret matched, a failure is also
-// reported to that QP's Established. On success the link's reader and
-// dispatcher take over c.
+// serveRendezvous runs the passive side of a new link's setup: the
+// connect message must present the secret of a registered QP before the
+// fds it carries are looked at. Anything wrong closes c and leaves the
+// registrations alone. On success the link's reader and dispatcher take
+// over c, and the QPs attach.
 func serveRendezvous(p pendingConn) {
 	c, cred := p.c, p.cred
 	_ = c.SetDeadline(time.Now().Add(rendezvousTimeout))
@@ -294,17 +300,19 @@ func serveRendezvous(p pendingConn) {
 		refuse(c, cred, "reading the connect message: "+err.Error())
 		return
 	}
-	_ = c.SetDeadline(time.Now().Add(rendezvousTimeout))
-	x, err := decodeExchangeMsg(b, msgConnect)
+	kind, body, err := decodeHeader(b)
+	var q *QP
+	switch {
+	case err == nil && (kind != msgConnect || len(body) != secretLen):
+		err = fmt.Errorf("%w: kind %d, %d bytes", errMsgFormat, kind, len(body))
+	case err == nil:
+		if q = claimRegistration(body, true); q == nil {
+			err = errors.New("unknown secret")
+		}
+	}
 	if err != nil {
 		closeFDs(fds)
 		refuse(c, cred, err.Error())
-		return
-	}
-	q := takeRegistration(x.secret[:])
-	if q == nil {
-		closeFDs(fds)
-		refuse(c, cred, "unknown secret")
 		return
 	}
 	// The setup holds the link (qps) until the reader runs.
@@ -312,29 +320,35 @@ func serveRendezvous(p pendingConn) {
 	l.c, l.pid, l.uid, l.qps = c, cred.Pid, cred.Uid, 1
 	l.lnRef = holdListener()
 	err = l.mapPeerDoorbell(fds)
+	var lfds []int
 	if err == nil {
-		err = q.acceptActive(l, x, fds[linkFDs:], true)
-	} else {
-		closeFDs(fds)
+		lfds, err = l.newLinkDoorbell()
+	}
+	if err == nil {
+		_ = c.SetDeadline(time.Now().Add(ctlWriteTimeout))
+		err = writeMsg(c, appendHeader(nil, msgLinked), lfds)
+		if aerr := l.adoptDoorbell(lfds); err == nil {
+			err = aerr
+		}
 	}
 	if err != nil {
-		_ = writeMsg(c, appendRefuse(x.src, err.Error()), nil)
+		_ = writeMsg(c, appendRefuse(0, err.Error()), nil)
 		l.drop() // frees the link, closing c
 		refuse(c, cred, err.Error())
-		q.setEstablished(fmt.Errorf("%w: shm: exchange with the active side failed: %v", verbs.ErrPeerInfo, err))
+		rv.mu.Lock()
+		q.rvLinked = false // the secret may set up a link again
+		rv.mu.Unlock()
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
 	l.start()
 	l.drop()
-	rv.accepted.Add(1)
-	q.setEstablished(nil)
 }
 
 // acceptActive maps the active side's resources (fds: inbox, regions),
-// binds q to the link, answers with this side's resources (and, on a new
-// link, the link's doorbell) and connects q. It owns fds.
-func (q *QP) acceptActive(l *link, x *exchange, fds []int, first bool) error {
+// binds q to the link, answers with this side's resources and connects q.
+// It owns fds.
+func (q *QP) acceptActive(l *link, x *exchange, fds []int) error {
 	p, err := mapPeerSide(x, fds)
 	if err != nil {
 		return err
@@ -348,23 +362,10 @@ func (q *QP) acceptActive(l *link, x *exchange, fds []int, first bool) error {
 		l.drop()
 		return fmt.Errorf("shm: the link has %d queue pairs", maxLinkSlots)
 	}
-	var lfds []int
-	if first {
-		lfds, err = l.newLinkDoorbell()
-	}
-	var reply []byte
-	var rfds []int
-	if err == nil {
-		reply, rfds, err = q.exportLocal(msgAccept, &exchange{dst: x.src, src: id}, lfds)
-	}
+	reply, rfds, err := q.exportLocal(msgAccept, &exchange{dst: x.src, src: id})
 	if err == nil {
 		err = l.write(reply, rfds)
-		closeFDs(rfds[len(lfds):])
-	}
-	if err == nil && first {
-		err = l.adoptDoorbell(lfds)
-	} else {
-		closeFDs(lfds)
+		closeFDs(rfds)
 	}
 	if err != nil {
 		p.release()

@@ -57,10 +57,9 @@ func expectRefusal(t *testing.T, c *net.UnixConn, what, want string) {
 		t.Errorf("%s: reading the refusal: %v", what, err)
 		return
 	}
-	if _, err := decodeExchangeMsg(b, msgAccept); err == nil || !strings.Contains(err.Error(), "refused the exchange: ") || !strings.Contains(err.Error(), want) {
+	if err := decodeLinked(b); err == nil || !strings.Contains(err.Error(), "refused the exchange: ") || !strings.Contains(err.Error(), want) {
 		t.Errorf("%s: the listener answered %q (%v), want a refusal saying %q", what, b, err, want)
 	}
-	expectHangUp(t, c, what)
 }
 
 // waitRefused waits until the listener has refused n more connections
@@ -80,9 +79,9 @@ func waitRefused(t *testing.T, before RendezvousStats, n uint64) RendezvousStats
 	}
 }
 
-// craftFDs returns what a well-behaved active side sends with a link's
-// first message: an eventfd and a bell page (the link's), and an inbox
-// memfd of capacity c.
+// craftFDs returns what a well-behaved active side sends: with a link's
+// connect message an eventfd and a bell page, and with an attach an inbox
+// memfd of capacity c (the last fd).
 func craftFDs(t *testing.T, c uint64) []int {
 	t.Helper()
 	fd, in, err := newInbox(int(c))
@@ -102,6 +101,21 @@ func craftFDs(t *testing.T, c uint64) []int {
 	return []int{efd, bfd, fd}
 }
 
+// linkByHand sets up a link on c with secret as a well-behaved active side
+// would, and fails the test unless the listener answers linked.
+func linkByHand(t *testing.T, c *net.UnixConn, secret []byte) {
+	t.Helper()
+	fds := craftFDs(t, minInboxCap)
+	err := writeMsg(c, append(appendHeader(nil, msgConnect), secret...), fds[:2])
+	closeFDs(fds)
+	if err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if b, n, err := readListener(c); err != nil || decodeLinked(b) != nil || n != 2 {
+		t.Fatalf("the listener answered %q with %d fds (%v), want linked with 2", b, n, err)
+	}
+}
+
 // TestRendezvousRefusesStrangers: connections without the registered secret
 // are closed, their fds released, and the registration still works.
 func TestRendezvousRefusesStrangers(t *testing.T) {
@@ -116,8 +130,8 @@ func TestRendezvousRefusesStrangers(t *testing.T) {
 	fds0 := fdCount(t)
 	before := Stats()
 
-	wrong := &exchange{inboxCap: minInboxCap}
-	copy(wrong.secret[:], "not the secret, but 32 bytes....")
+	wrong := []byte("not the secret, but 32 bytes....")
+	connectMsg := func(secret []byte) []byte { return append(appendHeader(nil, msgConnect), secret...) }
 	cases := []struct {
 		name string
 		msg  func(p *peerInfo) []byte
@@ -126,14 +140,14 @@ func TestRendezvousRefusesStrangers(t *testing.T) {
 		{"Silent", nil, false},
 		{"Garbage", func(*peerInfo) []byte { return []byte("GET / HTTP/1.1\r\n\r\n") }, false},
 		{"HeaderOnly", func(*peerInfo) []byte { return appendHeader(nil, msgConnect) }, false},
-		{"TruncatedSecret", func(p *peerInfo) []byte { return append(appendHeader(nil, msgConnect), p.secret[:16]...) }, false},
-		{"WrongSecret", func(*peerInfo) []byte { return encodeExchange(msgConnect, wrong) }, false},
-		{"WrongSecretWithFDs", func(*peerInfo) []byte { return encodeExchange(msgConnect, wrong) }, true},
-		{"WrongKind", func(p *peerInfo) []byte {
-			x := &exchange{secret: p.secret, inboxCap: minInboxCap}
-			return encodeExchange(msgAccept, x) // an accept carries no secret
-		}, false},
-		{"TooLong", func(p *peerInfo) []byte { return append(encodeExchange(msgConnect, wrong), make([]byte, maxMsgLen)...) }, false},
+		{"TruncatedSecret", func(p *peerInfo) []byte { return connectMsg(p.secret[:16]) }, false},
+		{"LongerThanSecret", func(p *peerInfo) []byte { return append(connectMsg(p.secret[:]), 0) }, false},
+		{"WrongSecret", func(*peerInfo) []byte { return connectMsg(wrong) }, false},
+		{"WrongSecretWithFDs", func(*peerInfo) []byte { return connectMsg(wrong) }, true},
+		{"Attach", func(p *peerInfo) []byte {
+			return encodeExchange(msgAttach, &exchange{secret: p.secret, inboxCap: minInboxCap}) // before a link
+		}, true},
+		{"TooLong", func(p *peerInfo) []byte { return append(connectMsg(wrong), make([]byte, maxMsgLen)...) }, false},
 	}
 	for _, tc := range cases {
 		c, p := dialRendezvous(t, binfo)
@@ -183,10 +197,11 @@ func TestRendezvousRefusesStrangers(t *testing.T) {
 	}
 }
 
-// TestRendezvousBadExchange: the right secret with a bad message uses up
-// the registration, reports the failure to Established, and leaks nothing.
+// TestRendezvousBadExchange: the right secret with bad doorbells is
+// refused and leaves the registration for the genuine peer; an attach
+// with bad resources is refused on the link, uses up the registration,
+// reports the failure to Established, and leaks nothing.
 func TestRendezvousBadExchange(t *testing.T) {
-	type fdsFunc func(t *testing.T) ([]int, []mrRecord)
 	memfd := func(t *testing.T, size int, seal bool) int {
 		t.Helper()
 		flags := unix.MFD_CLOEXEC
@@ -205,119 +220,158 @@ func TestRendezvousBadExchange(t *testing.T) {
 		}
 		return fd
 	}
-	mr := mrRecord{rkey: 7, addr: 1 << 36, size: 8192}
-	cases := []struct {
+	inbox := func(t *testing.T) int {
+		fds := craftFDs(t, minInboxCap)
+		closeFDs(fds[:2])
+		return fds[2]
+	}
+	// doorbell returns craftFDs' eventfd and bell page, fds[i] replaced by
+	// fd (-1: dropped).
+	doorbell := func(t *testing.T, i, fd int) []int {
+		fds := craftFDs(t, minInboxCap)
+		_ = unix.Close(fds[2])
+		if i < 0 {
+			return fds[:2]
+		}
+		_ = unix.Close(fds[i])
+		if fd < 0 {
+			return fds[:1]
+		}
+		fds[i] = fd
+		return fds[:2]
+	}
+	pipe := func(t *testing.T) int {
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+			t.Fatal(err)
+		}
+		_ = unix.Close(p[1])
+		return p[0]
+	}
+	// Doorbells sent with the connect message.
+	doorbells := []struct {
 		name string
-		fds  fdsFunc
+		fds  func(t *testing.T) []int
 	}{
-		{"NoFDs", func(t *testing.T) ([]int, []mrRecord) { return nil, nil }},
-		{"OneFD", func(t *testing.T) ([]int, []mrRecord) {
-			fds := craftFDs(t, minInboxCap)
-			closeFDs(fds[1:])
-			return fds[:1], nil
-		}},
-		{"NoInbox", func(t *testing.T) ([]int, []mrRecord) {
-			fds := craftFDs(t, minInboxCap)
-			_ = unix.Close(fds[2])
-			return fds[:2], nil
-		}},
-		{"BellWrongSize", func(t *testing.T) ([]int, []mrRecord) {
-			fds := craftFDs(t, minInboxCap)
-			_ = unix.Close(fds[1])
-			fds[1] = memfd(t, 4096, true)
-			return fds, nil
-		}},
-		{"BellZeroHeader", func(t *testing.T) ([]int, []mrRecord) {
-			fds := craftFDs(t, minInboxCap)
-			_ = unix.Close(fds[1])
-			fds[1] = memfd(t, bellPageBytes, true)
-			return fds, nil
-		}},
-		{"InboxForBell", func(t *testing.T) ([]int, []mrRecord) {
-			fds := craftFDs(t, minInboxCap)
-			fds[1], fds[2] = fds[2], fds[1]
-			return fds, nil
-		}},
-		{"MissingRegionFD", func(t *testing.T) ([]int, []mrRecord) { return craftFDs(t, minInboxCap), []mrRecord{mr} }},
+		{"NoFDs", func(t *testing.T) []int { return nil }},
+		{"OneFD", func(t *testing.T) []int { return doorbell(t, 1, -1) }},
+		{"ThreeFDs", func(t *testing.T) []int { return append(doorbell(t, -1, 0), inbox(t)) }},
+		{"BellWrongSize", func(t *testing.T) []int { return doorbell(t, 1, memfd(t, 4096, true)) }},
+		{"BellZeroHeader", func(t *testing.T) []int { return doorbell(t, 1, memfd(t, bellPageBytes, true)) }},
+		{"InboxForBell", func(t *testing.T) []int { return doorbell(t, 1, inbox(t)) }},
+		{"PipeForEventfd", func(t *testing.T) []int { return doorbell(t, 0, pipe(t)) }},
+	}
+	mr := mrRecord{rkey: 7, addr: 1 << 36, size: 8192}
+	// The inbox and regions sent with an attach.
+	attaches := []struct {
+		name string
+		fds  func(t *testing.T) ([]int, []mrRecord)
+	}{
+		{"NoInbox", func(t *testing.T) ([]int, []mrRecord) { return nil, nil }},
+		{"MissingRegionFD", func(t *testing.T) ([]int, []mrRecord) { return []int{inbox(t)}, []mrRecord{mr} }},
 		{"InboxWrongSize", func(t *testing.T) ([]int, []mrRecord) {
-			fds := craftFDs(t, minInboxCap)
-			_ = unix.Close(fds[2])
-			fds[2] = memfd(t, 2*inboxBytes(minInboxCap), true)
-			return fds, nil
+			return []int{memfd(t, 2*inboxBytes(minInboxCap), true)}, nil
 		}},
-		{"InboxUnsealed", func(t *testing.T) ([]int, []mrRecord) {
-			fds := craftFDs(t, minInboxCap)
-			_ = unix.Close(fds[2])
-			fds[2] = memfd(t, inboxBytes(minInboxCap), false)
-			return fds, nil
-		}},
-		{"InboxZeroHeader", func(t *testing.T) ([]int, []mrRecord) {
-			fds := craftFDs(t, minInboxCap)
-			_ = unix.Close(fds[2])
-			fds[2] = memfd(t, inboxBytes(minInboxCap), true) // no magic
-			return fds, nil
-		}},
-		{"PipeForEventfd", func(t *testing.T) ([]int, []mrRecord) {
-			fds := craftFDs(t, minInboxCap)
-			var p [2]int
-			if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-				t.Fatal(err)
-			}
-			_ = unix.Close(fds[0])
-			_ = unix.Close(p[1])
-			fds[0] = p[0]
-			return fds, nil
-		}},
+		{"InboxUnsealed", func(t *testing.T) ([]int, []mrRecord) { return []int{memfd(t, inboxBytes(minInboxCap), false)}, nil }},
+		{"InboxZeroHeader", func(t *testing.T) ([]int, []mrRecord) { return []int{memfd(t, inboxBytes(minInboxCap), true)}, nil }},
+		{"BellForInbox", func(t *testing.T) ([]int, []mrRecord) { return []int{memfd(t, bellPageBytes, true)}, nil }},
 		{"RegionWrongSize", func(t *testing.T) ([]int, []mrRecord) {
-			return append(craftFDs(t, minInboxCap), memfd(t, 4096, true)), []mrRecord{mr}
+			return []int{inbox(t), memfd(t, 4096, true)}, []mrRecord{mr}
 		}},
 		{"RegionKeyZero", func(t *testing.T) ([]int, []mrRecord) {
-			return append(craftFDs(t, minInboxCap), memfd(t, 8192, true)), []mrRecord{{addr: 1 << 36, size: 8192}}
+			return []int{inbox(t), memfd(t, 8192, true)}, []mrRecord{{addr: 1 << 36, size: 8192}}
 		}},
 		{"RegionTwice", func(t *testing.T) ([]int, []mrRecord) {
-			return append(craftFDs(t, minInboxCap), memfd(t, 8192, true), memfd(t, 8192, true)), []mrRecord{mr, mr}
+			return []int{inbox(t), memfd(t, 8192, true), memfd(t, 8192, true)}, []mrRecord{mr, mr}
 		}},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			a, b := openEnd(t, 16), openEnd(t, 16)
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := b.qp.Connect(ctx, a.qp.Info(), false); err != nil {
-				t.Fatalf("passive Connect: %v", err)
-			}
-			binfo := b.qp.Info()
-			waitLinks(t)
-			_, ours0 := mapsCount(t)
-			fds0 := fdCount(t)
-			c, p := dialRendezvous(t, binfo)
-			fds, mrs := tc.fds(t)
-			x := &exchange{secret: p.secret, inboxCap: minInboxCap, mrs: mrs}
-			err := writeMsg(c, encodeExchange(msgConnect, x), fds)
-			closeFDs(fds)
-			if err != nil {
-				t.Fatalf("write: %v", err)
-			}
-			expectRefusal(t, c, tc.name, "shm: ")
-			_ = c.Close()
-			err = b.qp.Established(ctx)
-			if !errors.Is(err, verbs.ErrPeerInfo) {
-				t.Errorf("Established after a bad exchange: %v, want ErrPeerInfo", err)
-			}
-			t.Logf("Established: %v", err)
-			waitLinks(t)
-			if n := fdCount(t); n != fds0 {
-				t.Errorf("%d fds after the refusal, %d before", n, fds0)
-			}
-			if _, ours := mapsCount(t); ours != ours0 {
-				t.Errorf("%d memfd mappings after the refusal, %d before", ours, ours0)
-			}
-			// The secret was used up: the genuine peer cannot attach now.
-			if err := a.qp.Connect(ctx, binfo, true); !errors.Is(err, verbs.ErrPeerInfo) {
-				t.Errorf("active Connect with a used secret: %v, want ErrPeerInfo", err)
-			}
+	// run sets up a passive QP and lets step misbehave towards it, then
+	// checks that nothing leaked.
+	run := func(t *testing.T, step func(t *testing.T, ctx context.Context, a, b *end, c *net.UnixConn, p *peerInfo)) {
+		waitLinks(t)
+		_, ours0 := mapsCount(t)
+		fds0 := fdCount(t)
+		a, b := openEnd(t, 16), openEnd(t, 16)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := b.qp.Connect(ctx, a.qp.Info(), false); err != nil {
+			t.Fatalf("passive Connect: %v", err)
+		}
+		c, p := dialRendezvous(t, b.qp.Info())
+		step(t, ctx, a, b, c, p)
+		_ = c.Close()
+		a.close()
+		b.close()
+		waitLinks(t)
+		if n := fdCount(t); n != fds0 {
+			t.Errorf("%d fds after the refusal, %d before", n, fds0)
+		}
+		if _, ours := mapsCount(t); ours != ours0 {
+			t.Errorf("%d memfd mappings after the refusal, %d before", ours, ours0)
+		}
+	}
+	for _, tc := range doorbells {
+		t.Run("Link"+tc.name, func(t *testing.T) {
+			run(t, func(t *testing.T, ctx context.Context, a, b *end, c *net.UnixConn, p *peerInfo) {
+				fds := tc.fds(t)
+				err := writeMsg(c, append(appendHeader(nil, msgConnect), p.secret[:]...), fds)
+				closeFDs(fds)
+				if err != nil {
+					t.Fatalf("write: %v", err)
+				}
+				expectRefusal(t, c, tc.name, "shm: ")
+				expectHangUp(t, c, tc.name)
+				// The registration is left: the genuine peer connects.
+				if err := a.qp.Connect(ctx, b.qp.Info(), true); err != nil {
+					t.Errorf("active Connect after a refused link: %v", err)
+				}
+				if err := b.qp.Established(ctx); err != nil {
+					t.Errorf("Established: %v", err)
+				}
+			})
 		})
 	}
+	for _, tc := range attaches {
+		t.Run("Attach"+tc.name, func(t *testing.T) {
+			run(t, func(t *testing.T, ctx context.Context, a, b *end, c *net.UnixConn, p *peerInfo) {
+				linkByHand(t, c, p.secret[:])
+				fds, mrs := tc.fds(t)
+				x := &exchange{secret: p.secret, src: 5, inboxCap: minInboxCap, mrs: mrs}
+				err := writeMsg(c, encodeExchange(msgAttach, x), fds)
+				closeFDs(fds)
+				if err != nil {
+					t.Fatalf("write: %v", err)
+				}
+				expectRefusal(t, c, tc.name, "shm: ")
+				if err := b.qp.Established(ctx); !errors.Is(err, verbs.ErrPeerInfo) {
+					t.Errorf("Established after a bad exchange: %v, want ErrPeerInfo", err)
+				}
+				// The secret was used up: an attach with it is refused and
+				// leaves the link up.
+				x.mrs = nil
+				fd := inbox(t)
+				err = writeMsg(c, encodeExchange(msgAttach, x), []int{fd})
+				_ = unix.Close(fd)
+				if err != nil {
+					t.Fatalf("write: %v", err)
+				}
+				expectRefusal(t, c, tc.name+" again", "unknown secret")
+			})
+		})
+	}
+	// A secret sets up one link at most.
+	run(t, func(t *testing.T, ctx context.Context, a, b *end, c *net.UnixConn, p *peerInfo) {
+		linkByHand(t, c, p.secret[:])
+		c2, _ := dialRendezvous(t, b.qp.Info())
+		defer c2.Close()
+		fds := doorbell(t, -1, 0)
+		err := writeMsg(c2, append(appendHeader(nil, msgConnect), p.secret[:]...), fds)
+		closeFDs(fds)
+		if err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		expectHangUp(t, c2, "second link")
+	})
 }
 
 // TestConnectErrors: host checks, closed QPs and Connect twice.

@@ -17,7 +17,7 @@ import (
 // Info wire format (all integers little-endian):
 //
 //	0   magic "rshm"
-//	4   version (4: one doorbell per link; 3 had two; 2 a control connection per QP)
+//	4   version (5: the rendezvous messages below, at wireVersion 6)
 //	5   length of the rendezvous name
 //	6   reserved (2 bytes)
 //	8   boot id (16 bytes)
@@ -26,7 +26,7 @@ import (
 //	72  rendezvous name: an abstract Unix socket name, "@rsock-shm-..."
 const (
 	infoMagic   = "rshm"
-	infoVersion = 4
+	infoVersion = 5
 	infoFixed   = 72
 	secretLen   = 32
 	// namePrefix is the prefix of every rendezvous name: a peer's Info
@@ -99,32 +99,34 @@ func checkSameHost(local, peer hostID) error {
 // sender's:
 //
 //	header  magic "rsrv", version, kind, 2 reserved bytes
-//	connect secret (32), src, exchange    fds: eventfd, bell page, inbox, regions
-//	                                      (the first message of a link)
-//	accept  dst, src, exchange            fds: [eventfd, bell page: the
-//	                                      link's first], inbox, regions
+//	connect secret (32)                   fds: eventfd, bell page
+//	                                      (a link's first message)
+//	linked  (empty)                       fds: eventfd, bell page
 //	attach  secret (32), src, exchange    fds: inbox, regions
-//	refuse  dst, why (text, at most 200 bytes)   (an exchange refused)
+//	accept  dst, src, exchange            fds: inbox, regions
+//	refuse  dst, why (text, at most 200 bytes)   (an attach, or with
+//	                                      dst 0 a connect, refused)
 //	gone    dst                           (the sender's QP is closed)
 //
 // exchange: inbox capacity u32, region count u16, 2 reserved bytes, then
 // per region: rkey u32, addr u64, size u64.
 const (
 	wireMagic     = "rsrv"
-	wireVersion   = 5
+	wireVersion   = 6
 	wireHeaderLen = 8
 	recordLen     = 20
 
 	msgConnect = 1
-	msgAccept  = 2
-	msgAttach  = 6 // 3, 4 were pull and 5 revoke (violations now)
-	msgRefuse  = 7
-	msgGone    = 8
+	msgLinked  = 2
+	msgAttach  = 3
+	msgAccept  = 4
+	msgRefuse  = 5
+	msgGone    = 6
 
-	// maxExportMRs bounds the regions sent at connect time (SCM_RIGHTS
+	// maxExportMRs bounds the regions sent in an exchange (SCM_RIGHTS
 	// carries at most 253 fds).
 	maxExportMRs = 128
-	maxMsgFDs    = 3 + maxExportMRs
+	maxMsgFDs    = 1 + maxExportMRs
 	maxMsgLen    = wireHeaderLen + secretLen + 8 + 8 + maxExportMRs*recordLen
 )
 
@@ -134,9 +136,9 @@ type mrRecord struct {
 	addr, size uint64
 }
 
-// exchange is the body of a connect, attach or accept message.
+// exchange is the body of an attach or accept message.
 type exchange struct {
-	secret   [secretLen]byte // connect and attach
+	secret   [secretLen]byte // attach
 	src, dst uint32          // link ids: the sender's QP, the receiver's (accept)
 	inboxCap uint64
 	mrs      []mrRecord
@@ -206,7 +208,7 @@ func decodeHeader(b []byte) (byte, []byte, error) {
 	return b[5], b[wireHeaderLen:], nil
 }
 
-// decodeExchange parses the body of a connect, attach or accept message.
+// decodeExchange parses the body of an attach or accept message.
 func decodeExchange(kind byte, body []byte) (*exchange, error) {
 	x := &exchange{}
 	if kind == msgAccept {
@@ -319,18 +321,17 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	return cred, nil
 }
 
-// decodeExchangeMsg decodes a link's first exchange message, which must be
-// of kind want.
-func decodeExchangeMsg(b []byte, want byte) (*exchange, error) {
+// decodeLinked checks the answer to a link's connect message: linked, or
+// a refusal.
+func decodeLinked(b []byte) error {
 	kind, body, err := decodeHeader(b)
-	if err != nil {
-		return nil, err
+	switch {
+	case err != nil:
+		return err
+	case kind == msgRefuse && len(body) >= 4 && len(body)-4 <= maxRefusal:
+		return refusal(body[4:])
+	case kind != msgLinked || len(body) != 0:
+		return fmt.Errorf("%w: kind %d, %d bytes", errMsgFormat, kind, len(body))
 	}
-	if kind == msgRefuse && len(body) >= 4 && len(body)-4 <= maxRefusal {
-		return nil, refusal(body[4:])
-	}
-	if kind != want {
-		return nil, fmt.Errorf("%w: kind %d", errMsgFormat, kind)
-	}
-	return decodeExchange(kind, body)
+	return nil
 }
