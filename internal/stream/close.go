@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
-	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
 // Bounds on the orderly close.
@@ -69,10 +68,7 @@ func (c *Conn) awaitFinal(final uint64) {
 	for c.err == nil && c.life < lifeClosing {
 		drain(e.ch)
 		c.progressLocked()
-		if c.st.PeerProd() >= final || c.err != nil || c.life >= lifeClosing {
-			break
-		}
-		if c.wait(e, dl, nil) != nil {
+		if c.st.PeerProd() >= final || c.err != nil || c.life >= lifeClosing || c.wait(e, dl, nil) != nil {
 			break
 		}
 	}
@@ -167,17 +163,7 @@ func (c *Conn) SetLinger(sec int) error {
 // (outstanding work flushes), drained, then the completion queue, then
 // the memory.
 func (c *Conn) release() {
-	_ = c.ep.qp.Close()
-	c.drain()
-	_ = c.ep.cq.Close()
-	c.loops.Wait()
-	if c.stage != nil {
-		_ = c.stage.Close()
-	}
-	for _, mr := range []verbs.MR{c.ep.ring, c.ep.slots} {
-		_ = mr.Close()
-	}
-	_ = c.ep.dev.Close()
+	c.ep.release(func() { c.drain(); c.loops.Wait() })
 }
 
 // sayGoodbye sends the final state message (FIN and CLOSE with our final
@@ -198,7 +184,7 @@ func (c *Conn) sayGoodbye(final bool) {
 	for final {
 		drain(e.ch)
 		if c.closeSig == 0 && c.err == nil {
-			c.sendSignaledLocked(0, true)
+			c.sendLocked(0, true)
 		}
 		c.progressLocked()
 		if c.err != nil || c.st.PeerClosed() || (c.closeSig != 0 && c.sqDone >= c.closeSig) {

@@ -32,7 +32,6 @@ type Conn struct {
 	opts Options
 
 	direct []byte       // the peer's ring mapped here (shm), or nil
-	stage  verbs.MR     // staging for WRITEs when direct is nil
 	inline int          // QP's MaxInline
 	peek   verbs.Peeker // nil if the queue cannot tell cheaply whether a poll would find anything
 
@@ -106,8 +105,8 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 		done:   make(chan struct{}),
 		linger: -1,
 	}
-	c.rd.init(c.done)
-	c.wr.init(c.done)
+	c.rd.e, c.rd.dl = newEntry(evRead, c.done), newDeadline()
+	c.wr.e, c.wr.dl = newEntry(evWrite, c.done), newDeadline()
 	c.peek, _ = e.cq.(verbs.Peeker)
 	if m, ok := e.qp.(verbs.RemoteMapper); ok {
 		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {
@@ -117,8 +116,6 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 		return nil, err
 	} else if len(e.stage.Bytes()) < int(peer.Size) {
 		return nil, fmt.Errorf("stream: prepared staging of %d bytes for a peer ring of %d", len(e.stage.Bytes()), peer.Size)
-	} else {
-		c.stage = e.stage
 	}
 	e.owned = false
 	e.conn.Store(c)
@@ -129,9 +126,6 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 	go c.watchBootstrap()
 	return c, nil
 }
-
-// Provider is the name of the verbs provider carrying the Conn.
-func (c *Conn) Provider() string { return c.ep.Provider() }
 
 // Stats returns the Conn's live counters.
 func (c *Conn) Stats() *Stats { return &c.stats }
@@ -214,7 +208,7 @@ func (c *Conn) QP() verbs.QP { return c.ep.qp }
 // mapped here. On RDMA devices they are pinned for the Conn's life.
 func (c *Conn) Registered() int64 {
 	n := int64(c.opts.RingSize + c.opts.Credits*slotSize)
-	if c.stage != nil {
+	if c.ep.stage != nil {
 		n += int64(c.peer.Size)
 	}
 	return n

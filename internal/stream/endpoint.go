@@ -114,9 +114,6 @@ func (e *Endpoint) postSlot(i int) error {
 	return e.qp.PostRecv(&e.rwr)
 }
 
-// Provider is the name of the endpoint's provider.
-func (e *Endpoint) Provider() string { return e.dev.Provider() }
-
 // Ring describes our receive ring for the peer.
 func (e *Endpoint) Ring() Ring {
 	return Ring{Size: uint64(e.opts.RingSize), Addr: e.ring.Addr(), RKey: e.ring.RKey(), Credits: uint64(e.opts.Credits)}

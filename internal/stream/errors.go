@@ -54,10 +54,4 @@ func (e *ResetError) Unwrap() []error {
 	return []error{syscall.ECONNRESET}
 }
 
-// Is lets errors.Is match any *ResetError against a *ResetError target.
-func (e *ResetError) Is(target error) bool {
-	_, ok := target.(*ResetError)
-	return ok
-}
-
 func reset(reason string, err error) error { return &ResetError{Reason: reason, Err: err} }

@@ -12,22 +12,11 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// progress polls the completion queue once and handles what it finds. It
-// reports whether anything happened.
-func (c *Conn) progress() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.progressLocked()
-}
-
 func (c *Conn) progressLocked() bool {
-	if c.ep.cq == nil {
-		return false
-	}
 	// Drain the queue: a waiter arms before it polls, and an armed
 	// notification fires only for completions added after Arm, so any left
 	// behind here would wait for the next one.
-	rd, wr := false, false
+	var ev event
 	total := 0
 	for {
 		n, err := c.ep.cq.Poll(c.wcs[:])
@@ -40,50 +29,39 @@ func (c *Conn) progressLocked() bool {
 		total += n
 		for i := range c.wcs[:n] {
 			wc := &c.wcs[i]
-			switch wc.Op {
-			case verbs.OpRecv:
-				r, w := c.handleRecvLocked(wc)
-				rd, wr = rd || r, wr || w
-			default:
-				if c.handleSendLocked(wc) {
-					wr = true
-				}
+			if wc.Op == verbs.OpRecv {
+				ev |= c.handleRecvLocked(wc)
+			} else {
+				c.handleSendLocked(wc)
+				ev |= evWrite
 			}
 		}
 		if n < len(c.wcs) {
 			break
 		}
 	}
-	n := total
-	if n > 0 {
+	if total > 0 {
 		c.flushLocked()
 	}
-	switch {
-	case rd && wr:
-		c.wakeLocked(evRead | evWrite)
-	case rd:
-		c.wakeLocked(evRead)
-	case wr:
-		c.wakeLocked(evWrite)
-	}
-	return n > 0
+	c.wakeLocked(ev)
+	return total > 0
 }
 
 // handleRecvLocked handles a receive completion. It reports whether a
 // blocked Read (rd) or Write (wr) may now proceed: a state message that only
 // returns credits for our receives wakes neither, so a Read does not leave
 // its wait for nothing.
-func (c *Conn) handleRecvLocked(wc *verbs.Completion) (rd, wr bool) {
+func (c *Conn) handleRecvLocked(wc *verbs.Completion) event {
 	if err := wc.Err(); err != nil {
 		if c.life < lifeClosing {
 			c.suspectLocked(reset("receive failed", err))
 		}
-		return true, true
+		return evRead | evWrite
 	}
 	slot := int(wc.ID)
 	if slot < 0 || slot >= c.opts.Credits || wc.Len != ring.MsgLen {
 		c.failLocked(reset("bad state message", fmt.Errorf("%w: slot %d, %d bytes", ring.ErrMsgFormat, wc.ID, wc.Len)))
-		return true, true
+		return evRead | evWrite
 	}
 	buf := c.ep.slots.Bytes()[slot*slotSize : slot*slotSize+ring.MsgLen]
 	prod, fin, closed := c.st.PeerProd(), c.st.PeerFIN(), c.st.PeerClosed()
@@ -94,15 +72,15 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) (rd, wr bool) {
 	}
 	if err != nil {
 		c.failLocked(reset("peer broke the protocol", err))
-		return true, true
+		return evRead | evWrite
 	}
 	c.stats.MsgsRecv.Add(1)
 	if c.life >= lifeClosing || c.err != nil {
-		return true, true
+		return evRead | evWrite
 	}
 	if err := c.ep.postSlot(slot); err != nil {
 		c.suspectLocked(reset("reposting a receive", err))
-		return true, true
+		return evRead | evWrite
 	}
 	if err := c.st.Reposted(); err != nil {
 		c.failLocked(err)
@@ -113,12 +91,17 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) (rd, wr bool) {
 		_ = c.st.Consumed(c.st.Readable())
 	}
 	peerClosed := c.st.PeerClosed() != closed
-	rd = c.st.PeerProd() != prod || c.st.PeerFIN() != fin || peerClosed
-	wr = c.st.Space() != space || c.st.Credits() != credits || peerClosed
-	return rd, wr
+	var ev event
+	if c.st.PeerProd() != prod || c.st.PeerFIN() != fin || peerClosed {
+		ev |= evRead
+	}
+	if c.st.Space() != space || c.st.Credits() != credits || peerClosed {
+		ev |= evWrite
+	}
+	return ev
 }
 
-func (c *Conn) handleSendLocked(wc *verbs.Completion) bool {
+func (c *Conn) handleSendLocked(wc *verbs.Completion) {
 	// Any completion, failed or not, retires its request and those before
 	// it (RC executes in order; after a failure the rest flush).
 	if wc.ID > c.sqDone {
@@ -132,7 +115,6 @@ func (c *Conn) handleSendLocked(wc *verbs.Completion) bool {
 	if err := wc.Err(); err != nil && c.life < lifeClosing {
 		c.suspectLocked(reset("send failed", err))
 	}
-	return true
 }
 
 // sqFreeLocked is how many more work requests the send queue takes.
@@ -158,22 +140,19 @@ func (c *Conn) postLocked(wr *verbs.SendWR, signal bool) error {
 	return nil
 }
 
-// sendLocked posts a state message with our cursors and the extra flags. It
-// returns false (and posts nothing) when no credit or queue slot is left;
-// the absolute cursors then go out with a later message.
-func (c *Conn) sendLocked(extra ring.Flags) bool {
-	return c.sendSignaledLocked(extra, false)
-}
-
-func (c *Conn) sendSignaledLocked(extra ring.Flags, signal bool) bool {
+// sendLocked posts a state message with our cursors and the extra flags,
+// signaled if signal (Close's final message). It posts nothing when no
+// credit or queue slot is left; the absolute cursors then go out with a
+// later message.
+func (c *Conn) sendLocked(extra ring.Flags, signal bool) {
 	// Nothing goes to a peer that closed: it reads no more and is tearing
 	// its queue pair down.
 	if c.err != nil || c.life == lifePeerGone || c.st.PeerClosed() || !c.st.CanSendControl() || c.sqFreeLocked() <= 0 {
-		return false
+		return
 	}
 	m, err := c.st.Next(extra)
 	if err != nil {
-		return false
+		return
 	}
 	m.Marshal(c.msgBuf[:])
 	// The message of a writer blocked for message credits is solicited: it
@@ -184,25 +163,19 @@ func (c *Conn) sendSignaledLocked(extra ring.Flags, signal bool) bool {
 	c.swr = verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:], Solicited: extra&ring.FlagBlocked != 0 && !c.st.CanSendData()}
 	if err := c.postLocked(&c.swr, signal); err != nil {
 		c.suspectLocked(reset("posting a state message", err))
-		return false
+		return
 	}
 	c.stats.MsgsSent.Add(1)
 	if signal {
 		c.closeSig = c.swr.ID
 	}
-	return true
 }
 
 // flushLocked sends what we owe the peer: written bytes not yet announced,
 // and the updates ring.State.NeedUpdate asks for.
 func (c *Conn) flushLocked() {
-	switch {
-	case c.st.Unannounced() > 0 && c.st.CanSendData():
-		c.sendLocked(0)
-	case c.st.FINPending() && c.st.CanSendControl() && c.life < lifeClosing:
-		c.sendLocked(0)
-	case c.st.NeedUpdate():
-		c.sendLocked(0)
+	if c.st.Unannounced() > 0 && c.st.CanSendData() || c.st.FINPending() && c.life < lifeClosing || c.st.NeedUpdate() {
+		c.sendLocked(0, false)
 	}
 }
 

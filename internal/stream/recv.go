@@ -11,26 +11,22 @@ import (
 
 // Reading and the read lease.
 //
-// Reads are often small: io.Copy into an io.ReaderFrom such as io.Discard
-// reads 8 KiB at a time, bufio 4 KiB. Their fixed cost then counts as much
-// as their copy, and on the receiving side of a bulk stream the copy out of
-// the ring is what limits throughput (measured two-process over shm: the
-// reader busy all the time, the writer idle a third of it). Each atomic
-// read-modify-write after a copy costs tens of nanoseconds (it waits for
-// the copy's memory traffic), against about 500 ns to copy 8 KiB; a Read
-// that takes the connection lock twice, registers itself and checks its
-// state under that lock spends a quarter of its time outside the copy.
+// Reads are often small (io.Copy into io.Discard reads 8 KiB at a time,
+// bufio 4 KiB), and on the receiving side of a bulk stream the copy out of
+// the ring is what limits throughput: a Read that took the connection lock
+// twice, registered itself and checked its state under that lock would
+// spend a good part of its time outside the copy.
 //
 // So readable bytes are lent to the reading side for longer than one call:
 // a Read that finds bytes takes all that are readable as a lease (under
 // mu, marking them lent, so that nothing else consumes them), and later
 // Reads copy from the lease holding only rd.mu, with no other lock. What
 // they copy is reported consumed (ring.State.Consumed, which may send the
-// peer its space back) under mu once leaseReport bytes were taken, and
+// peer its space back) under mu once 1/16 of the ring was taken, and
 // when the lease runs out, when the next Read has to wait anyway: so a
 // drained ring is always reported at once (the peer's BLOCKED rule needs
 // that), and bytes a stalled application has taken but not reported are
-// fewer than leaseReport, a small addition to the quarter-ring update
+// fewer than that, a small addition to the quarter-ring update
 // threshold. A large Read copies in pieces of at most a quarter ring, each
 // reported before the next, so the peer refills the ring while it copies.
 //
@@ -59,13 +55,8 @@ type recvHalf struct {
 	taken uint64 // bytes of the lease copied out, not yet reported
 }
 
-func (h *recvHalf) init(stop <-chan struct{}) {
-	h.e = newEntry(evRead, stop)
-	h.dl = newDeadline()
-}
-
-// leaseReport is how many bytes, as a fraction of the ring, lease Reads
-// take before they report them consumed.
+// leaseReportShift sets how many bytes, as a fraction of the ring, lease
+// Reads take before they report them consumed.
 const leaseReportShift = 4 // 1/16
 
 // Read reads up to len(b) bytes. It returns io.EOF once the peer has closed
@@ -73,86 +64,68 @@ const leaseReportShift = 4 // 1/16
 func (c *Conn) Read(b []byte) (int, error) {
 	c.rd.mu.Lock()
 	defer c.rdUnlock()
-	if c.rd.lease > c.rd.taken && len(b) > 0 && !c.rd.stop.Load() && !c.rd.dl.expired() {
-		n, err := c.readLease(b)
-		c.stats.BytesRead.Add(n)
-		return int(n), err
-	}
-	c.mu.Lock()
-	// enter, under the lock this loop takes anyway.
-	if c.life >= lifeClosing {
+	if c.rd.lease <= c.rd.taken || len(b) == 0 || c.rd.stop.Load() || c.rd.dl.expired() {
+		c.mu.Lock()
+		// enter, under the lock awaitLeaseLocked needs anyway.
+		if c.life >= lifeClosing {
+			c.mu.Unlock()
+			return 0, net.ErrClosed
+		}
+		c.enterLocked()
+		defer c.exit()
+		err := c.awaitLeaseLocked(len(b) == 0)
 		c.mu.Unlock()
-		return 0, net.ErrClosed
+		if err != nil || len(b) == 0 {
+			return 0, err
+		}
 	}
-	c.enterLocked()
-	defer c.exit()
+	n, err := c.readLease(b)
+	c.stats.BytesRead.Add(n)
+	return int(n), err
+}
+
+// awaitLeaseLocked waits until bytes are lent to Reads (rd.lease > 0, with
+// nothing taken), or why the Read ends; with zero set it does not wait, and
+// returns nil also when nothing is readable. rd.mu and mu are held.
+func (c *Conn) awaitLeaseLocked(zero bool) error {
 	for {
 		// What this loop is about to check answers any wake-up sent so far
 		// (they are sent under mu): drop it, or the next wait would return
 		// for nothing.
 		drain(c.rd.e.ch)
-		if c.life >= lifeClosing {
-			c.mu.Unlock()
-			return 0, net.ErrClosed
+		switch {
+		case c.life >= lifeClosing:
+			return net.ErrClosed
+		case c.rd.shut:
+			return io.EOF
+		case c.rd.dl.expired():
+			return os.ErrDeadlineExceeded
 		}
-		if c.rd.shut {
-			c.mu.Unlock()
-			return 0, io.EOF
+		if err := c.syncLeaseLocked(); err != nil || c.rd.lease > 0 {
+			return err
 		}
-		if c.rd.dl.expired() {
-			c.mu.Unlock()
-			return 0, os.ErrDeadlineExceeded
-		}
-		if err := c.syncLeaseLocked(); err != nil {
-			c.mu.Unlock()
-			return 0, err
-		}
-		if c.rd.lease > 0 {
-			c.mu.Unlock()
-			if len(b) == 0 {
-				return 0, nil
-			}
-			n, err := c.readLease(b)
-			c.stats.BytesRead.Add(n)
-			switch {
-			case n > 0:
-				return int(n), nil
-			case err != nil:
-				return 0, err
-			}
-			c.mu.Lock()
-			continue // CloseRead or Close took the bytes: say so
-		}
-		if c.st.EOF() {
-			c.mu.Unlock()
-			return 0, io.EOF
-		}
-		if c.err != nil {
-			err := c.err
-			c.mu.Unlock()
-			return 0, err
-		}
-		if c.life == lifePeerGone {
+		switch {
+		case c.st.EOF():
+			return io.EOF
+		case c.err != nil:
+			return c.err
+		case c.life == lifePeerGone:
 			// The peer closed and everything it wrote was read, but its
 			// final message never came: treat its goodbye as the FIN.
-			c.mu.Unlock()
-			return 0, io.EOF
-		}
-		if len(b) == 0 {
-			c.mu.Unlock()
-			return 0, nil
+			return io.EOF
+		case zero:
+			return nil
 		}
 		if err := c.wait(c.rd.e, c.rd.dl, &c.rd.spin); err != nil {
-			c.mu.Unlock()
-			return 0, err
+			return err
 		}
 	}
 }
 
 // readLease copies up to len(b) bytes of the lease into b; rd.mu is held.
 // Pieces are at most a quarter of the ring; after each, what was taken is
-// reported under mu if it reaches leaseReport or ends the lease (which
-// takes what became readable since as the new lease). It stops early once
+// reported under mu if it reaches 1/16 of the ring or ends the lease
+// (which takes what became readable since as the new lease). It stops early once
 // rd.stop is set.
 func (c *Conn) readLease(b []byte) (uint64, error) {
 	mem := c.ep.ring.Bytes()
@@ -221,7 +194,7 @@ func (c *Conn) syncLeaseLocked() error {
 }
 
 // rdUnlock releases rd.mu, and gives a lease back if CloseRead or Close
-// came meanwhile (see rdLease).
+// came meanwhile (see recvHalf.lent).
 func (c *Conn) rdUnlock() {
 	c.rd.mu.Unlock()
 	if c.rd.stop.Load() {
@@ -274,16 +247,14 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	mem := c.ep.ring.Bytes()
 	chunk := max(uint64(len(mem))/4, 1)
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	// A lease of earlier Reads comes back first: this reads the ring
 	// directly, from the consumer cursor.
 	err := c.syncLeaseLocked()
 	c.rd.lease, c.rd.lent = 0, false
-	c.mu.Unlock()
 	if err != nil {
 		return 0, err, nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	for {
 		drain(c.rd.e.ch) // as in Read
 		switch {

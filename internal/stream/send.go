@@ -19,11 +19,6 @@ type sendHalf struct {
 	shut bool    // CloseWrite was called; guarded by Conn.mu
 }
 
-func (h *sendHalf) init(stop <-chan struct{}) {
-	h.e = newEntry(evWrite, stop)
-	h.dl = newDeadline()
-}
-
 // Write writes all of b unless an error stops it first; it returns how many
 // bytes were placed in the peer's ring. The bytes are copied before Write
 // returns, so b may be reused at once. A deadline that passes mid-way
@@ -58,7 +53,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		// for two WRITEs and the SEND (plus two slots kept for control).
 		if space == 0 || !c.st.CanSendData() || c.sqFreeLocked() < 5 {
 			if c.st.CanSendControl() && c.sqFreeLocked() > 0 && c.st.Block() {
-				c.sendLocked(ring.FlagBlocked)
+				c.sendLocked(ring.FlagBlocked, false)
 			}
 			if !stalled {
 				stalled = true
@@ -83,7 +78,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			copy(c.direct[s1.Off:s1.Off+s1.Len], chunk)
 			copy(c.direct[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
 		} else if n > uint64(c.inline) {
-			st := c.stage.Bytes()
+			st := c.ep.stage.Bytes()
 			copy(st[s1.Off:s1.Off+s1.Len], chunk)
 			copy(st[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
 		}
@@ -107,7 +102,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		written += int(n)
 		c.stats.BytesWritten.Add(n)
 		if c.st.CanSendData() {
-			c.sendLocked(0)
+			c.sendLocked(0, false)
 		}
 	}
 }
@@ -142,7 +137,7 @@ func (c *Conn) postWritesLocked(chunk []byte, s1, s2 ring.Seg) error {
 		if inline {
 			c.swr.Inline = chunk[:s.Len]
 		} else {
-			c.swr.Local = verbs.SGE{MR: c.stage, Offset: int(s.Off), Length: int(s.Len)}
+			c.swr.Local = verbs.SGE{MR: c.ep.stage, Offset: int(s.Off), Length: int(s.Len)}
 		}
 		chunk = chunk[s.Len:]
 		err := c.postLocked(&c.swr, false)
@@ -163,7 +158,7 @@ func (c *Conn) CloseWrite() error {
 	defer c.exit()
 	// No wr.mu: a Write blocked for space must not hold CloseWrite up. A
 	// Write in flight either announced its bytes before the FIN or finds
-	// wrClosed and fails with ErrBrokenPipe.
+	// wr.shut and fails with ErrBrokenPipe.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
@@ -176,6 +171,6 @@ func (c *Conn) CloseWrite() error {
 	c.st.SetFIN()
 	// Without a credit now, the FIN stays pending and flushLocked sends it
 	// when the credit update that frees one arrives.
-	c.sendLocked(0)
+	c.sendLocked(0, false)
 	return nil
 }

@@ -26,10 +26,7 @@ import (
 // neither: it is what a spinner sees when its peer parks (the peer's
 // wake-up is slower than the window but not by much), and counting it as a
 // miss would let two peers close each other's windows for good, each
-// seeing the other's parked latency. (Comparing the time to a hit with the
-// time of parked waits, to stop spinning where it does not pay, failed for
-// the same reason: parking samples taken on one side made the other side
-// miss. Measured: p50 bimodal, 0.2x or 0.7x TCP's.)
+// seeing the other's parked latency.
 //
 // So a connection whose answers come within the window keeps polling; one
 // whose answers come later stops after spinLimit waits and soon spends at
@@ -88,9 +85,7 @@ func (s *spinCtl) record(spun, took, max time.Duration) {
 // At most spinSlots calls of the whole process busy-poll at once; the
 // others park at once. A spinner holds its core, and more spinners than
 // half the cores starve the goroutines (and the peer process) whose work
-// they wait for: with 64 connections ping-ponging on 2 cores, every call
-// spinning made the slowest round trips 3-6x TCP's, while parking them all
-// (event only) kept them under TCP's (BENCHMARKS.md).
+// they wait for (BENCHMARKS.md).
 var (
 	spinning  atomic.Int32
 	spinSlots = int32(max(runtime.GOMAXPROCS(0)/2, 1))

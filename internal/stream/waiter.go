@@ -133,13 +133,19 @@ func (c *Conn) wait(e *entry, dl *deadline, sc *spinCtl) error {
 	return err
 }
 
-// pollFor makes e the poller: the queue's notification goes to e, and
-// completions that came before are handled now. mu is held.
+// pollFor makes e the poller: the queue's notification goes to e (armed
+// unless the Conn failed; Close's own wait arms it too), and completions
+// that came before are handled now. mu is held.
 func (c *Conn) pollFor(e *entry) {
 	c.poller.Store(e)
-	if c.armLocked() {
-		c.progressLocked()
+	if c.err != nil {
+		return
 	}
+	if err := c.ep.cq.Arm(); err != nil {
+		c.failLocked(reset("arming the completion queue", err))
+		return
+	}
+	c.progressLocked()
 }
 
 // leaveLocked removes e from the waiting entries. A poller handles what
@@ -165,20 +171,6 @@ func (c *Conn) leaveLocked(e *entry) {
 		return
 	}
 	c.idleLocked()
-}
-
-// armLocked arms the queue's notification; a failure fails the Conn and
-// reports false. (Close's own wait arms it too: only a failure, or the
-// release after Close, ends arming.)
-func (c *Conn) armLocked() bool {
-	if c.err != nil {
-		return false
-	}
-	if err := c.ep.cq.Arm(); err != nil {
-		c.failLocked(reset("arming the completion queue", err))
-		return false
-	}
-	return true
 }
 
 // idleLocked arms the queue for background progress once no call is in
@@ -242,20 +234,15 @@ func (c *Conn) background() {
 	c.idleLocked()
 }
 
-// enterLocked counts a call in the Conn; exitLocked uncounts it, and arms
-// for background progress when it was the last (idleLocked).
+// enterLocked counts a call in the Conn; exit uncounts it, and arms for
+// background progress when it was the last (idleLocked).
 func (c *Conn) enterLocked() { c.active.Add(1); c.calls.Add(1) }
 
-func (c *Conn) exitLocked() {
+func (c *Conn) exit() {
+	c.mu.Lock()
 	c.active.Add(-1)
 	c.idleLocked()
 	c.calls.Done()
-}
-
-// exit is exitLocked for a call that does not hold mu.
-func (c *Conn) exit() {
-	c.mu.Lock()
-	c.exitLocked()
 	c.mu.Unlock()
 }
 
@@ -283,7 +270,9 @@ func (c *Conn) spin(e *entry, dl *deadline, w time.Duration) (done bool, err err
 		// (measured: a quarter of a net/http server's transport time in
 		// mutex hand-offs).
 		if c.peek == nil || c.peek.Pending() {
-			c.progress()
+			c.mu.Lock()
+			c.progressLocked()
+			c.mu.Unlock()
 		}
 		if i%64 != 0 { // the clock and the deadline cost more than a poll
 			continue

@@ -32,7 +32,7 @@ import (
 // only.
 const (
 	bellMagic     = 0x6c656272 // "rbel", little-endian
-	bellVersion   = 3          // 2 had two doorbells, 1 one armed word and one eventfd
+	bellVersion   = 3
 	maxLinkSlots  = 1 << 16
 	bellWords     = maxLinkSlots / 64
 	bellSumWords  = bellWords / 64
@@ -98,9 +98,7 @@ func mapPeerBell(fd int) (bellPage, error) {
 }
 
 func (b *bellPage) release() {
-	if b.mem != nil {
-		_ = unmap(b.mem)
-	}
+	_ = unmap(b.mem)
 	*b = bellPage{}
 }
 

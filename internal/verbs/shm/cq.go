@@ -2,7 +2,6 @@ package shm
 
 import (
 	"encoding/binary"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -45,15 +44,11 @@ type CQ struct {
 	lmu    sync.Mutex
 	local  []localEntry // ring buffer, grown up to depth
 	lhead  int
-	ln     int
-	lcount atomic.Int32 // ln, readable without lmu
+	lcount atomic.Int32 // entries queued; written under lmu
 
-	// Pending's view of qps, read without mu: a copy, replaced under mu,
-	// and two reader counts by parity of peekEpoch, so that detach can
-	// wait until no Pending still reads the inbox of a QP it removed.
-	peekQPs   atomic.Pointer[[]*QP]
-	peekEpoch atomic.Uint32
-	peekers   [2]atomic.Int32
+	// peekMu lets Pending read qps without mu: qps changes with both held,
+	// so a QP removed from it is no longer read once detach returns.
+	peekMu sync.RWMutex
 }
 
 // localEntry is a queued local completion and the work-queue slots its
@@ -94,7 +89,9 @@ func (cq *CQ) Poll(wc []verbs.Completion) (int, error) {
 		return 0, verbs.ErrClosed
 	}
 	if cq.overrun.Load() {
-		cq.breakQPsLocked()
+		for _, q := range cq.qps { // their completions are lost with the CQ
+			q.fail(verbs.StatusFlushed, false)
+		}
 		return 0, ErrCQOverrun
 	}
 	n := 0
@@ -116,49 +113,20 @@ func (cq *CQ) Poll(wc []verbs.Completion) (int, error) {
 
 // Pending reports whether Poll would find a completion now: a queued
 // local one, or an entry (or a fault) in the inbox of an attached QP. It
-// takes no lock (verbs.Peeker): it reads a copy of the attached QPs,
-// counted as a reader of it (peekers), and makes two loads of shared
-// memory per QP.
+// takes no lock a poster or Poll takes (verbs.Peeker), only peekMu for
+// reading, and makes two loads of shared memory per QP.
 func (cq *CQ) Pending() bool {
 	if cq.lcount.Load() > 0 {
 		return true
 	}
-	e := cq.peekEpoch.Load()
-	for {
-		cq.peekers[e&1].Add(1)
-		e2 := cq.peekEpoch.Load()
-		if e2 == e {
-			break
-		}
-		cq.peekers[e&1].Add(-1) // a publish went by: count with the new parity
-		e = e2
-	}
-	pending := false
-	if qs := cq.peekQPs.Load(); qs != nil {
-		for _, q := range *qs {
-			if q.in.hdr.tail.Load() != q.head.Load() || q.in.hdr.fault.Load() != 0 {
-				pending = true
-				break
-			}
+	cq.peekMu.RLock()
+	defer cq.peekMu.RUnlock()
+	for _, q := range cq.qps {
+		if q.in.hdr.tail.Load() != q.head.Load() || q.in.hdr.fault.Load() != 0 {
+			return true
 		}
 	}
-	cq.peekers[e&1].Add(-1)
-	return pending
-}
-
-// publishLocked gives Pending the current qps and waits until no Pending
-// reads the previous copy: a QP removed from qps may be unmapped once it
-// returns. A Pending that counted itself with the old parity and then saw
-// the epoch unchanged did so before the epoch moved (the atomics are
-// sequentially consistent), so the wait sees it; one that saw it move
-// counts itself again with the new parity and loads the new copy.
-func (cq *CQ) publishLocked() {
-	qs := slices.Clone(cq.qps)
-	cq.peekQPs.Store(&qs)
-	old := cq.peekEpoch.Add(1) - 1
-	for cq.peekers[old&1].Load() != 0 {
-		runtime.Gosched() // a Pending is a few loads: it leaves soon
-	}
+	return false
 }
 
 // Arm requests one notification (verbs.CQ): for a local completion, or an
@@ -227,11 +195,12 @@ func (cq *CQ) Close() error {
 		return verbs.ErrClosed
 	}
 	cq.armed.Store(0)
+	cq.peekMu.Lock()
 	cq.qps = nil
-	cq.publishLocked()
+	cq.peekMu.Unlock()
 	cq.mu.Unlock()
 	cq.lmu.Lock()
-	cq.local, cq.lhead, cq.ln = nil, 0, 0
+	cq.local, cq.lhead = nil, 0
 	cq.lcount.Store(0)
 	cq.lmu.Unlock()
 	cq.dev.forgetCQ(cq)
@@ -245,9 +214,10 @@ func (cq *CQ) attach(q *QP) bool {
 	if cq.closed.Load() {
 		return false
 	}
+	cq.peekMu.Lock()
 	cq.qps = append(cq.qps, q)
+	cq.peekMu.Unlock()
 	q.in.hdr.sleeping.Store(cq.armed.Load())
-	cq.publishLocked()
 	return true
 }
 
@@ -257,8 +227,9 @@ func (cq *CQ) detach(q *QP) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if i := slices.Index(cq.qps, q); i >= 0 {
+		cq.peekMu.Lock()
 		cq.qps = slices.Delete(cq.qps, i, i+1)
-		cq.publishLocked()
+		cq.peekMu.Unlock()
 	}
 }
 
@@ -271,22 +242,21 @@ func (cq *CQ) push(c verbs.Completion, used *atomic.Int32, slots int32) {
 		cq.lmu.Unlock()
 		return
 	}
-	if cq.ln == cq.depth {
+	if int(cq.lcount.Load()) == cq.depth {
 		cq.overrun.Store(true)
-		cq.local, cq.lhead, cq.ln = nil, 0, 0
+		cq.local, cq.lhead = nil, 0
 		cq.lcount.Store(0)
 		cq.lmu.Unlock()
 		cq.fire(true)
 		return
 	}
-	if cq.ln == len(cq.local) {
+	if int(cq.lcount.Load()) == len(cq.local) {
 		grown := make([]localEntry, min(2*len(cq.local), cq.depth))
 		k := copy(grown, cq.local[cq.lhead:])
 		copy(grown[k:], cq.local[:cq.lhead])
 		cq.local, cq.lhead = grown, 0
 	}
-	cq.local[(cq.lhead+cq.ln)%len(cq.local)] = localEntry{c: c, used: used, slots: slots}
-	cq.ln++
+	cq.local[(cq.lhead+int(cq.lcount.Load()))%len(cq.local)] = localEntry{c: c, used: used, slots: slots}
 	cq.lcount.Add(1)
 	cq.lmu.Unlock()
 	cq.fire(c.Status != verbs.StatusSuccess)
@@ -296,7 +266,7 @@ func (cq *CQ) push(c verbs.Completion, used *atomic.Int32, slots int32) {
 func (cq *CQ) popLocal(wc []verbs.Completion) int {
 	cq.lmu.Lock()
 	defer cq.lmu.Unlock()
-	n := min(len(wc), cq.ln)
+	n := min(len(wc), int(cq.lcount.Load()))
 	for i := range n {
 		e := &cq.local[cq.lhead]
 		wc[i] = e.c
@@ -307,15 +277,6 @@ func (cq *CQ) popLocal(wc []verbs.Completion) int {
 			cq.lhead = 0
 		}
 	}
-	cq.ln -= n
 	cq.lcount.Add(int32(-n))
 	return n
-}
-
-// breakQPsLocked moves every attached QP to the error state after an
-// overrun; their completions are lost with the CQ.
-func (cq *CQ) breakQPsLocked() {
-	for _, q := range cq.qps {
-		q.fail(verbs.StatusFlushed, false)
-	}
 }

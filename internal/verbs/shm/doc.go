@@ -106,10 +106,10 @@
 // wake-up, the price of sharing one eventfd among all QPs of a process
 // pair rather than costing a descriptor per connection (BENCHMARKS.md).
 //
-// CQ.Pending (verbs.Peeker) takes no lock: it reads a copy of the
-// attached QPs, counted as a reader by epoch parity, and a QP's detach
-// waits for the readers of the copy it replaced before its inbox can be
-// unmapped.
+// CQ.Pending (verbs.Peeker) takes no lock a poster or Poll takes: it
+// reads the attached QPs under the CQ's peekMu, for reading, which
+// attach and detach take for writing, so a detached QP's inbox is no
+// longer read when it is unmapped.
 //
 // # Hostile shared memory
 //

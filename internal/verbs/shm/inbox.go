@@ -16,7 +16,7 @@ import (
 //
 //	offset   writer    field
 //	0        owner     magic, version, capacity (at creation); state (ready,
-//	                   error, closed), read by the producer on every post
+//	                   error), read by the producer on every post
 //	128      producer  tail (entries published), fault (access violation)
 //	256      owner     head (entries consumed)
 //	384      owner     posted (RECVs ever posted)
@@ -40,14 +40,13 @@ const (
 	inboxHeaderSize = 4096
 	minInboxCap     = 64         // so that the entries fill whole 4 KiB pages
 	inboxMagic      = 0x6d687372 // "rshm", little-endian
-	inboxVersion    = 3          // 2 had WRITE with immediate entries
+	inboxVersion    = 3
 )
 
 // Owner states published in the inbox header.
 const (
-	ownerReady  = 0
-	ownerError  = 1
-	ownerClosed = 2
+	ownerReady = 0
+	ownerError = 1
 )
 
 // entrySend is the opcode of an entry: a SEND (the only one).
@@ -89,10 +88,9 @@ var (
 
 // inbox is a mapping of an inbox, from either side.
 type inbox struct {
-	mem  []byte // the whole mapping; nil when not mapped
-	hdr  *inboxHeader
-	cap  uint64 // entries; a power of two, from this side's own knowledge
-	mask uint64
+	mem []byte // the whole mapping; nil when not mapped
+	hdr *inboxHeader
+	cap uint64 // entries; a power of two, from this side's own knowledge
 }
 
 // inboxCap returns the capacity of an inbox for depth receive requests.
@@ -130,7 +128,7 @@ func newInbox(depth int) (fd int, in inbox, err error) {
 }
 
 // mapPeerInbox maps the peer's inbox of capacity c from fd, after checking
-// the file (see checkMemfd) and the header. It does not close fd.
+// the file (see mapMemfd) and the header. It does not close fd.
 func mapPeerInbox(fd int, c uint64) (inbox, error) {
 	if !validInboxCap(c) {
 		return inbox{}, fmt.Errorf("shm: peer inbox capacity %d", c)
@@ -150,10 +148,9 @@ func mapPeerInbox(fd int, c uint64) (inbox, error) {
 
 func makeInbox(mem []byte, c uint64) inbox {
 	return inbox{
-		mem:  mem,
-		hdr:  (*inboxHeader)(unsafe.Pointer(&mem[0])),
-		cap:  c,
-		mask: c - 1,
+		mem: mem,
+		hdr: (*inboxHeader)(unsafe.Pointer(&mem[0])),
+		cap: c,
 	}
 }
 
@@ -161,14 +158,12 @@ func makeInbox(mem []byte, c uint64) inbox {
 // bounds-checked against the mapping, whose size this side chose or
 // validated.
 func (in *inbox) entryAt(i uint64) *entry {
-	off := inboxHeaderSize + (i&in.mask)*EntrySize
+	off := inboxHeaderSize + (i&(in.cap-1))*EntrySize
 	return (*entry)(unsafe.Pointer(&in.mem[off : off+EntrySize][0]))
 }
 
 // release unmaps the inbox.
 func (in *inbox) release() {
-	if in.mem != nil {
-		_ = unmap(in.mem)
-	}
+	_ = unmap(in.mem)
 	*in = inbox{}
 }

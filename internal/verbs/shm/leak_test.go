@@ -3,6 +3,7 @@ package shm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"testing"
@@ -308,4 +309,25 @@ func TestLinkChurn(t *testing.T) {
 		}
 	}
 	waitLinks(t)
+}
+
+// TestClosedDevice: a closed device makes nothing new, and says so.
+func TestClosedDevice(t *testing.T) {
+	e := openEnd(t, 16)
+	fds0 := fdCount(t)
+	if err := e.dev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.dev.NewCQ(16, nil); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("NewCQ after Close: %v, want ErrClosed", err)
+	}
+	if _, err := e.dev.AllocMR(4096, verbs.AccessRemoteWrite); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("AllocMR after Close: %v, want ErrClosed", err)
+	}
+	if _, err := e.dev.NewQP(verbs.QPAttr{CQ: e.cq, SendDepth: 16, RecvDepth: 16}); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("NewQP after Close: %v, want ErrClosed", err)
+	}
+	if n := fdCount(t); n > fds0 {
+		t.Errorf("%d fds after Close and the refused calls, %d before", n, fds0)
+	}
 }

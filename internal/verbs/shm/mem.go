@@ -188,12 +188,10 @@ func mapMemfd(fd int, size int) ([]byte, error) {
 
 // Every mapping this package makes counts against the process's mapping
 // budget, four fifths of vm.max_map_count: the rest is left to the Go
-// runtime (its heap and thread stacks; under the race detector it maps
-// more as connections grow, measured 0.6 per connection) and the rest of
-// the process. A mapping past the budget fails with ErrMapBudget, and the
-// connection that asked falls back with that reason; without the budget,
-// connections used the last mappings and the runtime, finding none for
-// its heap, killed the process.
+// runtime (its heap and thread stacks, which grow with connections) and
+// the rest of the process, which dies when the runtime finds no mapping
+// for its heap. A mapping past the budget fails with ErrMapBudget, and the
+// connection that asked falls back with that reason.
 var mappings struct {
 	live   atomic.Int64
 	budget atomic.Int64

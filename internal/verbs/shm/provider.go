@@ -32,8 +32,6 @@ const (
 	MaxCQDepth = 1 << 22
 	// MaxMRSize is the largest memory region.
 	MaxMRSize = 1 << 36
-	// mrAddrShift spaces region base addresses: MaxMRSize <= 1<<mrAddrShift.
-	mrAddrShift = 36
 )
 
 var (
@@ -80,7 +78,6 @@ func (p *Provider) OpenDevice() (*Device, error) {
 	return &Device{
 		keySalt: binary.LittleEndian.Uint32(salt[:]),
 		mrs:     make(map[*MR]struct{}),
-		keys:    make(map[uint32]*MR),
 		cqs:     make(map[*CQ]struct{}),
 		qps:     make(map[*QP]struct{}),
 	}, nil
@@ -149,7 +146,7 @@ var mrAddrs atomic.Uint64
 
 func newMRAddr() uint64 {
 	for {
-		if a := mrAddrs.Add(1) << mrAddrShift; a != 0 {
+		if a := mrAddrs.Add(1) * MaxMRSize; a != 0 {
 			return a
 		}
 	}
@@ -166,7 +163,6 @@ type Device struct {
 	closed bool
 	keySeq uint32
 	mrs    map[*MR]struct{}
-	keys   map[uint32]*MR // remote-writable regions by rkey
 	cqs    map[*CQ]struct{}
 	qps    map[*QP]struct{}
 }
@@ -190,9 +186,6 @@ func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if access&verbs.AccessRemoteWrite != 0 {
 		access |= verbs.AccessLocalWrite
 	}
-	if d.isClosed() {
-		return nil, verbs.ErrClosed
-	}
 	mr := &MR{dev: d, fd: -1, addr: newMRAddr(), access: access}
 	if access&verbs.AccessRemoteWrite == 0 {
 		mr.buf = make([]byte, size) // no peer maps it: Go memory, no mapping
@@ -214,7 +207,6 @@ func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	}
 	if mr.fd >= 0 {
 		mr.rkey = d.newRKeyLocked()
-		d.keys[mr.rkey] = mr
 	}
 	d.mrs[mr] = struct{}{}
 	d.mu.Unlock()
@@ -252,7 +244,6 @@ func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		_ = cq.Close()
 		return nil, verbs.ErrClosed
 	}
 	d.cqs[cq] = struct{}{}
@@ -277,15 +268,12 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 	case attr.MaxInline < 0:
 		return nil, fmt.Errorf("shm: negative inline size %d", attr.MaxInline)
 	}
-	if d.isClosed() {
-		return nil, verbs.ErrClosed
-	}
 	q, err := newQP(d, cq, attr)
 	if err != nil {
 		return nil, err
 	}
 	if !cq.attach(q) {
-		q.releaseLocal()
+		_ = q.Close()
 		return nil, fmt.Errorf("shm: completion queue: %w", verbs.ErrClosed)
 	}
 	d.mu.Lock()
@@ -322,12 +310,6 @@ func (d *Device) Close() error {
 	return nil
 }
 
-func (d *Device) isClosed() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.closed
-}
-
 // exportFDs appends to fds close-on-exec duplicates of the memfds of up
 // to max remote-writable regions that still have one, for a peer to map at
 // connect time, and returns their records.
@@ -335,7 +317,7 @@ func (d *Device) exportFDs(fds []int, max int) ([]int, []mrRecord) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var recs []mrRecord
-	for _, mr := range d.keys {
+	for mr := range d.mrs {
 		if len(recs) == max {
 			break
 		}
@@ -360,10 +342,6 @@ func (d *Device) exportFDs(fds []int, max int) ([]int, []mrRecord) {
 func (d *Device) settle() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.settleLocked()
-}
-
-func (d *Device) settleLocked() {
 	if len(d.qps) == 0 {
 		return
 	}
@@ -372,7 +350,7 @@ func (d *Device) settleLocked() {
 			return
 		}
 	}
-	for _, mr := range d.keys {
+	for mr := range d.mrs {
 		if mr.fd >= 0 {
 			_ = unix.Close(mr.fd)
 			mr.fd = -1
@@ -386,9 +364,6 @@ func (d *Device) forgetMR(mr *MR) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.mrs, mr)
-	if mr.rkey != 0 && d.keys[mr.rkey] == mr {
-		delete(d.keys, mr.rkey)
-	}
 	fd := mr.fd
 	mr.fd = -1
 	return fd
@@ -402,7 +377,7 @@ func (d *Device) forgetCQ(cq *CQ) {
 
 func (d *Device) forgetQP(q *QP) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	delete(d.qps, q)
-	d.settleLocked()
+	d.mu.Unlock()
+	d.settle()
 }

@@ -56,14 +56,13 @@ type QP struct {
 	unretired int32        // successful unsignaled sends since the last completion
 
 	// Receive side, guarded by rmu.
-	rmu     sync.Mutex
-	recvs   []recvWR // ring of posted RECVs, len RecvDepth
-	rfirst  int
-	rcount  int
-	rqDepth int32
-	rqUsed  atomic.Int32
-	posted  uint64        // RECVs ever posted (published in the inbox)
-	head    atomic.Uint64 // inbox entries consumed; written under rmu
+	rmu    sync.Mutex
+	recvs  []recvWR // ring of posted RECVs, len RecvDepth
+	rfirst int
+	rcount int
+	rqUsed atomic.Int32
+	posted uint64        // RECVs ever posted (published in the inbox)
+	head   atomic.Uint64 // inbox entries consumed; written under rmu
 
 	peerGone atomic.Bool // the peer QP closed or its link ended
 
@@ -100,7 +99,6 @@ func newQP(d *Device, cq *CQ, attr verbs.QPAttr) (*QP, error) {
 		maxInline: min(attr.MaxInline, MaxInline),
 		recvs:     make([]recvWR, attr.RecvDepth),
 		sqDepth:   int32(attr.SendDepth),
-		rqDepth:   int32(attr.RecvDepth),
 		closing:   make(chan struct{}),
 		estDone:   make(chan struct{}),
 	}
@@ -113,15 +111,6 @@ func newQP(d *Device, cq *CQ, attr verbs.QPAttr) (*QP, error) {
 	}
 	q.inFD, q.in = fd, in
 	return q, nil
-}
-
-// releaseLocal frees a QP that never got attached anywhere.
-func (q *QP) releaseLocal() {
-	q.in.release()
-	if q.inFD >= 0 {
-		_ = unix.Close(q.inFD)
-		q.inFD = -1
-	}
 }
 
 // Info describes this end: host identity (boot id, network namespace), this
@@ -190,10 +179,7 @@ func (q *QP) Connect(ctx context.Context, peer []byte, active bool) error {
 	if err != nil {
 		return err
 	}
-	local, err := localHost()
-	if err != nil {
-		return err
-	}
+	local, _ := localHost() // the device could not have been opened otherwise
 	if err := checkSameHost(local, p.host); err != nil {
 		return err
 	}
@@ -316,12 +302,6 @@ func (q *QP) install(p *peerSide, l *link, id, peerID uint32) error {
 	return nil
 }
 
-func (q *QP) isClosingNow() bool {
-	q.cmu.Lock()
-	defer q.cmu.Unlock()
-	return q.isClosing
-}
-
 // Close moves the QP to the error state and releases it. Messages that had
 // arrived in the inbox complete first, then the posted RECVs complete as
 // flushed (into the CQ, unless it is closed). The peer learns it only as
@@ -344,7 +324,6 @@ func (q *QP) Close() error {
 	q.rmu.Lock()
 	q.failLocked(verbs.StatusFlushed, true)
 	q.state.Store(stateClosed)
-	q.in.hdr.state.Store(ownerClosed)
 	q.rmu.Unlock()
 
 	q.cmu.Lock()

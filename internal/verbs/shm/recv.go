@@ -34,7 +34,7 @@ func (q *QP) PostRecv(wr *verbs.RecvWR) error {
 	if mr != nil && mr.access&verbs.AccessLocalWrite == 0 {
 		return fmt.Errorf("%w: shm: receive buffer in a region without local write access", verbs.ErrBounds)
 	}
-	if q.rqUsed.Load() >= q.rqDepth {
+	if int(q.rqUsed.Load()) >= len(q.recvs) {
 		return verbs.ErrQueueFull
 	}
 	q.rqUsed.Add(1)

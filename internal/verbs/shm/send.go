@@ -91,13 +91,9 @@ func (q *QP) executeLocked(wr *verbs.SendWR, src []byte) verbs.Status {
 	if wr.Op == verbs.OpWrite {
 		var dst []byte
 		if len(src) > 0 { // zero-length WRITEs check neither key nor bounds
-			var st verbs.Status
-			if dst, st = q.remoteLocked(wr.RemoteAddr, wr.RKey, len(src)); st != verbs.StatusSuccess {
-				if st == verbs.StatusRemoteAccess {
-					// The responder of an RC connection fails too.
-					q.out.hdr.fault.Store(1)
-				}
-				return st
+			if dst = q.remoteLocked(wr.RemoteAddr, wr.RKey, len(src)); dst == nil {
+				q.out.hdr.fault.Store(1) // the responder of an RC connection fails too
+				return verbs.StatusRemoteAccess
 			}
 		}
 		copy(dst, src)
@@ -168,33 +164,28 @@ func (q *QP) completeLocked(wr *verbs.SendWR, status verbs.Status) {
 	}
 }
 
-// remoteLocked resolves raddr..raddr+n of the peer region named by rkey.
-// It returns StatusRemoteAccess for an unknown key or a range outside the
-// region.
-func (q *QP) remoteLocked(raddr uint64, rkey uint32, n int) ([]byte, verbs.Status) {
+// remoteLocked resolves raddr..raddr+n of the peer region named by rkey,
+// or returns nil for an unknown key or a range outside the region.
+func (q *QP) remoteLocked(raddr uint64, rkey uint32, n int) []byte {
 	p := q.lastMR
 	if p == nil || p.rkey != rkey {
 		if p = q.peerMRs[rkey]; p == nil {
-			return nil, verbs.StatusRemoteAccess
+			return nil
 		}
 		q.lastMR = p
 	}
-	dst := p.rangeOf(raddr, n)
-	if dst == nil {
-		return nil, verbs.StatusRemoteAccess
-	}
-	return dst, verbs.StatusSuccess
+	return p.rangeOf(raddr, n)
 }
 
 // MapRemote returns the peer's memory at addr..addr+length of the region
 // named by rkey, mapped in this process, so that a writer can copy into it
 // directly instead of posting a WRITE. Bytes copied before a SEND is
-// posted are visible to the peer when that message's receive completion is (the entry's publication orders them). The slice
-// stays valid until Close, even if the peer deregisters the region. It may
-// wait like PostSend the first time rkey is used. Errors: verbs.ErrClosed,
-// verbs.ErrQPState when not connected, and an error wrapping
-// verbs.ErrBounds when the range is not inside a remote-writable region of
-// the peer.
+// posted are visible to the peer when that message's receive completion
+// is (the entry's publication orders them). The slice stays valid until
+// Close, even if the peer deregisters the region. It does not block.
+// Errors: verbs.ErrClosed, verbs.ErrQPState when not connected, and an
+// error wrapping verbs.ErrBounds when the range is not inside a
+// remote-writable region of the peer.
 func (q *QP) MapRemote(addr uint64, rkey uint32, length int) ([]byte, error) {
 	q.smu.Lock()
 	defer q.smu.Unlock()
@@ -205,13 +196,10 @@ func (q *QP) MapRemote(addr uint64, rkey uint32, length int) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("%w: shm: not connected", verbs.ErrQPState)
 	}
-	if length < 0 {
-		return nil, fmt.Errorf("%w: shm: negative length %d", verbs.ErrBounds, length)
-	}
-	dst, st := q.remoteLocked(addr, rkey, length)
+	dst := q.remoteLocked(addr, rkey, length)
 	if dst == nil {
-		return nil, fmt.Errorf("%w: shm: %d bytes at %#x of remote key %#x are not remote-writable at the peer (%v)",
-			verbs.ErrBounds, length, addr, rkey, st)
+		return nil, fmt.Errorf("%w: shm: %d bytes at %#x of remote key %#x are not remote-writable at the peer",
+			verbs.ErrBounds, length, addr, rkey)
 	}
 	return dst, nil
 }

@@ -211,30 +211,23 @@ func decodeHeader(b []byte) (byte, []byte, error) {
 // decodeExchange parses the body of an attach or accept message.
 func decodeExchange(kind byte, body []byte) (*exchange, error) {
 	x := &exchange{}
+	idLen := secretLen
 	if kind == msgAccept {
-		if len(body) < 4 {
-			return nil, fmt.Errorf("%w: %d bytes", errMsgFormat, len(body))
-		}
+		idLen = 4
+	}
+	if len(body) < idLen+12 {
+		return nil, fmt.Errorf("%w: %d bytes", errMsgFormat, len(body))
+	}
+	if kind == msgAccept {
 		x.dst = binary.LittleEndian.Uint32(body)
-		body = body[4:]
 	} else {
-		if len(body) < secretLen {
-			return nil, fmt.Errorf("%w: %d bytes", errMsgFormat, len(body))
-		}
 		copy(x.secret[:], body)
-		body = body[secretLen:]
 	}
-	if len(body) < 12 {
-		return nil, fmt.Errorf("%w: %d bytes", errMsgFormat, len(body))
-	}
+	body = body[idLen:]
 	x.src = binary.LittleEndian.Uint32(body)
-	body = body[4:]
-	if len(body) < 8 {
-		return nil, fmt.Errorf("%w: %d bytes", errMsgFormat, len(body))
-	}
-	x.inboxCap = uint64(binary.LittleEndian.Uint32(body))
-	n := int(binary.LittleEndian.Uint16(body[4:]))
-	body = body[8:]
+	x.inboxCap = uint64(binary.LittleEndian.Uint32(body[4:]))
+	n := int(binary.LittleEndian.Uint16(body[8:]))
+	body = body[12:]
 	if n > maxExportMRs || len(body) != n*recordLen {
 		return nil, fmt.Errorf("%w: %d regions in %d bytes", errMsgFormat, n, len(body))
 	}
@@ -253,25 +246,22 @@ func readMsg(c *net.UnixConn, buf, oob []byte) ([]byte, []int, error) {
 	fds := parseRights(oob[:oobn])
 	switch {
 	case err != nil:
-		closeFDs(fds)
-		return nil, nil, err
 	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
-		closeFDs(fds)
-		return nil, nil, fmt.Errorf("%w: truncated (flags %#x)", errMsgFormat, flags)
+		err = fmt.Errorf("%w: truncated (flags %#x)", errMsgFormat, flags)
 	case n == 0:
 		// A SOCK_SEQPACKET read of 0 bytes is the end of the connection
 		// (no message of ours is empty).
+		err = io.EOF
+	}
+	if err != nil {
 		closeFDs(fds)
-		return nil, nil, io.EOF
+		return nil, nil, err
 	}
 	return buf[:n], fds, nil
 }
 
 // parseRights returns every fd passed in oob.
 func parseRights(oob []byte) []int {
-	if len(oob) == 0 {
-		return nil
-	}
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
 		return nil // the kernel wrote oob: it parses
