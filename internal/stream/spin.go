@@ -85,15 +85,23 @@ func (s *spinCtl) record(spun, took, max time.Duration) {
 // At most spinSlots calls of the whole process busy-poll at once; the
 // others park at once. A spinner holds its core, and more spinners than
 // half the cores starve the goroutines (and the peer process) whose work
-// they wait for (BENCHMARKS.md).
+// they wait for. For the same reason no call starts spinning while a call
+// of the process that was woken from parking has not run yet (woken): the
+// cores are busy then, and a spinner would hold that call up
+// (BENCHMARKS.md has both effects on 64 connections).
 var (
 	spinning  atomic.Int32
+	woken     atomic.Int32 // calls signalled while parked that have not run since
 	spinSlots = int32(max(runtime.GOMAXPROCS(0)/2, 1))
 )
 
-// takeSpinSlot takes a spinning slot if one is free; the caller gives it
-// back (spinning.Add(-1)) when it stops polling.
+// takeSpinSlot takes a spinning slot if one is free and no woken call
+// waits for a core; the caller gives it back (spinning.Add(-1)) when it
+// stops polling.
 func takeSpinSlot() bool {
+	if woken.Load() > 0 {
+		return false
+	}
 	if spinning.Add(1) <= spinSlots {
 		return true
 	}

@@ -1,6 +1,9 @@
 package stream
 
 import (
+	"errors"
+	"os"
+	"sync"
 	"testing"
 	"time"
 )
@@ -101,5 +104,92 @@ func TestSpinSlots(t *testing.T) {
 	spinning.Add(-spinSlots)
 	if n := spinning.Load(); n != 0 {
 		t.Fatalf("%d slots still taken", n)
+	}
+}
+
+// A call signalled while parked counts as woken until it runs, and no call
+// starts spinning meanwhile; of the signal and the call, whichever clears
+// parked first counts, so each wake-up is counted once and uncounted once.
+func TestWokenHoldsSpinners(t *testing.T) {
+	e := newEntry(evRead, nil)
+	e.parked.Store(true)
+	e.signal()
+	e.signal() // again before the call ran: counted once
+	if n := woken.Load(); n != 1 {
+		t.Fatalf("woken %d after a parked call was signalled, want 1", n)
+	}
+	if takeSpinSlot() {
+		t.Fatal("a spinning slot was granted while a woken call waits for a core")
+	}
+	if e.parked.CompareAndSwap(true, false) { // what the call does when it runs
+		t.Fatal("the signal did not clear parked")
+	}
+	woken.Add(-1)
+	if !takeSpinSlot() {
+		t.Fatal("a slot was refused once the woken call ran")
+	}
+	spinning.Add(-1)
+	e.parked.Store(true)
+	if !e.parked.CompareAndSwap(true, false) { // the call leaves by its deadline
+		t.Fatal("parked was cleared without a signal")
+	}
+	e.signal() // late: the call is not parked, nothing is counted
+	if n := woken.Load(); n != 0 {
+		t.Fatalf("woken %d after a signal to a call that left by itself, want 0", n)
+	}
+}
+
+// However calls end (woken, by a deadline, by Close), the count of woken
+// calls comes back to zero: a leak would stop busy-polling for good.
+func TestWokenBalances(t *testing.T) {
+	opts := eventOnly
+	opts.BusyPoll = 20 * time.Microsecond
+	var wg sync.WaitGroup
+	for range 8 {
+		a, b := newPair(t, opts)
+		wg.Go(func() {
+			echo := make(chan struct{})
+			go func() {
+				defer close(echo)
+				buf := make([]byte, 64)
+				for range 200 {
+					if _, err := b.Read(buf); err != nil {
+						t.Error(err)
+						return
+					}
+					if _, err := b.Write(buf[:1]); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+			buf := make([]byte, 64)
+			for range 200 {
+				if _, err := a.Write(buf); err != nil {
+					t.Error(err)
+					break
+				}
+				if _, err := a.Read(buf[:1]); err != nil {
+					t.Error(err)
+					break
+				}
+			}
+			<-echo
+			_ = b.SetReadDeadline(time.Now().Add(time.Millisecond))
+			if _, err := b.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Errorf("Read past its deadline: %v", err)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := a.Read(buf); done <- err }()
+			_ = b.Close()
+			if err := <-done; err == nil {
+				t.Error("Read across the peer's Close returned no error")
+			}
+			_ = a.Close()
+		})
+	}
+	wg.Wait()
+	if n := woken.Load(); n != 0 {
+		t.Fatalf("woken %d once every call returned, want 0", n)
 	}
 }

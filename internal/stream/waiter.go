@@ -67,9 +67,18 @@ const (
 // (capacity 1), and the channel that ends its waits (the Conn's close; nil
 // for Close's own).
 type entry struct {
-	ev   event
-	ch   chan struct{}
-	stop <-chan struct{}
+	ev     event
+	ch     chan struct{}
+	stop   <-chan struct{}
+	parked atomic.Bool // the call is parked; whoever clears it first, signal or the call, counts the wake-up
+}
+
+// signal wakes e's call; a parked one counts as woken until it runs.
+func (e *entry) signal() {
+	if e.parked.CompareAndSwap(true, false) {
+		woken.Add(1)
+	}
+	wake(e.ch)
 }
 
 func newEntry(ev event, stop <-chan struct{}) *entry {
@@ -80,7 +89,7 @@ func newEntry(ev event, stop <-chan struct{}) *entry {
 func (c *Conn) wakeLocked(ev event) {
 	for _, e := range c.waiting {
 		if e.ev&ev != 0 {
-			wake(e.ch)
+			e.signal()
 		}
 	}
 }
@@ -113,6 +122,7 @@ func (c *Conn) wait(e *entry, dl *deadline, sc *spinCtl) error {
 	if c.poller.Load() == nil {
 		c.pollFor(e)
 	}
+	e.parked.Store(true)
 	c.mu.Unlock()
 	if h := testHookParking.Load(); h != nil {
 		(*h)(c)
@@ -125,6 +135,9 @@ func (c *Conn) wait(e *entry, dl *deadline, sc *spinCtl) error {
 		err = os.ErrDeadlineExceeded
 	case <-e.stop:
 		err = net.ErrClosed
+	}
+	if !e.parked.CompareAndSwap(true, false) {
+		woken.Add(-1) // signal counted this call as woken
 	}
 	c.mu.Lock()
 	if err == nil && sc != nil && spun > 0 {
@@ -212,7 +225,7 @@ func (c *Conn) owesPeerLocked() bool {
 func (c *Conn) notify() {
 	c.stats.Notifications.Add(1)
 	if e := c.poller.Load(); e != nil {
-		wake(e.ch)
+		e.signal()
 		return
 	}
 	if c.active.Load() == 0 && c.bgRun.CompareAndSwap(false, true) {
