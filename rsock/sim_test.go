@@ -285,9 +285,11 @@ func TestSimPeerVanishes(t *testing.T) {
 	// The peer process dies: its bootstrap socket closes with no goodbye
 	// and its queue pair stops answering.
 	c.s.QP().(*sim.QP).Stall(true)
-	c.s.Bootstrap().(*net.TCPConn).SetLinger(0)
-	c.s.Bootstrap().Close()
-	err := waitErr(t, rd, "server Read")
+	boot, err := c.s.Socket()
+	require.NoError(t, err)
+	boot.(*net.TCPConn).SetLinger(0)
+	boot.Close()
+	err = waitErr(t, rd, "server Read")
 	assert.ErrorIs(t, err, syscall.ECONNRESET)
 	assert.Contains(t, err.Error(), "vanished")
 	err = waitErr(t, wr, "server Write")

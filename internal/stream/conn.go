@@ -147,30 +147,23 @@ func (c *Conn) enter() error {
 }
 
 // SetDeadline sets the read and write deadlines.
-func (c *Conn) SetDeadline(t time.Time) error {
-	if err := c.checkOpen(); err != nil {
-		return err
-	}
-	c.rd.dl.set(t)
-	c.wr.dl.set(t)
-	return nil
-}
+func (c *Conn) SetDeadline(t time.Time) error { return c.setDeadlines(t, c.rd.dl, c.wr.dl) }
 
 // SetReadDeadline sets the deadline for pending and future Reads.
-func (c *Conn) SetReadDeadline(t time.Time) error {
-	if err := c.checkOpen(); err != nil {
-		return err
-	}
-	c.rd.dl.set(t)
-	return nil
-}
+func (c *Conn) SetReadDeadline(t time.Time) error { return c.setDeadlines(t, c.rd.dl) }
 
 // SetWriteDeadline sets the deadline for pending and future Writes.
-func (c *Conn) SetWriteDeadline(t time.Time) error {
+func (c *Conn) SetWriteDeadline(t time.Time) error { return c.setDeadlines(t, c.wr.dl) }
+
+// setDeadlines sets dls to t, or returns net.ErrClosed once Close was
+// called.
+func (c *Conn) setDeadlines(t time.Time, dls ...*deadline) error {
 	if err := c.checkOpen(); err != nil {
 		return err
 	}
-	c.wr.dl.set(t)
+	for _, dl := range dls {
+		dl.set(t)
+	}
 	return nil
 }
 
@@ -234,10 +227,6 @@ func (c *Conn) Socket() (net.Conn, error) {
 	}
 	return c.boot, nil
 }
-
-// Bootstrap returns the bootstrap TCP connection, for tests that simulate a
-// peer process dying.
-func (c *Conn) Bootstrap() net.Conn { return c.boot }
 
 // Waiting reports how many calls wait in the Conn now (parked or
 // busy-polling), for tests that must act while a call blocks.
