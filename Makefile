@@ -18,7 +18,9 @@ FUZZ_TARGETS = \
 	./internal/ring:FuzzProtocol \
 	./internal/ring:FuzzReceive \
 	./internal/ring:FuzzUnmarshal \
-	./internal/verbs/ibverbs:FuzzParseInfo
+	./internal/verbs/ibverbs:FuzzParseInfo \
+	./internal/verbs/shm:FuzzDecodeInfo \
+	./internal/verbs/shm:FuzzDecodeMessage
 
 .PHONY: all deps demo test test-unit lint bench bench-go fuzz clean
 

@@ -47,6 +47,7 @@ func Run(t *testing.T, p verbs.Provider, opts verbs.OpenOptions) {
 	if err := dev.Close(); err != nil {
 		t.Fatalf("Device.Close: %v", err)
 	}
+	closedDevice(t, dev)
 
 	s := &suite{p: p, opts: opts}
 	t.Run("AllocMR", s.testAllocMR)
@@ -385,5 +386,32 @@ func (pr *pair) postSend(sd *side, wr verbs.SendWR) {
 	pr.t.Helper()
 	if err := sd.qp.PostSend(&wr); err != nil {
 		pr.t.Fatalf("PostSend(%v id %d): %v", wr.Op, wr.ID, err)
+	}
+}
+
+// closedDevice checks that a closed device makes nothing new and says so,
+// without hanging.
+func closedDevice(t *testing.T, dev verbs.Device) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if cq, err := dev.NewCQ(16, nil); !errors.Is(err, verbs.ErrClosed) {
+			t.Errorf("NewCQ on a closed device: %v, want ErrClosed", err)
+			if cq != nil {
+				_ = cq.Close()
+			}
+		}
+		if mr, err := dev.AllocMR(4096, verbs.AccessRemoteWrite); !errors.Is(err, verbs.ErrClosed) {
+			t.Errorf("AllocMR on a closed device: %v, want ErrClosed", err)
+			if mr != nil {
+				_ = mr.Close()
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(Timeout):
+		t.Fatal("NewCQ or AllocMR on a closed device hung")
 	}
 }
