@@ -282,11 +282,13 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 			}
 			continue
 		}
-		switch {
-		case c.st.EOF() || c.life == lifePeerGone:
+		switch { // Read's order: a failure is not hidden behind the peer's goodbye
+		case c.st.EOF():
 			return n, nil, nil
 		case c.err != nil:
 			return n, c.err, nil
+		case c.life == lifePeerGone:
+			return n, nil, nil
 		}
 		if err := c.wait(c.rd.e, c.rd.dl, &c.rd.spin); err != nil {
 			return n, err, nil
