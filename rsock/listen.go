@@ -287,7 +287,7 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		raw.Close()
 		return nil, err
 	}
-	msg, err := handshake.Read(io.MultiReader(bytes.NewReader(head[:]), raw))
+	msg, err := handshake.ReadAfterMagic(raw)
 	if err != nil {
 		if errors.Is(err, handshake.ErrVersion) {
 			_ = handshake.WriteAfterMagic(raw, &handshake.Decline{Code: handshake.DeclineVersion, Reason: fmt.Sprintf("server speaks version %d", handshake.Version)})

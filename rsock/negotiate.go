@@ -1,11 +1,9 @@
 package rsock
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -389,7 +387,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		}
 	}
 	_ = raw.SetReadDeadline(end) // zero (none) if ctx has no deadline
-	msg, err := handshake.Read(io.MultiReader(bytes.NewReader(head[:]), raw))
+	msg, err := handshake.ReadAfterMagic(raw)
 	if err != nil {
 		closeAll(nil)
 		raw.Close()

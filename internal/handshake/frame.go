@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	pool "github.com/libp2p/go-buffer-pool"
 )
 
 // Header is the fixed part of a frame after the magic.
@@ -66,8 +68,8 @@ func Decode(h Header, body []byte) (Message, error) {
 
 // Read reads exactly one frame from r and decodes it. It never reads past
 // the end of the frame, so r may be the raw connection that carries later
-// frames or other data, and it allocates at most MaxBody bytes for the body
-// (plus the decoded message).
+// frames or other data. The frame is read into pooled scratch memory: only
+// the decoded message is allocated.
 //
 // It returns io.EOF if r ends before the first byte, io.ErrUnexpectedEOF if
 // it ends inside the frame, any other error from r as is, and otherwise the
@@ -75,16 +77,26 @@ func Decode(h Header, body []byte) (Message, error) {
 // it arrives, so a peer that does not speak rsock is reported (ErrBadMagic)
 // as soon as a wrong byte is received, without waiting for a full header.
 // After ErrVersion, the body has not been read.
-func Read(r io.Reader) (Message, error) {
-	var hb [HeaderLen]byte
-	if err := readHeader(r, hb[:]); err != nil {
+func Read(r io.Reader) (Message, error) { return read(r, 0) }
+
+// ReadAfterMagic is Read for a frame whose magic the caller has already
+// read from r and matched: it reads the rest of the frame. An r that ends
+// before the rest is io.ErrUnexpectedEOF.
+func ReadAfterMagic(r io.Reader) (Message, error) { return read(r, len(Magic)) }
+
+func read(r io.Reader, skip int) (Message, error) {
+	hb := pool.Get(HeaderLen)
+	defer pool.Put(hb)
+	copy(hb, Magic[:skip])
+	if err := readHeader(r, hb, skip); err != nil {
 		return nil, err
 	}
-	h, err := ParseHeader(hb[:])
+	h, err := ParseHeader(hb)
 	if err != nil {
 		return nil, err
 	}
-	body := make([]byte, h.Length)
+	body := pool.Get(int(h.Length)) // at most MaxBody: ParseHeader checked
+	defer pool.Put(body)
 	if _, err := io.ReadFull(r, body); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
@@ -94,10 +106,10 @@ func Read(r io.Reader) (Message, error) {
 	return decodeBody(h.Type, body)
 }
 
-// readHeader is io.ReadFull(r, hb) that fails with ErrBadMagic as soon as
-// the bytes read so far are not a prefix of Magic.
-func readHeader(r io.Reader, hb []byte) error {
-	n := 0
+// readHeader is io.ReadFull(r, hb[n:]), hb[:n] being read already, that
+// fails with ErrBadMagic as soon as the bytes read so far are not a prefix
+// of Magic.
+func readHeader(r io.Reader, hb []byte, n int) error {
 	for n < len(hb) {
 		m, err := r.Read(hb[n:])
 		if m < 0 || m > len(hb)-n {
@@ -183,13 +195,13 @@ func Write(w io.Writer, m Message) error { return write(w, m, 0) }
 func WriteAfterMagic(w io.Writer, m Message) error { return write(w, m, len(Magic)) }
 
 func write(w io.Writer, m Message, skip int) error {
-	frame, err := Append(make([]byte, 0, 256), m)
+	frame, err := Append(pool.Get(256)[:0], m)
+	defer pool.Put(frame)
 	if err != nil {
 		return err
 	}
-	frame = frame[skip:]
-	n, err := w.Write(frame)
-	if err == nil && n != len(frame) {
+	n, err := w.Write(frame[skip:])
+	if err == nil && n != len(frame)-skip {
 		err = io.ErrShortWrite
 	}
 	return err

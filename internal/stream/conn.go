@@ -105,8 +105,10 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 		done:   make(chan struct{}),
 		linger: -1,
 	}
-	c.rd.e, c.rd.dl = newEntry(evRead, c.done), newDeadline()
-	c.wr.e, c.wr.dl = newEntry(evWrite, c.done), newDeadline()
+	c.rd.e = entry{ev: evRead, ch: make(chan struct{}, 1), stop: c.done}
+	c.wr.e = entry{ev: evWrite, ch: make(chan struct{}, 1), stop: c.done}
+	c.rd.dl.replace()
+	c.wr.dl.replace()
 	c.peek, _ = e.cq.(verbs.Peeker)
 	if m, ok := e.qp.(verbs.RemoteMapper); ok {
 		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {
@@ -147,13 +149,13 @@ func (c *Conn) enter() error {
 }
 
 // SetDeadline sets the read and write deadlines.
-func (c *Conn) SetDeadline(t time.Time) error { return c.setDeadlines(t, c.rd.dl, c.wr.dl) }
+func (c *Conn) SetDeadline(t time.Time) error { return c.setDeadlines(t, &c.rd.dl, &c.wr.dl) }
 
 // SetReadDeadline sets the deadline for pending and future Reads.
-func (c *Conn) SetReadDeadline(t time.Time) error { return c.setDeadlines(t, c.rd.dl) }
+func (c *Conn) SetReadDeadline(t time.Time) error { return c.setDeadlines(t, &c.rd.dl) }
 
 // SetWriteDeadline sets the deadline for pending and future Writes.
-func (c *Conn) SetWriteDeadline(t time.Time) error { return c.setDeadlines(t, c.wr.dl) }
+func (c *Conn) SetWriteDeadline(t time.Time) error { return c.setDeadlines(t, &c.wr.dl) }
 
 // setDeadlines sets dls to t, or returns net.ErrClosed once Close was
 // called.

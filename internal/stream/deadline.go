@@ -19,9 +19,9 @@ import (
 type deadline struct {
 	mu     sync.Mutex
 	timer  *time.Timer
-	cancel chan struct{}                 // closed when the deadline passes; replaced under mu
-	cur    atomic.Pointer[chan struct{}] // &cancel's current value, for the lock-free readers
-	passed atomic.Bool                   // cancel is closed (or about to be)
+	cancel chan struct{} // closed when the deadline passes; replaced under mu
+	cur    atomic.Value  // cancel's current value (a chan struct{}), for the lock-free readers
+	passed atomic.Bool   // cancel is closed (or about to be)
 }
 
 func newDeadline() *deadline {
@@ -31,12 +31,11 @@ func newDeadline() *deadline {
 }
 
 // replace installs a fresh cancel channel; called under mu (or before d is
-// shared).
+// shared). A deadline is usable once replace has run.
 func (d *deadline) replace() {
-	ch := make(chan struct{})
-	d.cancel = ch
+	d.cancel = make(chan struct{})
 	d.passed.Store(false)
-	d.cur.Store(&ch)
+	d.cur.Store(d.cancel)
 }
 
 // set arms the deadline for t; the zero time disarms it. A t in the past
@@ -73,7 +72,7 @@ func (d *deadline) set(t time.Time) {
 }
 
 // wait returns a channel that is closed when the deadline passes.
-func (d *deadline) wait() <-chan struct{} { return *d.cur.Load() }
+func (d *deadline) wait() <-chan struct{} { return d.cur.Load().(chan struct{}) }
 
 // expired reports whether the deadline has passed.
 func (d *deadline) expired() bool { return d.passed.Load() }

@@ -43,8 +43,8 @@ import (
 // later one sees rd.stop.
 type recvHalf struct {
 	mu   sync.Mutex // serialises Reads and CopyTo
-	e    *entry
-	dl   *deadline
+	e    entry
+	dl   deadline
 	spin spinCtl     // guarded by mu
 	stop atomic.Bool // Close or CloseRead was called: no more Reads from a lease; set under Conn.mu
 	shut bool        // CloseRead was called; guarded by Conn.mu
@@ -116,7 +116,7 @@ func (c *Conn) awaitLeaseLocked(zero bool) error {
 		case zero:
 			return nil
 		}
-		if err := c.wait(c.rd.e, c.rd.dl, &c.rd.spin); err != nil {
+		if err := c.wait(&c.rd.e, &c.rd.dl, &c.rd.spin); err != nil {
 			return err
 		}
 	}
@@ -290,7 +290,7 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 		case c.life == lifePeerGone:
 			return n, nil, nil
 		}
-		if err := c.wait(c.rd.e, c.rd.dl, &c.rd.spin); err != nil {
+		if err := c.wait(&c.rd.e, &c.rd.dl, &c.rd.spin); err != nil {
 			return n, err, nil
 		}
 	}

@@ -13,8 +13,8 @@ import (
 // wait on e (for room, credits, or the side's end) until dl.
 type sendHalf struct {
 	mu   sync.Mutex
-	e    *entry
-	dl   *deadline
+	e    entry
+	dl   deadline
 	spin spinCtl // guarded by mu
 	shut bool    // CloseWrite was called; guarded by Conn.mu
 }
@@ -59,7 +59,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 				stalled = true
 				c.stats.CreditStalls.Add(1)
 			}
-			if err := c.wait(c.wr.e, c.wr.dl, &c.wr.spin); err != nil {
+			if err := c.wait(&c.wr.e, &c.wr.dl, &c.wr.spin); err != nil {
 				return written, err
 			}
 			continue
@@ -90,7 +90,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			// The bytes did not go; whether that is the peer's orderly
 			// close or a failure is decided shortly (suspectLocked).
 			c.suspectLocked(reset("posting a write", err))
-			if err := c.wait(c.wr.e, c.wr.dl, nil); err != nil {
+			if err := c.wait(&c.wr.e, &c.wr.dl, nil); err != nil {
 				return written, err
 			}
 			continue
