@@ -1,0 +1,68 @@
+package ibverbs_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
+)
+
+// BenchmarkSetup times the pieces a verbs connection sets up, each made
+// and destroyed once per op on a real device: the device (context and
+// protection domain), a CQ with its completion channel, a QP, and memory
+// regions of the sizes rsock registers (the ring and the staging buffer
+// default to 1 MiB each). It skips without a device.
+func BenchmarkSetup(b *testing.B) {
+	p := ibverbs.New()
+	o := deviceOptions()
+	dev, err := p.Open(o)
+	if err != nil {
+		b.Skipf("no verbs device: %v", err)
+	}
+	defer dev.Close()
+	b.Run("OpenDevice", func(b *testing.B) {
+		for range b.N {
+			d, err := p.Open(o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = d.Close()
+		}
+	})
+	b.Run("NewCQ", func(b *testing.B) {
+		for range b.N {
+			cq, err := dev.NewCQ(256, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = cq.Close()
+		}
+	})
+	b.Run("NewQP", func(b *testing.B) {
+		cq, err := dev.NewCQ(256, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cq.Close()
+		for range b.N {
+			qp, err := dev.NewQP(verbs.QPAttr{CQ: cq, SendDepth: 64, RecvDepth: 16, MaxInline: 32})
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = qp.Close()
+		}
+	})
+	for _, size := range []int{4 << 10, 64 << 10, 256 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("AllocMR/%dKiB", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for range b.N {
+				mr, err := dev.AllocMR(size, verbs.AccessRemoteWrite)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = mr.Close()
+			}
+		})
+	}
+}
