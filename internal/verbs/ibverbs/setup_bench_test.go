@@ -1,6 +1,7 @@
 package ibverbs_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -51,6 +52,44 @@ func BenchmarkSetup(b *testing.B) {
 				b.Fatal(err)
 			}
 			_ = qp.Close()
+		}
+	})
+	b.Run("ConnectPair", func(b *testing.B) {
+		// Two QPs of the device connected to each other, as the two
+		// ends of a connection do: Connect passive, Connect active,
+		// Established (the QPs' state changes, address resolution and,
+		// on iWARP or with rdma_cm, the connection manager's exchange).
+		cq, err := dev.NewCQ(256, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cq.Close()
+		attr := verbs.QPAttr{CQ: cq, SendDepth: 64, RecvDepth: 16, MaxInline: 32}
+		ctx := context.Background()
+		for range b.N {
+			b.StopTimer()
+			qa, err := dev.NewQP(attr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			qb, err := dev.NewQP(attr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			if err := qb.Connect(ctx, qa.Info(), false); err != nil {
+				b.Fatal(err)
+			}
+			if err := qa.Connect(ctx, qb.Info(), true); err != nil {
+				b.Fatal(err)
+			}
+			if err := qb.Established(ctx); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			_ = qa.Close()
+			_ = qb.Close()
+			b.StartTimer()
 		}
 	})
 	for _, size := range []int{4 << 10, 64 << 10, 256 << 10, 1 << 20} {
