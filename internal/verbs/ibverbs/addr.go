@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 )
 
 // target is the device, port and GID a connection uses.
@@ -83,8 +85,45 @@ type gidEntry struct {
 	ndev  string     // the netdev a RoCE GID belongs to
 }
 
-// gids lists the populated entries of a port's GID table.
+// gidTableTTL is how long a port's GID table, once read, serves later
+// connections. Reading it costs a file per entry (up to 256, plus two per
+// populated one): in the Soft-RoCE guest that was most of a connection's
+// setup (BENCHMARKS.md). A GID added or removed (an address changed on the
+// netdev) is seen within the TTL.
+const gidTableTTL = time.Second
+
+var gidTables struct {
+	mu sync.Mutex
+	m  map[string]gidTable // by sysfs root, device and port
+}
+
+type gidTable struct {
+	read    time.Time
+	entries []gidEntry
+}
+
+// gids lists the populated entries of a port's GID table, read at most
+// gidTableTTL ago. Callers must not modify the slice.
 func (s sysfs) gids(dev string, port int) []gidEntry {
+	key := s.root + "\x00" + dev + "\x00" + strconv.Itoa(port)
+	gidTables.mu.Lock()
+	t, ok := gidTables.m[key]
+	gidTables.mu.Unlock()
+	if ok && time.Since(t.read) < gidTableTTL {
+		return t.entries
+	}
+	t = gidTable{read: time.Now(), entries: s.readGIDs(dev, port)}
+	gidTables.mu.Lock()
+	if gidTables.m == nil || len(gidTables.m) >= 1024 {
+		gidTables.m = map[string]gidTable{} // bounded: a miss costs one read
+	}
+	gidTables.m[key] = t
+	gidTables.mu.Unlock()
+	return t.entries
+}
+
+// readGIDs reads a port's GID table from sysfs.
+func (s sysfs) readGIDs(dev string, port int) []gidEntry {
 	p := strconv.Itoa(port)
 	ents, _ := os.ReadDir(filepath.Join(s.root, "class", "infiniband", dev, "ports", p, "gids"))
 	var out []gidEntry
