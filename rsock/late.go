@@ -3,7 +3,6 @@ package rsock
 import (
 	"bytes"
 	"fmt"
-	"io"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
 )
@@ -41,7 +40,7 @@ func (c *Conn) rescueLateHello() error {
 		c.setPrefixLocked(buf)
 		return nil
 	}
-	msg, err := handshake.Read(io.MultiReader(bytes.NewReader(buf), c.tcp))
+	msg, err := handshake.ReadAfterMagic(c.tcp) // buf is the magic
 	if err != nil {
 		c.setPrefixLocked(nil)
 		return fmt.Errorf("rsock: a late rsock hello did not parse: %w", err)
