@@ -64,7 +64,7 @@ func (c *Conn) awaitFinal(final uint64) {
 	dl := newDeadline()
 	dl.set(time.Now().Add(goodbyeGrace))
 	defer dl.set(time.Time{})
-	e := newEntry(evRead, c.done)
+	e := new(entry).init(evRead, c.done)
 	for c.err == nil && c.life < lifeClosing {
 		drain(e.ch)
 		c.progressLocked()
@@ -180,7 +180,7 @@ func (c *Conn) sayGoodbye(final bool) {
 	}
 	dl.set(time.Now().Add(wait))
 	defer dl.set(time.Time{})
-	e := newEntry(evClose, nil) // Close's own wait: nothing ends it but dl
+	e := new(entry).init(evClose, nil) // Close's own wait: nothing ends it but dl
 	for final {
 		drain(e.ch)
 		if c.closeSig == 0 && c.err == nil {

@@ -105,8 +105,8 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 		done:   make(chan struct{}),
 		linger: -1,
 	}
-	c.rd.e = entry{ev: evRead, ch: make(chan struct{}, 1), stop: c.done}
-	c.wr.e = entry{ev: evWrite, ch: make(chan struct{}, 1), stop: c.done}
+	c.rd.e.init(evRead, c.done)
+	c.wr.e.init(evWrite, c.done)
 	c.rd.dl.replace()
 	c.wr.dl.replace()
 	c.peek, _ = e.cq.(verbs.Peeker)

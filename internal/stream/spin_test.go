@@ -111,7 +111,7 @@ func TestSpinSlots(t *testing.T) {
 // starts spinning meanwhile; of the signal and the call, whichever clears
 // parked first counts, so each wake-up is counted once and uncounted once.
 func TestWokenHoldsSpinners(t *testing.T) {
-	e := newEntry(evRead, nil)
+	e := new(entry).init(evRead, nil)
 	e.parked.Store(true)
 	e.signal()
 	e.signal() // again before the call ran: counted once

@@ -81,8 +81,10 @@ func (e *entry) signal() {
 	wake(e.ch)
 }
 
-func newEntry(ev event, stop <-chan struct{}) *entry {
-	return &entry{ev: ev, ch: make(chan struct{}, 1), stop: stop}
+// init sets e up in place (an entry holds an atomic: it is not copied).
+func (e *entry) init(ev event, stop <-chan struct{}) *entry {
+	e.ev, e.ch, e.stop = ev, make(chan struct{}, 1), stop
+	return e
 }
 
 // wakeLocked signals every waiting entry that waits for one of ev.
