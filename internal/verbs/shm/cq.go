@@ -242,7 +242,8 @@ func (cq *CQ) push(c verbs.Completion, used *atomic.Int32, slots int32) {
 		cq.lmu.Unlock()
 		return
 	}
-	if int(cq.lcount.Load()) == cq.depth {
+	n := int(cq.lcount.Load()) // written under lmu only
+	if n == cq.depth {
 		cq.overrun.Store(true)
 		cq.local, cq.lhead = nil, 0
 		cq.lcount.Store(0)
@@ -250,13 +251,13 @@ func (cq *CQ) push(c verbs.Completion, used *atomic.Int32, slots int32) {
 		cq.fire(true)
 		return
 	}
-	if int(cq.lcount.Load()) == len(cq.local) {
+	if n == len(cq.local) {
 		grown := make([]localEntry, min(2*len(cq.local), cq.depth))
 		k := copy(grown, cq.local[cq.lhead:])
 		copy(grown[k:], cq.local[:cq.lhead])
 		cq.local, cq.lhead = grown, 0
 	}
-	cq.local[(cq.lhead+int(cq.lcount.Load()))%len(cq.local)] = localEntry{c: c, used: used, slots: slots}
+	cq.local[(cq.lhead+n)%len(cq.local)] = localEntry{c: c, used: used, slots: slots}
 	cq.lcount.Add(1)
 	cq.lmu.Unlock()
 	cq.fire(c.Status != verbs.StatusSuccess)

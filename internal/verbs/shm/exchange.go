@@ -140,16 +140,8 @@ func (l *link) setup(ctx context.Context, info *peerInfo) error {
 		return fmt.Errorf("%w: shm: the peer's rendezvous runs as uid %d (pid %d)", verbs.ErrPeerInfo, cred.Uid, cred.Pid)
 	}
 	l.pid, l.uid = cred.Pid, cred.Uid
-	lfds, err := l.newLinkDoorbell()
-	if err != nil {
+	if err := l.sendDoorbell(c, append(appendHeader(nil, msgConnect), info.secret[:]...)); err != nil {
 		return err
-	}
-	err = writeMsg(c, append(appendHeader(nil, msgConnect), info.secret[:]...), lfds)
-	if aerr := l.adoptDoorbell(lfds); err == nil {
-		err = aerr
-	}
-	if err != nil {
-		return fmt.Errorf("%w: shm: sending to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
 	}
 	buf := make([]byte, maxMsgLen)
 	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))

@@ -528,30 +528,26 @@ func (l *link) finishSetup(err error) {
 	close(l.ready)
 }
 
-// newLinkDoorbell makes this side's eventfd and bell page for a link and
-// returns them in the order they are sent. The caller sends them, then
-// calls adoptDoorbell (or closes them).
-func (l *link) newLinkDoorbell() ([]int, error) {
+// sendDoorbell makes this side's eventfd and bell page for the link,
+// sends msg on c with both attached (the eventfd, then the bell page), then
+// closes the bell page's memfd (the peer has it) and wraps the eventfd for
+// the Go netpoller. What it made stays with l (release) on every path.
+func (l *link) sendDoorbell(c *net.UnixConn, msg []byte) error {
 	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("shm: eventfd: %w", err)
+		return fmt.Errorf("shm: eventfd: %w", err)
 	}
+	l.efile = os.NewFile(uintptr(efd), "rsock-shm-link")
 	bfd, own, err := newBell()
 	if err != nil {
-		_ = unix.Close(efd)
-		return nil, err
+		return err
 	}
 	l.own = own
-	return []int{efd, bfd}, nil
-}
-
-// adoptDoorbell closes the bell page's memfd (the peer has it now) and
-// wraps this side's eventfd for the Go netpoller. It takes ownership of
-// fds on success and failure.
-func (l *link) adoptDoorbell(fds []int) error {
-	_ = unix.Close(fds[1])
-	l.efile = os.NewFile(uintptr(fds[0]), "rsock-shm-link")
-	var err error
+	err = writeMsg(c, msg, []int{efd, bfd})
+	_ = unix.Close(bfd)
+	if err != nil {
+		return fmt.Errorf("%w: shm: sending to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
+	}
 	l.eraw, err = l.efile.SyscallConn()
 	return err
 }

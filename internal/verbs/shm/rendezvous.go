@@ -174,12 +174,14 @@ func claimRegistration(secret []byte, link bool) *QP {
 		return nil
 	}
 	q := rv.regs[found]
-	if !link {
+	switch {
+	case !link:
 		rv.regs = slices.Delete(rv.regs, found, found+1)
-	} else if q.rvLinked {
+	case q.rvLinked:
 		return nil
+	default:
+		q.rvLinked = true
 	}
-	q.rvLinked = true
 	return q
 }
 
@@ -320,16 +322,9 @@ func serveRendezvous(p pendingConn) {
 	l.c, l.pid, l.uid, l.qps = c, cred.Pid, cred.Uid, 1
 	l.lnRef = holdListener()
 	err = l.mapPeerDoorbell(fds)
-	var lfds []int
-	if err == nil {
-		lfds, err = l.newLinkDoorbell()
-	}
 	if err == nil {
 		_ = c.SetDeadline(time.Now().Add(ctlWriteTimeout))
-		err = writeMsg(c, appendHeader(nil, msgLinked), lfds)
-		if aerr := l.adoptDoorbell(lfds); err == nil {
-			err = aerr
-		}
+		err = l.sendDoorbell(c, appendHeader(nil, msgLinked))
 	}
 	if err != nil {
 		_ = writeMsg(c, appendRefuse(0, err.Error()), nil)
