@@ -32,7 +32,7 @@ type Conn struct {
 	label   atomic.Pointer[label] // transport and why; replaced once by a late-hello rescue
 
 	s   *stream.Conn // accelerated transport, or nil
-	tcp *net.TCPConn // fallback, or nil
+	tcp *net.TCPConn // the TCP connection: the transport without s, else the bootstrap
 
 	prefixMu  sync.Mutex
 	prefix    []byte      // bytes sniffed by the listener, replayed before tcp's

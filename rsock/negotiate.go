@@ -206,12 +206,13 @@ func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, 
 
 func (s *settings) start(network string, raw *net.TCPConn, ep *stream.Endpoint, name string, peer handshake.RingInfo) (*Conn, error) {
 	_ = raw.SetDeadline(time.Time{})
-	sc, err := ep.Start(streamRing(peer), raw)
+	sc, err := ep.Start(streamRing(peer), stream.NetBootstrap(raw))
 	if err != nil {
 		return nil, abort(raw, ep, fmt.Errorf("rsock: starting %s: %w", name, err))
 	}
+	go sc.Watch(raw)
 	c := newConn(network, label{transport: name, code: CodeAgreed, reason: name + " agreed"})
-	c.s = sc
+	c.s, c.tcp = sc, raw
 	c.register()
 	return c, nil
 }

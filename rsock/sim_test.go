@@ -285,11 +285,10 @@ func TestSimPeerVanishes(t *testing.T) {
 	// The peer process dies: its bootstrap socket closes with no goodbye
 	// and its queue pair stops answering.
 	c.s.QP().(*sim.QP).Stall(true)
-	boot, err := c.s.Socket()
-	require.NoError(t, err)
-	boot.(*net.TCPConn).SetLinger(0)
+	boot := c.tcp
+	boot.SetLinger(0)
 	boot.Close()
-	err = waitErr(t, rd, "server Read")
+	err := waitErr(t, rd, "server Read")
 	assert.ErrorIs(t, err, syscall.ECONNRESET)
 	assert.Contains(t, err.Error(), "vanished")
 	err = waitErr(t, wr, "server Write")

@@ -84,17 +84,10 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) {
 // socket is the TCP connection under c: its own or its bootstrap's. On a
 // ring it fails once the Conn is closed.
 func (c *Conn) socket() (*net.TCPConn, error) {
-	if c.s == nil {
-		return c.tcp, nil
+	if c.s != nil && c.closed.Load() {
+		return nil, c.opError("set", net.ErrClosed)
 	}
-	s, err := c.s.Socket()
-	if err != nil {
-		return nil, c.opError("set", err)
-	}
-	if t, ok := s.(*net.TCPConn); ok {
-		return t, nil
-	}
-	return nil, c.opError("set", syscall.EINVAL)
+	return c.tcp, nil
 }
 
 func (c *Conn) onSocket(op string, f func(*net.TCPConn) error) error {

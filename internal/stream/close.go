@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/handshake"
 )
 
@@ -29,17 +31,57 @@ const (
 	goodbyeGrace = time.Second
 )
 
-// watchBootstrap reads the bootstrap connection after the switch. The peer
-// sends one Goodbye there before closing it; end of stream without one
-// means the peer process died.
-func (c *Conn) watchBootstrap() {
-	defer c.loops.Done()
-	msg, err := handshake.Read(c.boot)
+// Bootstrap is the connection's TCP side channel as the engine uses it.
+// The engine only sends on it; whoever reads it (rsock) passes what the
+// peer says there to PeerSaid.
+type Bootstrap interface {
+	LocalAddr() net.Addr
+	RemoteAddr() net.Addr
+	// Goodbye sends g (FinalProd: the ring's producer cursor) and then
+	// closes the bootstrap connection, within a bounded time; calls after
+	// the first do nothing. The engine calls it without its lock.
+	Goodbye(g *handshake.Goodbye)
+}
+
+// NetBootstrap is the Bootstrap of a version-1 connection: after the
+// switch, nc carries one Goodbye each way (Watch reads the peer's).
+func NetBootstrap(nc net.Conn) Bootstrap { return &netBoot{Conn: nc} }
+
+type netBoot struct {
+	net.Conn
+	once sync.Once
+}
+
+func (b *netBoot) Goodbye(g *handshake.Goodbye) {
+	b.once.Do(func() {
+		_ = b.SetWriteDeadline(time.Now().Add(closeAckTimeout))
+		_ = handshake.Write(b.Conn, g)
+		_ = b.Close()
+	})
+}
+
+// Watch reads the version-1 bootstrap connection r after the switch and
+// passes the one frame the peer sends there (or the end) to PeerSaid. It
+// returns once r ends or Close closed it.
+func (c *Conn) Watch(r io.Reader) {
+	msg, err := handshake.Read(r)
+	c.PeerSaid(msg, err)
+}
+
+// PeerSaid handles what the peer said on the bootstrap connection after
+// the switch: msg, or err if the connection ended or failed there. A
+// Goodbye ends the connection in order (awaitFinal; its FinalProd is the
+// peer's ring producer cursor), an abort Goodbye resets it, and an end
+// without a goodbye means the peer process died. It may wait up to
+// goodbyeGrace; it returns at once after Close.
+func (c *Conn) PeerSaid(msg handshake.Message, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.life >= lifeClosing {
 		return
 	}
+	c.loops.Add(1) // release waits for it; Close has not started
+	defer c.loops.Done()
 	g, ok := msg.(*handshake.Goodbye)
 	switch {
 	case err == nil && ok && g.Abort:
@@ -61,9 +103,9 @@ func (c *Conn) watchBootstrap() {
 // reads end with EOF after the data and writes fail. mu is held on entry
 // and on return, released while it waits.
 func (c *Conn) awaitFinal(final uint64) {
-	dl := newDeadline()
-	dl.set(time.Now().Add(goodbyeGrace))
-	defer dl.set(time.Time{})
+	dl := deadline.New()
+	dl.Set(time.Now().Add(goodbyeGrace))
+	defer dl.Set(time.Time{})
 	e := new(entry).init(evRead, c.done)
 	for c.err == nil && c.life < lifeClosing {
 		drain(e.ch)
@@ -173,13 +215,13 @@ func (c *Conn) release() {
 // it. mu is held on entry and on return, released while it waits and
 // while it writes the goodbye.
 func (c *Conn) sayGoodbye(final bool) {
-	dl := newDeadline()
+	dl := deadline.New()
 	wait := finalAckTimeout
 	if c.linger > 0 {
 		wait = time.Duration(c.linger) * time.Second
 	}
-	dl.set(time.Now().Add(wait))
-	defer dl.set(time.Time{})
+	dl.Set(time.Now().Add(wait))
+	defer dl.Set(time.Time{})
 	e := new(entry).init(evClose, nil) // Close's own wait: nothing ends it but dl
 	for final {
 		drain(e.ch)
@@ -203,9 +245,7 @@ func (c *Conn) sayGoodbye(final bool) {
 		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(resetWhy(c.err))}
 	}
 	c.mu.Unlock()
-	_ = c.boot.SetWriteDeadline(time.Now().Add(closeAckTimeout))
-	_ = handshake.Write(c.boot, gb)
-	_ = c.boot.Close()
+	c.boot.Goodbye(gb)
 	c.mu.Lock()
 }
 

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/ring"
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -27,7 +28,7 @@ import (
 // piece of the stream.
 type Conn struct {
 	ep   *Endpoint
-	boot net.Conn
+	boot Bootstrap
 	peer Ring
 	opts Options
 
@@ -84,8 +85,9 @@ type Stats struct {
 }
 
 // Start turns a connected Endpoint into a Conn. peer is the peer's ring from
-// the handshake; boot is the bootstrap connection, which the Conn now owns.
-func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
+// the handshake; boot is the bootstrap connection, which the Conn now
+// sends its goodbye on (the caller reads it: PeerSaid).
+func (e *Endpoint) Start(peer Ring, boot Bootstrap) (*Conn, error) {
 	if err := validatePeer(peer); err != nil {
 		return nil, err
 	}
@@ -107,8 +109,8 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 	}
 	c.rd.e.init(evRead, c.done)
 	c.wr.e.init(evWrite, c.done)
-	c.rd.dl.replace()
-	c.wr.dl.replace()
+	c.rd.dl.Init()
+	c.wr.dl.Init()
 	c.peek, _ = e.cq.(verbs.Peeker)
 	if m, ok := e.qp.(verbs.RemoteMapper); ok {
 		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {
@@ -124,8 +126,6 @@ func (e *Endpoint) Start(peer Ring, boot net.Conn) (*Conn, error) {
 	c.mu.Lock()
 	c.idleLocked() // for what arrived already, and background progress
 	c.mu.Unlock()
-	c.loops.Add(1)
-	go c.watchBootstrap()
 	return c, nil
 }
 
@@ -159,12 +159,12 @@ func (c *Conn) SetWriteDeadline(t time.Time) error { return c.setDeadlines(t, &c
 
 // setDeadlines sets dls to t, or returns net.ErrClosed once Close was
 // called.
-func (c *Conn) setDeadlines(t time.Time, dls ...*deadline) error {
+func (c *Conn) setDeadlines(t time.Time, dls ...*deadline.Deadline) error {
 	if err := c.checkOpen(); err != nil {
 		return err
 	}
 	for _, dl := range dls {
-		dl.set(t)
+		dl.Set(t)
 	}
 	return nil
 }
@@ -219,15 +219,6 @@ func (c *Conn) Occupancy() (readable, size int64) {
 	}
 	defer c.mu.Unlock()
 	return int64(c.st.Readable()), size
-}
-
-// Socket returns the bootstrap connection, for setting its socket
-// options, or net.ErrClosed once Close was called.
-func (c *Conn) Socket() (net.Conn, error) {
-	if err := c.checkOpen(); err != nil {
-		return nil, err
-	}
-	return c.boot, nil
 }
 
 // Waiting reports how many calls wait in the Conn now (parked or

@@ -36,10 +36,12 @@ func newPair(t *testing.T, opts Options) (a, b *Conn) {
 	require.NoError(t, ea.Connect(ctx, eb.Info(), true))
 	require.NoError(t, eb.Established(ctx))
 	pa, pb := net.Pipe()
-	a, err = ea.Start(eb.Ring(), pa)
+	a, err = ea.Start(eb.Ring(), NetBootstrap(pa))
 	require.NoError(t, err)
-	b, err = eb.Start(ea.Ring(), pb)
+	b, err = eb.Start(ea.Ring(), NetBootstrap(pb))
 	require.NoError(t, err)
+	go a.Watch(pa)
+	go b.Watch(pb)
 	t.Cleanup(func() {
 		done := make(chan struct{})
 		go func() {

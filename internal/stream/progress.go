@@ -238,9 +238,7 @@ func (c *Conn) failLocked(err error) {
 			c.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn, "rsock: connection reset",
 				slog.String("reason", reason), slog.String("peer", c.boot.RemoteAddr().String()))
 		}
-		// Tell the peer, then close the bootstrap so its watcher wakes.
-		_ = c.boot.SetWriteDeadline(time.Now().Add(closeAckTimeout))
-		_ = handshake.Write(c.boot, &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(reason)})
-		_ = c.boot.Close()
+		// Tell the peer, then close the bootstrap so its reader wakes.
+		c.boot.Goodbye(&handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(reason)})
 	}(resetWhy(err))
 }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+
+	"github.com/rdmanet/rdmanet/internal/deadline"
 )
 
 // Reading and the read lease.
@@ -44,7 +46,7 @@ import (
 type recvHalf struct {
 	mu   sync.Mutex // serialises Reads and CopyTo
 	e    entry
-	dl   deadline
+	dl   deadline.Deadline
 	spin spinCtl     // guarded by mu
 	stop atomic.Bool // Close or CloseRead was called: no more Reads from a lease; set under Conn.mu
 	shut bool        // CloseRead was called; guarded by Conn.mu
@@ -64,7 +66,7 @@ const leaseReportShift = 4 // 1/16
 func (c *Conn) Read(b []byte) (int, error) {
 	c.rd.mu.Lock()
 	defer c.rdUnlock()
-	if c.rd.lease <= c.rd.taken || len(b) == 0 || c.rd.stop.Load() || c.rd.dl.expired() {
+	if c.rd.lease <= c.rd.taken || len(b) == 0 || c.rd.stop.Load() || c.rd.dl.Expired() {
 		c.mu.Lock()
 		// enter, under the lock awaitLeaseLocked needs anyway.
 		if c.life >= lifeClosing {
@@ -98,7 +100,7 @@ func (c *Conn) awaitLeaseLocked(zero bool) error {
 			return net.ErrClosed
 		case c.rd.shut:
 			return io.EOF
-		case c.rd.dl.expired():
+		case c.rd.dl.Expired():
 			return os.ErrDeadlineExceeded
 		}
 		if err := c.syncLeaseLocked(); err != nil || c.rd.lease > 0 {
@@ -262,7 +264,7 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 			return n, net.ErrClosed, nil
 		case c.rd.shut:
 			return n, nil, nil
-		case c.rd.dl.expired():
+		case c.rd.dl.Expired():
 			return n, os.ErrDeadlineExceeded, nil
 		}
 		if avail := c.st.Readable(); avail > 0 {

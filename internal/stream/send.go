@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/ring"
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -14,7 +15,7 @@ import (
 type sendHalf struct {
 	mu   sync.Mutex
 	e    entry
-	dl   deadline
+	dl   deadline.Deadline
 	spin spinCtl // guarded by mu
 	shut bool    // CloseWrite was called; guarded by Conn.mu
 }
@@ -116,7 +117,7 @@ func (c *Conn) writeErrLocked() error {
 		return c.err
 	case c.wr.shut, c.st.PeerClosed(), c.life == lifePeerGone:
 		return ErrBrokenPipe
-	case c.wr.dl.expired():
+	case c.wr.dl.Expired():
 		return os.ErrDeadlineExceeded
 	}
 	return nil

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/deadline"
 )
 
 // Waiting: one mechanism for every blocked call on every provider.
@@ -103,7 +105,7 @@ func (c *Conn) wakeLocked(ev event) {
 // when woken (the caller checks its condition again: spurious wake-ups
 // happen), os.ErrDeadlineExceeded or net.ErrClosed. With sc non-nil and
 // BusyPoll set, it first polls the queue for the adaptive window (spin.go).
-func (c *Conn) wait(e *entry, dl *deadline, sc *spinCtl) error {
+func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 	c.waiting = append(c.waiting, e)
 	defer c.leaveLocked(e)
 	start := time.Now()
@@ -133,7 +135,7 @@ func (c *Conn) wait(e *entry, dl *deadline, sc *spinCtl) error {
 	select {
 	case <-e.ch:
 		c.stats.Wakeups.Add(1)
-	case <-dl.wait():
+	case <-dl.Wait():
 		err = os.ErrDeadlineExceeded
 	case <-e.stop:
 		err = net.ErrClosed
@@ -266,7 +268,7 @@ func (c *Conn) exit() {
 // While it spins with no poller, the queue is disarmed, so the peer pays
 // no notification (shm: no eventfd write); whoever parks or leaves next
 // arms it again. mu is held on entry and on return, not while polling.
-func (c *Conn) spin(e *entry, dl *deadline, w time.Duration) (done bool, err error) {
+func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool, err error) {
 	if c.poller.Load() == nil {
 		c.ep.cq.Disarm()
 	}
@@ -298,7 +300,7 @@ func (c *Conn) spin(e *entry, dl *deadline, w time.Duration) (done bool, err err
 		// measured twice the round trip: it moves the spinner between
 		// threads.)
 		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-		if dl.expired() {
+		if dl.Expired() {
 			return true, os.ErrDeadlineExceeded
 		}
 		if isClosed(e.stop) {
@@ -307,5 +309,14 @@ func (c *Conn) spin(e *entry, dl *deadline, w time.Duration) (done bool, err err
 		if time.Now().After(end) {
 			return false, nil
 		}
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }

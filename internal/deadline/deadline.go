@@ -1,4 +1,6 @@
-package stream
+// Package deadline is a settable point in time that blocked calls wait on,
+// for net.Conn deadlines.
+package deadline
 
 import (
 	"sync"
@@ -6,7 +8,7 @@ import (
 	"time"
 )
 
-// deadline is a settable point in time at which waiters give up. It keeps a
+// Deadline is a settable point in time at which waiters give up. It keeps a
 // channel that is closed once the deadline has passed; setting a new
 // deadline replaces the channel, so a waiter re-reads it on every wait. The
 // design follows the net package's pipe: moving a deadline while an
@@ -16,7 +18,7 @@ import (
 // millisecond on a busy stream, so the check is one atomic load and no
 // lock, and so is wait: mu serialises only the setters. cur always holds
 // the current cancel channel; passed is set just before it is closed.
-type deadline struct {
+type Deadline struct {
 	mu     sync.Mutex
 	timer  *time.Timer
 	cancel chan struct{} // closed when the deadline passes; replaced under mu
@@ -24,23 +26,26 @@ type deadline struct {
 	passed atomic.Bool   // cancel is closed (or about to be)
 }
 
-func newDeadline() *deadline {
-	d := &deadline{}
-	d.replace()
+// New returns a disarmed Deadline.
+func New() *Deadline {
+	d := &Deadline{}
+	d.Init()
 	return d
 }
 
-// replace installs a fresh cancel channel; called under mu (or before d is
-// shared). A deadline is usable once replace has run.
-func (d *deadline) replace() {
+// Init makes a zero Deadline usable (disarmed); call it before d is shared.
+func (d *Deadline) Init() { d.replace() }
+
+// replace installs a fresh cancel channel; called under mu (or by Init).
+func (d *Deadline) replace() {
 	d.cancel = make(chan struct{})
 	d.passed.Store(false)
 	d.cur.Store(d.cancel)
 }
 
-// set arms the deadline for t; the zero time disarms it. A t in the past
+// Set arms the deadline for t; the zero time disarms it. A t in the past
 // expires it at once.
-func (d *deadline) set(t time.Time) {
+func (d *Deadline) Set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.timer != nil && !d.timer.Stop() {
@@ -71,11 +76,12 @@ func (d *deadline) set(t time.Time) {
 	}
 }
 
-// wait returns a channel that is closed when the deadline passes.
-func (d *deadline) wait() <-chan struct{} { return d.cur.Load().(chan struct{}) }
+// Wait returns a channel that is closed when the deadline passes. A later
+// Set may replace it: wait on a fresh one each time.
+func (d *Deadline) Wait() <-chan struct{} { return d.cur.Load().(chan struct{}) }
 
-// expired reports whether the deadline has passed.
-func (d *deadline) expired() bool { return d.passed.Load() }
+// Expired reports whether the deadline has passed.
+func (d *Deadline) Expired() bool { return d.passed.Load() }
 
 func isClosed(ch <-chan struct{}) bool {
 	select {
