@@ -21,7 +21,7 @@ type Header struct {
 // header, if the version is not Version (the type and length are then not
 // checked: a future version may define them differently); ErrMalformed if b
 // is shorter than HeaderLen, the type is unknown or the length exceeds
-// MaxBody.
+// MaxBody (MaxData for Data).
 func ParseHeader(b []byte) (Header, error) {
 	if len(b) < HeaderLen {
 		if !MatchesMagicPrefix(b) {
@@ -43,8 +43,8 @@ func ParseHeader(b []byte) (Header, error) {
 	if !h.Type.known() {
 		return h, fmt.Errorf("%w: unknown message type %d", ErrMalformed, uint8(h.Type))
 	}
-	if h.Length > MaxBody {
-		return h, fmt.Errorf("%w: %s body length %d exceeds %d", ErrMalformed, h.Type, h.Length, MaxBody)
+	if int(h.Length) > h.Type.maxBody() {
+		return h, fmt.Errorf("%w: %s body length %d exceeds %d", ErrMalformed, h.Type, h.Length, h.Type.maxBody())
 	}
 	return h, nil
 }
@@ -58,8 +58,8 @@ func Decode(h Header, body []byte) (Message, error) {
 		return nil, fmt.Errorf("%w: peer speaks version %d, want %d", ErrVersion, h.Version, Version)
 	case !h.Type.known():
 		return nil, fmt.Errorf("%w: unknown message type %d", ErrMalformed, uint8(h.Type))
-	case h.Length > MaxBody:
-		return nil, fmt.Errorf("%w: %s body length %d exceeds %d", ErrMalformed, h.Type, h.Length, MaxBody)
+	case int(h.Length) > h.Type.maxBody():
+		return nil, fmt.Errorf("%w: %s body length %d exceeds %d", ErrMalformed, h.Type, h.Length, h.Type.maxBody())
 	case len(body) != int(h.Length):
 		return nil, fmt.Errorf("%w: %s body is %d bytes, header says %d", ErrMalformed, h.Type, len(body), h.Length)
 	}
@@ -95,7 +95,7 @@ func read(r io.Reader, skip int) (Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	body := pool.Get(int(h.Length)) // at most MaxBody: ParseHeader checked
+	body := pool.Get(int(h.Length)) // at most MaxData: ParseHeader checked
 	defer pool.Put(body)
 	if _, err := io.ReadFull(r, body); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -160,8 +160,8 @@ func Append(b []byte, m Message) ([]byte, error) {
 		return b, err
 	}
 	n := len(out) - start - HeaderLen
-	if n > MaxBody {
-		return b, fmt.Errorf("%w: cannot encode %s: body length %d exceeds %d", ErrMalformed, m.Type(), n, MaxBody)
+	if n > m.Type().maxBody() {
+		return b, fmt.Errorf("%w: cannot encode %s: body length %d exceeds %d", ErrMalformed, m.Type(), n, m.Type().maxBody())
 	}
 	binary.BigEndian.PutUint16(out[start+HeaderLen-2:], uint16(n))
 	return out, nil
@@ -180,6 +180,18 @@ func isNil(m Message) bool {
 	case *Confirm:
 		return m == nil
 	case *Goodbye:
+		return m == nil
+	case *Upgrade:
+		return m == nil
+	case *Data:
+		return m == nil
+	case *UpgradeOffer:
+		return m == nil
+	case *Switch:
+		return m == nil
+	case *Resume:
+		return m == nil
+	case *Fin:
 		return m == nil
 	}
 	return false
@@ -205,4 +217,44 @@ func write(w io.Writer, m Message, skip int) error {
 		err = io.ErrShortWrite
 	}
 	return err
+}
+
+// Next reads one frame's header from r and, unless it is a Data frame, its
+// body, decoded, with Read's errors. A Data frame's payload (h.Length
+// bytes, 1..MaxData) is left in r for the caller to read where it wants
+// it, and the message is nil. Like Read, it never reads past the frame.
+func Next(r io.Reader) (Header, Message, error) {
+	hb := pool.Get(HeaderLen)
+	defer pool.Put(hb)
+	if err := readHeader(r, hb, 0); err != nil {
+		return Header{}, nil, err
+	}
+	h, err := ParseHeader(hb)
+	if err != nil {
+		return h, nil, err
+	}
+	if h.Type == TypeData {
+		if h.Length == 0 {
+			return h, nil, fmt.Errorf("%w: empty data frame", ErrMalformed)
+		}
+		return h, nil, nil
+	}
+	body := pool.Get(int(h.Length))
+	defer pool.Put(body)
+	if _, err := io.ReadFull(r, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return h, nil, err
+	}
+	m, err := decodeBody(h.Type, body)
+	return h, m, err
+}
+
+// PutDataHeader writes into hb the header of a Data frame carrying n
+// payload bytes (1..MaxData); the payload follows it on the wire.
+func PutDataHeader(hb *[HeaderLen]byte, n int) {
+	copy(hb[:], Magic)
+	hb[8], hb[9] = Version, uint8(TypeData)
+	binary.BigEndian.PutUint16(hb[10:], uint16(n))
 }

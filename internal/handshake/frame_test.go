@@ -47,7 +47,7 @@ func TestParseHeader(t *testing.T) {
 }
 
 func TestUnknownType(t *testing.T) {
-	for _, typ := range []uint8{0, 6, 7, 128, 255} {
+	for _, typ := range []uint8{0, 12, 13, 128, 255} {
 		frame := rawFrame(1, typ, body{}.u8(0).u16(0))
 		h, err := handshake.ParseHeader(frame)
 		assert.ErrorIs(t, err, handshake.ErrMalformed, typ)

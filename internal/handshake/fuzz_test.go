@@ -25,7 +25,7 @@ func FuzzDecode(f *testing.F) {
 		r := bytes.NewReader(data)
 		m, err := handshake.Read(r)
 		consumed := len(data) - r.Len()
-		if consumed > handshake.HeaderLen+handshake.MaxBody {
+		if consumed > handshake.HeaderLen+handshake.MaxData {
 			t.Fatalf("Read consumed %d bytes, more than a maximal frame", consumed)
 		}
 		if err != nil {

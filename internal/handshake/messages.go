@@ -5,7 +5,9 @@ import (
 	"fmt"
 )
 
-// Message is one of *Hello, *Accept, *Decline, *Confirm, *Goodbye. The
+// Message is one of *Hello, *Accept, *Decline, *Confirm, *Goodbye, and of
+// the switching protocol's *Upgrade, *Data, *UpgradeOffer, *Switch, *Resume,
+// *Fin. The
 // interface is sealed: only this package's message types implement it, and
 // only as pointers (Decode returns pointers, so a type switch on a decoded
 // message uses the same cases a sender uses).
@@ -28,7 +30,7 @@ type Offer struct {
 // preference. Wire body: flags uint16, count uint8 (1..MaxOffers), then per
 // offer: transport uint8, RingInfo, infoLen uint16, info.
 type Hello struct {
-	Flags  uint16 // no flags are defined: send 0, ignore unknown bits
+	Flags  uint16 // FlagSwitch; unknown bits are ignored
 	Offers []Offer
 }
 
@@ -66,6 +68,41 @@ type Goodbye struct {
 
 const goodbyeAbort = 1 << 0
 
+// Upgrade is a switching server's answer to a Hello with FlagSwitch: the
+// connection runs on TCP now, and the client may later offer one of
+// Transports (the server's order; none: it will take none). Wire body:
+// flags uint16 (none defined: sent 0, unknown bits ignored), count uint8
+// (0..MaxOffers), count × transport uint8.
+type Upgrade struct {
+	Flags      uint16
+	Transports []Transport
+}
+
+// Data carries stream bytes on TCP. Wire body: the payload, 1..MaxData
+// bytes.
+type Data struct {
+	Payload []byte
+}
+
+// UpgradeOffer is the client's offer of one prepared transport on a
+// switching connection; the server answers Accept or Decline, and Confirm
+// follows an Accept as in the handshake. Wire body: as one Hello offer.
+type UpgradeOffer struct {
+	Offer
+}
+
+// Switch says the sender's bytes from stream cursor Cursor on go into the
+// ring. Wire body: cursor uint64.
+type Switch struct{ Cursor uint64 }
+
+// Resume says the sender's ring failed and it has received Cursor bytes of
+// the stream; the receiver sends the rest on TCP. Wire body: cursor uint64.
+type Resume struct{ Cursor uint64 }
+
+// Fin says the sender, sending on TCP, will send no more: its stream ends
+// at Cursor. Wire body: cursor uint64.
+type Fin struct{ Cursor uint64 }
+
 // offerNames names offers in decode errors without allocating per offer.
 var offerNames = [MaxOffers]string{"offer 0", "offer 1", "offer 2", "offer 3"}
 
@@ -74,6 +111,14 @@ func (*Accept) Type() Type  { return TypeAccept }
 func (*Decline) Type() Type { return TypeDecline }
 func (*Confirm) Type() Type { return TypeConfirm }
 func (*Goodbye) Type() Type { return TypeGoodbye }
+func (*Upgrade) Type() Type { return TypeUpgrade }
+func (*Data) Type() Type    { return TypeData }
+func (*UpgradeOffer) Type() Type {
+	return TypeOffer
+}
+func (*Switch) Type() Type { return TypeSwitch }
+func (*Resume) Type() Type { return TypeResume }
+func (*Fin) Type() Type    { return TypeFin }
 
 func (m *Hello) appendBody(b []byte) ([]byte, error) {
 	if len(m.Offers) == 0 || len(m.Offers) > MaxOffers {
@@ -118,6 +163,43 @@ func (m *Goodbye) appendBody(b []byte) ([]byte, error) {
 	return appendReason(b, "goodbye", m.Reason)
 }
 
+func (m *Upgrade) appendBody(b []byte) ([]byte, error) {
+	if len(m.Transports) > MaxOffers {
+		return b, encodeErr("upgrade", "%d transports, want at most %d", len(m.Transports), MaxOffers)
+	}
+	b = binary.BigEndian.AppendUint16(b, m.Flags)
+	b = append(b, uint8(len(m.Transports)))
+	for _, t := range m.Transports {
+		b = append(b, uint8(t))
+	}
+	return b, nil
+}
+
+func (m *Data) appendBody(b []byte) ([]byte, error) {
+	if len(m.Payload) == 0 || len(m.Payload) > MaxData {
+		return b, encodeErr("data", "payload of %d bytes, want 1..%d", len(m.Payload), MaxData)
+	}
+	return append(b, m.Payload...), nil
+}
+
+func (m *UpgradeOffer) appendBody(b []byte) ([]byte, error) {
+	b = append(b, uint8(m.Transport))
+	b = appendRing(b, m.Ring)
+	return appendInfo(b, "offer", m.Info)
+}
+
+func (m *Switch) appendBody(b []byte) ([]byte, error) {
+	return binary.BigEndian.AppendUint64(b, m.Cursor), nil
+}
+
+func (m *Resume) appendBody(b []byte) ([]byte, error) {
+	return binary.BigEndian.AppendUint64(b, m.Cursor), nil
+}
+
+func (m *Fin) appendBody(b []byte) ([]byte, error) {
+	return binary.BigEndian.AppendUint64(b, m.Cursor), nil
+}
+
 // decodeBody parses a body of type t. Everything kept in the result is a
 // copy: it does not alias body. The decoder reads inside composite literals
 // rely on Go's lexical left-to-right evaluation of calls, which is wire
@@ -160,6 +242,37 @@ func decodeBody(t Type, body []byte) (Message, error) {
 			FinalProd: d.u64("final producer cursor"),
 			Reason:    d.reason(),
 		}
+	case TypeUpgrade:
+		u := &Upgrade{Flags: d.u16("flags")}
+		n := d.u8("transport count")
+		if d.err == nil && n > MaxOffers {
+			d.fail("%d transports, want at most %d", n, MaxOffers)
+		}
+		if d.err == nil && n > 0 {
+			u.Transports = make([]Transport, n)
+			for i := range u.Transports {
+				u.Transports[i] = Transport(d.u8("transport"))
+			}
+		}
+		m = u
+	case TypeData:
+		if len(body) == 0 {
+			d.fail("empty payload")
+		}
+		m = &Data{Payload: append([]byte(nil), body...)}
+		d.b = nil
+	case TypeOffer:
+		m = &UpgradeOffer{Offer{
+			Transport: Transport(d.u8("transport")),
+			Ring:      d.ring(),
+			Info:      d.info(),
+		}}
+	case TypeSwitch:
+		m = &Switch{Cursor: d.u64("cursor")}
+	case TypeResume:
+		m = &Resume{Cursor: d.u64("cursor")}
+	case TypeFin:
+		m = &Fin{Cursor: d.u64("cursor")}
 	default:
 		return nil, fmt.Errorf("%w: unknown message type %d", ErrMalformed, uint8(t))
 	}

@@ -232,7 +232,8 @@ func TestSanitizeReason(t *testing.T) {
 func TestStrings(t *testing.T) {
 	assert.Equal(t, "hello", handshake.TypeHello.String())
 	assert.Equal(t, "goodbye", handshake.TypeGoodbye.String())
-	assert.Equal(t, "type(9)", handshake.Type(9).String())
+	assert.Equal(t, "type(12)", handshake.Type(12).String())
+	assert.Equal(t, "switch", handshake.TypeSwitch.String())
 	assert.Equal(t, "verbs", handshake.TransportVerbs.String())
 	assert.Equal(t, "shm", handshake.TransportShm.String())
 	assert.Equal(t, "sim", handshake.TransportSim.String())

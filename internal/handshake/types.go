@@ -21,10 +21,11 @@ const (
 // Bounds. The decoder rejects anything outside them with ErrMalformed and
 // the encoder refuses to produce it.
 const (
-	MaxBody   = 4096 // body bytes per frame
-	MaxOffers = 4    // offers per Hello (at least one)
-	MaxInfo   = 1024 // opaque provider info bytes per offer or Accept
-	MaxReason = 256  // reason bytes (UTF-8) in Decline, Confirm, Goodbye
+	MaxBody   = 4096              // body bytes per frame, Data excepted
+	MaxData   = 1<<16 - HeaderLen // payload bytes per Data frame: a whole frame is 64 KiB
+	MaxOffers = 4                 // offers per Hello (at least one)
+	MaxInfo   = 1024              // opaque provider info bytes per offer or Accept
+	MaxReason = 256               // reason bytes (UTF-8) in Decline, Confirm, Goodbye
 )
 
 // RingInfo bounds, enforced by RingInfo.Validate (not by the decoder).
@@ -45,6 +46,22 @@ const (
 	TypeDecline Type = 3 // server -> client: no switch, stay on TCP
 	TypeConfirm Type = 4 // client -> server: switch (or give up) after Accept
 	TypeGoodbye Type = 5 // either side, after the switch, before closing
+
+	// The switching protocol (Hello flag FlagSwitch; docs/protocol.md §5).
+	TypeUpgrade Type = 6  // server -> client: switching agreed, at once after the Hello
+	TypeData    Type = 7  // either side: stream bytes carried on TCP
+	TypeOffer   Type = 8  // client -> server: one prepared transport, answered by Accept or Decline
+	TypeSwitch  Type = 9  // either side: my sending moves to the ring at this stream cursor
+	TypeResume  Type = 10 // either side: my ring failed; I have received this much
+	TypeFin     Type = 11 // either side, while sending on TCP: my stream ends at this cursor
+)
+
+// Hello flags.
+const (
+	// FlagSwitch asks for the switching protocol: the connection starts on
+	// TCP and moves to a ring later. A server that does not know it ignores
+	// it (and sees offers without prepared rings, which it declines).
+	FlagSwitch uint16 = 1 << 0
 )
 
 func (t Type) String() string {
@@ -59,11 +76,31 @@ func (t Type) String() string {
 		return "confirm"
 	case TypeGoodbye:
 		return "goodbye"
+	case TypeUpgrade:
+		return "upgrade"
+	case TypeData:
+		return "data"
+	case TypeOffer:
+		return "offer"
+	case TypeSwitch:
+		return "switch"
+	case TypeResume:
+		return "resume"
+	case TypeFin:
+		return "fin"
 	}
 	return "type(" + strconv.Itoa(int(t)) + ")"
 }
 
-func (t Type) known() bool { return t >= TypeHello && t <= TypeGoodbye }
+func (t Type) known() bool { return t >= TypeHello && t <= TypeFin }
+
+// maxBody is the largest body of type t.
+func (t Type) maxBody() int {
+	if t == TypeData {
+		return MaxData
+	}
+	return MaxBody
+}
 
 // Transport identifies a verbs provider a connection can switch to. Values
 // this package does not know decode fine and are kept, so a server can skip
