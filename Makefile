@@ -15,6 +15,7 @@ STATICCHECK_VERSION ?= v0.8.2
 FUZZ_TARGETS = \
 	./internal/handshake:FuzzDecode \
 	./internal/handshake:FuzzRoundTrip \
+	./internal/handshake:FuzzNext \
 	./internal/ring:FuzzProtocol \
 	./internal/ring:FuzzReceive \
 	./internal/ring:FuzzUnmarshal \

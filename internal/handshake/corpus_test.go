@@ -20,8 +20,8 @@ type seedFile struct {
 }
 
 // seedFiles lists the committed seed corpus: valid frames of every type and
-// near misses for FuzzDecode, and field sets for FuzzRoundTrip. Crashers
-// found by fuzzing are added next to them under their hash names.
+// near misses for FuzzDecode and FuzzNext, and field sets for FuzzRoundTrip.
+// Crashers found by fuzzing are added next to them under their hash names.
 func seedFiles() []seedFile {
 	var seeds []seedFile
 	add := func(name string, frame []byte) {
@@ -40,7 +40,7 @@ func seedFiles() []seedFile {
 	add("bad-magic-lf", append([]byte("\x89RSOCK\n"), confirm[8:]...))
 	add("version-2", rawFrame(2, 1, body{}.u16(0).u8(1)))
 	add("type-0", rawFrame(1, 0, body{}.u8(0).u16(0)))
-	add("type-6", rawFrame(1, 6, body{}.u8(0).u16(0)))
+	add("type-12", rawFrame(1, 12, body{}.u8(0).u16(0)))
 	add("length-over-max", append(rawFrame(1, 3, nil)[:10], 0x10, 0x01))
 	add("length-beyond-data", append(rawFrame(1, 4, nil)[:10], 0x00, 0x09, 0, 0, 0))
 	add("header-only", rawFrame(1, 1, nil))
@@ -59,6 +59,48 @@ func seedFiles() []seedFile {
 	add("bad-ring", rawFrame(1, 2, body{}.u8(9).ring(bad).u16(0)))
 	add("goodbye-all-flags", rawFrame(1, 5, body{}.u8(0xff).u64(42).u16(0)))
 
+	// The switching protocol (the valid frames are samples).
+	dataMax := rawFrame(1, 7, bytesOf(handshake.MaxData, 'd'))
+	dataOverMax := append(rawFrame(1, 7, nil)[:10], 0xff, 0xf5, 'd', 'd') // MaxData+1
+	add("data-max", dataMax)
+	add("data-empty", rawFrame(1, 7, nil))
+	add("data-length-over-max", dataOverMax)
+	add("data-length-max-short", append(rawFrame(1, 7, nil)[:10], 0xff, 0xf4, 'd'))
+	add("switch-length-over-max", append(rawFrame(1, 9, nil)[:10], 0x10, 0x01))
+	add("upgrade-five-transports", rawFrame(1, 6, body{}.u16(0).u8(5).raw([]byte{1, 2, 3, 1, 2})))
+	add("upgrade-count-past-end", rawFrame(1, 6, body{}.u16(0).u8(3).u8(1)))
+	add("upgrade-trailing", rawFrame(1, 6, body{}.u16(0).u8(0).u8(1)))
+	add("upgrade-offer-info-over-max", rawFrame(1, 8, body{}.u8(1).ring(testRing).lraw(bytesOf(handshake.MaxInfo+1, 'i'))))
+	add("upgrade-offer-info-len-huge", rawFrame(1, 8, body{}.u8(1).ring(testRing).u16(0xffff)))
+	add("switch-7-bytes", rawFrame(1, 9, bytesOf(7, 0xff)))
+	add("resume-9-bytes", rawFrame(1, 10, bytesOf(9, 0xff)))
+	add("fin-empty", rawFrame(1, 11, nil))
+
+	// FuzzNext: each sample followed by the next one, and Data frames whose
+	// payload is short, missing or a frame itself.
+	next := func(name string, data []byte) {
+		seeds = append(seeds, seedFile{"FuzzNext", name, []any{data}})
+	}
+	ss := samples()
+	for i, s := range ss {
+		next(s.name, append(bytes.Clone(s.frame), ss[(i+1)%len(ss)].frame...))
+	}
+	fin := rawFrame(1, 11, body{}.u64(7))
+	next("empty", nil)
+	next("bad-magic-http", []byte("GET / HTTP/1.1\r\nHost: example\r\n\r\n"))
+	next("version-2", rawFrame(2, 7, body{}.u16(0).u8(1)))
+	next("type-12", rawFrame(1, 12, nil))
+	next("header-only-confirm", rawFrame(1, 4, nil)[:handshake.HeaderLen-1])
+	next("data-max", append(bytes.Clone(dataMax), fin...))
+	next("data-header-only", append(rawFrame(1, 7, nil)[:10], 0x00, 0x05))
+	next("data-short", append(rawFrame(1, 7, nil)[:10], 0x00, 0x05, 'a', 'b'))
+	next("data-empty", append(rawFrame(1, 7, nil), fin...))
+	next("data-length-over-max", dataOverMax)
+	next("data-in-data", rawFrame(1, 7, rawFrame(1, 7, []byte("x"))))
+	next("switch-length-over-max", append(rawFrame(1, 9, nil)[:10], 0x10, 0x01))
+	next("resume-cut", rawFrame(1, 10, body{}.u64(1))[:handshake.HeaderLen+3])
+	next("upgrade-five-transports", rawFrame(1, 6, body{}.u16(0).u8(5).raw([]byte{1, 2, 3, 1, 2})))
+
 	rt := func(name string, args ...any) {
 		seeds = append(seeds, seedFile{"FuzzRoundTrip", name, args})
 	}
@@ -73,6 +115,20 @@ func seedFiles() []seedFile {
 	rt("confirm-bad-utf8", uint8(3), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(4), "a\xffb", false, uint64(0))
 	rt("goodbye", uint8(4), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), "Zürich ✓", true, ^uint64(0))
 	rt("goodbye-over-reason", uint8(4), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), strings.Repeat("é", 129), false, uint64(9))
+	// Upgrade: nOffers transports; Data: size%(MaxData+2) payload bytes from info.
+	rt("upgrade-none", uint8(5), uint16(0), uint8(0), uint8(1), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), "", false, uint64(4))
+	rt("upgrade-four", uint8(5), uint16(0x8001), uint8(4), uint8(254), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), "", false, uint64(14))
+	rt("upgrade-five", uint8(5), uint16(0), uint8(5), uint8(1), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), "", false, uint64(0))
+	rt("data-one", uint8(6), uint16(0), uint8(0), uint8(0), uint64(1), uint64(0), uint32(0), uint16(0), []byte("x"), uint8(0), "", false, uint64(12))
+	rt("data", uint8(6), uint16(0), uint8(0), uint8(0), uint64(300), uint64(0), uint32(0), uint16(0), []byte("GET / HTTP/1.1\r\n"), uint8(0), "", false, uint64(200))
+	rt("data-empty", uint8(6), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte("x"), uint8(0), "", false, uint64(0))
+	rt("data-max", uint8(6), uint16(0), uint8(0), uint8(0), uint64(handshake.MaxData), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), "", false, uint64(65535))
+	rt("data-over-max", uint8(6), uint16(0), uint8(0), uint8(0), uint64(handshake.MaxData+1), uint64(0), uint32(0), uint16(0), []byte("d"), uint8(0), "", false, uint64(0))
+	rt("upgrade-offer", uint8(7), uint16(0), uint8(0), uint8(1), uint64(1<<20), uint64(0x7f0000000000), uint32(0xdeadbeef), uint16(64), []byte("mlx5_0:1"), uint8(0), "", false, uint64(30))
+	rt("upgrade-offer-over-info", uint8(7), uint16(0), uint8(0), uint8(2), uint64(0), uint64(0), uint32(0), uint16(0), bytesOf(handshake.MaxInfo+1, 'x'), uint8(0), "", false, uint64(0))
+	rt("switch", uint8(8), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), "", false, uint64(0))
+	rt("resume", uint8(9), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), "", false, ^uint64(0))
+	rt("fin", uint8(10), uint16(0), uint8(0), uint8(0), uint64(0), uint64(0), uint32(0), uint16(0), []byte{}, uint8(0), "", false, uint64(1<<40+17))
 	return seeds
 }
 

@@ -18,6 +18,9 @@ func TestConstants(t *testing.T) {
 	assert.Equal(t, 12, handshake.HeaderLen)
 	assert.Equal(t, 8, len(handshake.Magic))
 	assert.Equal(t, byte(0x89), handshake.Magic[0])
+	assert.Equal(t, 65524, handshake.MaxData)
+	assert.Equal(t, 1<<16, handshake.HeaderLen+handshake.MaxData, "a maximal Data frame is 64 KiB")
+	assert.Equal(t, uint16(1), handshake.FlagSwitch)
 }
 
 func TestParseHeader(t *testing.T) {
@@ -36,6 +39,34 @@ func TestParseHeader(t *testing.T) {
 	hdr[10], hdr[11] = 0xff, 0xff
 	_, err = handshake.ParseHeader(hdr)
 	require.ErrorIs(t, err, handshake.ErrMalformed)
+
+	// Data may reach MaxData, every other type MaxBody.
+	for typ := uint8(1); typ <= 11; typ++ {
+		limit := handshake.MaxBody
+		if handshake.Type(typ) == handshake.TypeData {
+			limit = handshake.MaxData
+		}
+		for _, l := range []int{0, 1, handshake.MaxBody, handshake.MaxBody + 1, handshake.MaxData, handshake.MaxData + 1, 0xffff} {
+			hdr := rawFrame(1, typ, nil)
+			hdr[10], hdr[11] = byte(l>>8), byte(l)
+			h, err := handshake.ParseHeader(hdr)
+			assert.Equal(t, handshake.Header{Version: 1, Type: handshake.Type(typ), Length: uint16(l)}, h)
+			if l > limit {
+				assert.ErrorIs(t, err, handshake.ErrMalformed, "type %d length %d", typ, l)
+			} else {
+				assert.NoError(t, err, "type %d length %d", typ, l)
+			}
+		}
+	}
+	// Every length a uint16 holds past MaxData is rejected for Data.
+	for l := handshake.MaxData + 1; l <= 0xffff; l++ {
+		hdr := rawFrame(1, 7, nil)
+		hdr[10], hdr[11] = byte(l>>8), byte(l)
+		_, err := handshake.ParseHeader(hdr)
+		require.ErrorIs(t, err, handshake.ErrMalformed, l)
+		_, err = handshake.Decode(handshake.Header{Version: 1, Type: handshake.TypeData, Length: uint16(l)}, make([]byte, l))
+		require.ErrorIs(t, err, handshake.ErrMalformed, l)
+	}
 
 	// Short input.
 	for n := range handshake.HeaderLen {
@@ -270,6 +301,44 @@ func TestReadAllocationBound(t *testing.T) {
 		}
 	})
 	assert.Less(t, perRun, float64(2*handshake.MaxBody+1024))
+
+	// A Data header over MaxData: neither Read nor Next allocates or reads
+	// the body.
+	frame = rawFrame(1, 7, nil)
+	frame[10], frame[11] = 0xff, 0xff
+	r = bytes.NewReader(append(frame, bytesOf(0xffff, 0)...))
+	perRun = bytesPerRun(100, func() {
+		_, _ = r.Seek(0, io.SeekStart)
+		if _, err := handshake.Read(r); !errors.Is(err, handshake.ErrMalformed) {
+			t.Fatal(err)
+		}
+		_, _ = r.Seek(0, io.SeekStart)
+		if _, _, err := handshake.Next(r); !errors.Is(err, handshake.ErrMalformed) {
+			t.Fatal(err)
+		}
+	})
+	assert.Equal(t, 0xffff, r.Len(), "body must not be read")
+	assert.Less(t, perRun, 1024.0)
+
+	// A maximal Data frame: Read costs about the payload's copy (and the
+	// pooled body, when the pool drops it), Next nothing per payload byte.
+	data := rawFrame(1, 7, bytesOf(handshake.MaxData, 'd'))
+	dr := bytes.NewReader(data)
+	perRun = bytesPerRun(100, func() {
+		_, _ = dr.Seek(0, io.SeekStart)
+		if _, err := handshake.Read(dr); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Less(t, perRun, float64(2*handshake.MaxData+1024))
+	perRun = bytesPerRun(100, func() {
+		_, _ = dr.Seek(0, io.SeekStart)
+		if _, _, err := handshake.Next(dr); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Equal(t, handshake.MaxData, dr.Len(), "Next leaves the payload")
+	assert.Less(t, perRun, 1024.0)
 }
 
 // TestWriteAfterMagic: the magic followed by WriteAfterMagic's bytes is
@@ -285,4 +354,175 @@ func TestWriteAfterMagic(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, m, got)
 	assert.ErrorIs(t, handshake.WriteAfterMagic(io.Discard, nil), handshake.ErrMalformed)
+}
+
+// TestNextConsumesOneFrame: Next reads a frame's header and, except for
+// Data, its body; a Data payload is left in the reader, and after the
+// caller reads its Length bytes the next frame follows. Nothing past the
+// frame is read, whatever the reader's read sizes.
+func TestNextConsumesOneFrame(t *testing.T) {
+	ss := samples()
+	for i, s := range ss {
+		next := ss[(i+1)%len(ss)]
+		stream := append(append(bytes.Clone(s.frame), next.frame...), "tail"...)
+		for _, wrap := range []func(io.Reader) io.Reader{
+			func(r io.Reader) io.Reader { return r },
+			iotest.OneByteReader,
+			iotest.HalfReader,
+		} {
+			src := bytes.NewReader(stream)
+			cr := &countingReader{r: wrap(src)}
+			h, m, err := handshake.Next(cr)
+			require.NoError(t, err, s.name)
+			assert.Equal(t, handshake.Header{Version: 1, Type: s.msg.Type(), Length: uint16(len(s.frame) - handshake.HeaderLen)}, h, s.name)
+			if d, ok := s.msg.(*handshake.Data); ok {
+				assert.Nil(t, m, s.name)
+				assert.Equal(t, handshake.HeaderLen, cr.n, "%s: Next read into the payload", s.name)
+				p := make([]byte, h.Length)
+				_, err := io.ReadFull(cr, p)
+				require.NoError(t, err)
+				assert.Equal(t, d.Payload, p, s.name)
+			} else {
+				assert.Equal(t, s.msg, m, s.name)
+			}
+			assert.Equal(t, len(s.frame), cr.n, s.name)
+
+			m, err = readWhole(cr)
+			require.NoError(t, err, s.name)
+			assert.Equal(t, next.msg, m, s.name)
+			assert.Equal(t, len(s.frame)+len(next.frame), cr.n, s.name)
+			rest, _ := io.ReadAll(src)
+			assert.Equal(t, "tail", string(rest), s.name)
+		}
+	}
+}
+
+// TestNextMaxData: a maximal Data frame followed by another frame.
+func TestNextMaxData(t *testing.T) {
+	payload := bytesOf(handshake.MaxData, 'd')
+	frame, err := handshake.Append(nil, &handshake.Data{Payload: payload})
+	require.NoError(t, err)
+	require.Len(t, frame, 1<<16)
+	fin := rawFrame(1, 11, body{}.u64(42))
+	r := bytes.NewReader(append(frame, fin...))
+	h, m, err := handshake.Next(r)
+	require.NoError(t, err)
+	assert.Nil(t, m)
+	assert.Equal(t, handshake.Header{Version: 1, Type: handshake.TypeData, Length: uint16(handshake.MaxData)}, h)
+	assert.Equal(t, handshake.MaxData+len(fin), r.Len())
+	_, err = r.Seek(int64(h.Length), io.SeekCurrent)
+	require.NoError(t, err)
+	h, m, err = handshake.Next(r)
+	require.NoError(t, err)
+	assert.Equal(t, handshake.Header{Version: 1, Type: handshake.TypeFin, Length: 8}, h)
+	assert.Equal(t, &handshake.Fin{Cursor: 42}, m)
+	assert.Zero(t, r.Len())
+}
+
+// TestNextTruncated: Next on every valid frame cut at every byte. Like
+// Read, except that a Data frame needs only its header.
+func TestNextTruncated(t *testing.T) {
+	for _, s := range samples() {
+		for n := range len(s.frame) {
+			for _, r := range []io.Reader{
+				bytes.NewReader(s.frame[:n]),
+				iotest.OneByteReader(bytes.NewReader(s.frame[:n])),
+				iotest.DataErrReader(bytes.NewReader(s.frame[:n])),
+			} {
+				h, m, err := handshake.Next(r)
+				require.Nil(t, m)
+				switch {
+				case n == 0:
+					require.ErrorIs(t, err, io.EOF, "%s cut at %d", s.name, n)
+				case s.msg.Type() == handshake.TypeData && n >= handshake.HeaderLen:
+					require.NoError(t, err, "%s cut at %d", s.name, n)
+					assert.Equal(t, handshake.TypeData, h.Type)
+				default:
+					require.ErrorIs(t, err, io.ErrUnexpectedEOF, "%s cut at %d", s.name, n)
+				}
+			}
+		}
+	}
+}
+
+// TestNextErrors: Next reports Read's errors, with the header once it has
+// one, and reads nothing past a rejected header.
+func TestNextErrors(t *testing.T) {
+	_, _, err := handshake.Next(bytes.NewReader(nil))
+	assert.ErrorIs(t, err, io.EOF)
+
+	for _, in := range []string{"G", "\x89RS0", "\x89RSOCK\n"} {
+		h, m, err := handshake.Next(&stallingReader{t: t, data: []byte(in)})
+		assert.ErrorIs(t, err, handshake.ErrBadMagic, "%q", in)
+		assert.Nil(t, m)
+		assert.Zero(t, h)
+	}
+
+	// A future version: the header is returned, the body not read.
+	frame := rawFrame(2, 77, bytesOf(5000, 'x'))
+	r := bytes.NewReader(frame)
+	h, m, err := handshake.Next(r)
+	require.ErrorIs(t, err, handshake.ErrVersion)
+	assert.Nil(t, m)
+	assert.Equal(t, handshake.Header{Version: 2, Type: 77, Length: 5000}, h)
+	assert.Equal(t, 5000, r.Len(), "body must not be read")
+
+	// Rejected headers: the header is returned, nothing after it read.
+	overData := rawFrame(1, 7, nil)
+	overData[10], overData[11] = 0xff, 0xf5 // MaxData+1
+	overBody := rawFrame(1, 9, nil)
+	overBody[10], overBody[11] = 0x10, 0x01 // MaxBody+1
+	for name, c := range map[string]struct {
+		hdr  []byte
+		want handshake.Header
+	}{
+		"data-empty":    {rawFrame(1, 7, nil), handshake.Header{Version: 1, Type: handshake.TypeData}},
+		"data-over-max": {overData, handshake.Header{Version: 1, Type: handshake.TypeData, Length: uint16(handshake.MaxData + 1)}},
+		"switch-4097":   {overBody, handshake.Header{Version: 1, Type: handshake.TypeSwitch, Length: uint16(handshake.MaxBody + 1)}},
+		"unknown-type":  {rawFrame(1, 12, nil), handshake.Header{Version: 1, Type: 12}},
+	} {
+		r := bytes.NewReader(append(bytes.Clone(c.hdr), samples()[0].frame...))
+		h, m, err := handshake.Next(r)
+		assert.ErrorIs(t, err, handshake.ErrMalformed, name)
+		assert.Nil(t, m, name)
+		assert.Equal(t, c.want, h, name)
+		assert.Equal(t, len(samples()[0].frame), r.Len(), "%s: read past the header", name)
+	}
+
+	// Reader errors pass through, inside the header or a non-Data body.
+	boom := errors.New("boom")
+	frame = rawFrame(1, 10, body{}.u64(7))
+	for _, n := range []int{0, 5, handshake.HeaderLen, handshake.HeaderLen + 3} {
+		_, _, err := handshake.Next(io.MultiReader(bytes.NewReader(frame[:n]), iotest.ErrReader(boom)))
+		assert.ErrorIs(t, err, boom, n)
+	}
+	// A Data frame's header is all Next reads: an error after it is the
+	// caller's to see.
+	data := rawFrame(1, 7, []byte("xy"))
+	h, m, err = handshake.Next(io.MultiReader(bytes.NewReader(data[:handshake.HeaderLen]), iotest.ErrReader(boom)))
+	require.NoError(t, err)
+	assert.Nil(t, m)
+	assert.Equal(t, uint16(2), h.Length)
+}
+
+// TestPutDataHeader: PutDataHeader writes the header Append writes for a
+// Data frame of that many bytes, whatever hb held before.
+func TestPutDataHeader(t *testing.T) {
+	for _, n := range []int{1, 2, 255, 256, handshake.MaxBody, handshake.MaxBody + 1, handshake.MaxData - 1, handshake.MaxData} {
+		var hb [handshake.HeaderLen]byte
+		for i := range hb {
+			hb[i] = 0xa5
+		}
+		handshake.PutDataHeader(&hb, n)
+		frame, err := handshake.Append(nil, &handshake.Data{Payload: bytesOf(n, 'p')})
+		require.NoError(t, err)
+		assert.Equal(t, frame[:handshake.HeaderLen], hb[:], n)
+		h, err := handshake.ParseHeader(hb[:])
+		require.NoError(t, err)
+		assert.Equal(t, handshake.Header{Version: 1, Type: handshake.TypeData, Length: uint16(n)}, h)
+
+		m, err := handshake.Read(io.MultiReader(bytes.NewReader(hb[:]), bytes.NewReader(bytesOf(n, 'p'))))
+		require.NoError(t, err)
+		assert.Equal(t, &handshake.Data{Payload: bytesOf(n, 'p')}, m)
+	}
 }

@@ -77,7 +77,51 @@ func samples() []sample {
 			rawFrame(1, 5, body{}.u8(0).u64(1<<40+7).u16(0))},
 		{"goodbye-abort", &handshake.Goodbye{Abort: true, FinalProd: ^uint64(0), Reason: "qp error"},
 			rawFrame(1, 5, body{}.u8(1).u64(^uint64(0)).lstr("qp error"))},
+
+		// The switching protocol. Data samples stay small (TestTruncatedFrame
+		// cuts every frame at every byte); TestBounds has a MaxData payload.
+		{"hello-switch", &handshake.Hello{Flags: handshake.FlagSwitch, Offers: []handshake.Offer{{Transport: handshake.TransportShm}}},
+			rawFrame(1, 1, body{}.u16(1).u8(1).u8(2).ring(handshake.RingInfo{}).u16(0))},
+		{"upgrade-none", &handshake.Upgrade{},
+			rawFrame(1, 6, body{}.u16(0).u8(0))},
+		{"upgrade-four", &handshake.Upgrade{Flags: 0x8001, Transports: []handshake.Transport{
+			handshake.TransportShm, handshake.TransportVerbs, handshake.TransportSim, 200}},
+			rawFrame(1, 6, body{}.u16(0x8001).u8(4).u8(2).u8(1).u8(3).u8(200))},
+		{"data-one", &handshake.Data{Payload: []byte{0}},
+			rawFrame(1, 7, body{}.u8(0))},
+		{"data-frame-like", &handshake.Data{Payload: rawFrame(1, 4, body{}.u8(0).u16(0))},
+			rawFrame(1, 7, rawFrame(1, 4, body{}.u8(0).u16(0)))},
+		{"upgrade-offer", &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: handshake.TransportVerbs, Ring: testRing, Info: []byte("mlx5_0:1")}},
+			rawFrame(1, 8, body{}.u8(1).ring(testRing).lstr("mlx5_0:1"))},
+		{"upgrade-offer-noinfo", &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: 77}},
+			rawFrame(1, 8, body{}.u8(77).ring(handshake.RingInfo{}).u16(0))},
+		{"switch-zero", &handshake.Switch{},
+			rawFrame(1, 9, body{}.u64(0))},
+		{"switch-max", &handshake.Switch{Cursor: ^uint64(0)},
+			rawFrame(1, 9, body{}.u64(^uint64(0)))},
+		{"resume-zero", &handshake.Resume{},
+			rawFrame(1, 10, body{}.u64(0))},
+		{"resume-max", &handshake.Resume{Cursor: ^uint64(0)},
+			rawFrame(1, 10, body{}.u64(^uint64(0)))},
+		{"fin-zero", &handshake.Fin{},
+			rawFrame(1, 11, body{}.u64(0))},
+		{"fin-max", &handshake.Fin{Cursor: ^uint64(0)},
+			rawFrame(1, 11, body{}.u64(^uint64(0)))},
 	}
+}
+
+// readWhole reads one message with Next, and a Data frame's payload after
+// it, so a Data frame comes back as the *Data that Read returns.
+func readWhole(r io.Reader) (handshake.Message, error) {
+	h, m, err := handshake.Next(r)
+	if err != nil || h.Type != handshake.TypeData {
+		return m, err
+	}
+	p := make([]byte, h.Length)
+	if _, err := io.ReadFull(r, p); err != nil {
+		return nil, err
+	}
+	return &handshake.Data{Payload: p}, nil
 }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

@@ -2,6 +2,7 @@ package handshake_test
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -34,6 +35,9 @@ func TestRoundTrip(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, s.msg, m)
 
+			// Next.
+			checkNext(t, s.frame, s.msg)
+
 			// Write: one call with the whole frame.
 			var w recordingWriter
 			require.NoError(t, handshake.Write(&w, s.msg))
@@ -41,6 +45,25 @@ func TestRoundTrip(t *testing.T) {
 			assert.Equal(t, s.frame, w.calls[0])
 		})
 	}
+}
+
+// checkNext reads frame with Next: the header as ParseHeader sees it and
+// msg, or for Data no message and exactly the payload left in the reader.
+func checkNext(t *testing.T, frame []byte, msg handshake.Message) {
+	t.Helper()
+	r := bytes.NewReader(frame)
+	h, m, err := handshake.Next(r)
+	require.NoError(t, err)
+	assert.Equal(t, handshake.Header{Version: 1, Type: msg.Type(), Length: uint16(len(frame) - handshake.HeaderLen)}, h)
+	if d, ok := msg.(*handshake.Data); ok {
+		assert.Nil(t, m, "Next returns no message for Data")
+		require.Equal(t, len(d.Payload), r.Len(), "Next must leave exactly the payload")
+		rest, _ := io.ReadAll(r)
+		assert.Equal(t, d.Payload, rest)
+		return
+	}
+	assert.Equal(t, msg, m)
+	assert.Zero(t, r.Len(), "Next must read the whole body")
 }
 
 type recordingWriter struct{ calls [][]byte }
@@ -63,7 +86,9 @@ func TestWriteErrors(t *testing.T) {
 
 func TestAppendNil(t *testing.T) {
 	for _, m := range []handshake.Message{nil, (*handshake.Hello)(nil), (*handshake.Accept)(nil),
-		(*handshake.Decline)(nil), (*handshake.Confirm)(nil), (*handshake.Goodbye)(nil)} {
+		(*handshake.Decline)(nil), (*handshake.Confirm)(nil), (*handshake.Goodbye)(nil),
+		(*handshake.Upgrade)(nil), (*handshake.Data)(nil), (*handshake.UpgradeOffer)(nil),
+		(*handshake.Switch)(nil), (*handshake.Resume)(nil), (*handshake.Fin)(nil)} {
 		b, err := handshake.Append([]byte("x"), m)
 		assert.ErrorIs(t, err, handshake.ErrMalformed)
 		assert.Equal(t, []byte("x"), b)
@@ -151,6 +176,10 @@ func TestBounds(t *testing.T) {
 		{"decline-max-reason", &handshake.Decline{Code: 1, Reason: maxReason}, rawFrame(1, 3, body{}.u8(1).lstr(maxReason))},
 		{"confirm-max-reason", &handshake.Confirm{Code: 1, Reason: maxReason}, rawFrame(1, 4, body{}.u8(1).lstr(maxReason))},
 		{"goodbye-max-reason", &handshake.Goodbye{Reason: maxReason}, rawFrame(1, 5, body{}.u8(0).u64(0).lstr(maxReason))},
+		{"upgrade-max-transports", &handshake.Upgrade{Transports: make([]handshake.Transport, handshake.MaxOffers)},
+			rawFrame(1, 6, body{}.u16(0).u8(handshake.MaxOffers).raw(make([]byte, handshake.MaxOffers)))},
+		{"data-max", &handshake.Data{Payload: bytesOf(handshake.MaxData, 'd')}, rawFrame(1, 7, bytesOf(handshake.MaxData, 'd'))},
+		{"upgrade-offer-max-info", &handshake.UpgradeOffer{Offer: offer(maxInfo)}, rawFrame(1, 8, offerBody(body{}, maxInfo))},
 	}
 	for _, s := range ok {
 		t.Run(s.name, func(t *testing.T) {
@@ -160,6 +189,7 @@ func TestBounds(t *testing.T) {
 			m, err := handshake.Read(bytes.NewReader(s.frame))
 			require.NoError(t, err)
 			assert.Equal(t, s.msg, m)
+			checkNext(t, s.frame, s.msg)
 		})
 	}
 
@@ -176,6 +206,14 @@ func TestBounds(t *testing.T) {
 		{"confirm-bad-utf8", &handshake.Confirm{Reason: "\xc3"}, rawFrame(1, 4, body{}.u8(1).lstr("\xc3"))},
 		{"goodbye-bad-utf8", &handshake.Goodbye{Reason: "\xed\xa0\x80"}, rawFrame(1, 5, body{}.u8(0).u64(0).lstr("\xed\xa0\x80"))},
 		{"over-body", overHello, rawFrame(1, 1, offerBody(offerBody(offerBody(offerBody(body{}.u16(0).u8(4), maxInfo), maxInfo), maxInfo), bytesOf(fill+1, 'f')))},
+		{"upgrade-five-transports", &handshake.Upgrade{Transports: make([]handshake.Transport, handshake.MaxOffers+1)},
+			rawFrame(1, 6, body{}.u16(0).u8(handshake.MaxOffers+1).raw(make([]byte, handshake.MaxOffers+1)))},
+		{"upgrade-255-transports", &handshake.Upgrade{Transports: make([]handshake.Transport, 255)},
+			rawFrame(1, 6, body{}.u16(0).u8(255).raw(make([]byte, 255)))},
+		{"data-nil", &handshake.Data{}, rawFrame(1, 7, nil)},
+		{"data-empty", &handshake.Data{Payload: []byte{}}, rawFrame(1, 7, nil)},
+		{"data-over-max", &handshake.Data{Payload: bytesOf(handshake.MaxData+1, 'd')}, rawFrame(1, 7, bytesOf(handshake.MaxData+1, 'd'))},
+		{"upgrade-offer-over-info", &handshake.UpgradeOffer{Offer: offer(overInfo)}, rawFrame(1, 8, offerBody(body{}, overInfo))},
 	}
 	for _, s := range bad {
 		t.Run(s.name, func(t *testing.T) {
@@ -185,12 +223,18 @@ func TestBounds(t *testing.T) {
 			m, err := handshake.Read(bytes.NewReader(s.frame))
 			require.ErrorIs(t, err, handshake.ErrMalformed)
 			assert.Nil(t, m)
+			_, m, err = handshake.Next(bytes.NewReader(s.frame))
+			require.ErrorIs(t, err, handshake.ErrMalformed)
+			assert.Nil(t, m)
 		})
 	}
 }
 
 func TestTrailingBytes(t *testing.T) {
 	for _, s := range samples() {
+		if s.msg.Type() == handshake.TypeData {
+			continue // a Data body is all payload: one more byte is a longer payload
+		}
 		b := append(bytes.Clone(s.frame[handshake.HeaderLen:]), 0)
 		_, err := handshake.Read(bytes.NewReader(rawFrame(1, uint8(s.msg.Type()), b)))
 		assert.ErrorIs(t, err, handshake.ErrMalformed, s.name)
@@ -203,7 +247,11 @@ func TestTrailingBytes(t *testing.T) {
 func TestShortBody(t *testing.T) {
 	for _, s := range samples() {
 		b := s.frame[handshake.HeaderLen:]
-		for n := range len(b) {
+		cuts := len(b)
+		if s.msg.Type() == handshake.TypeData {
+			cuts = 1 // a Data body has no fields: only the empty one is short
+		}
+		for n := range cuts {
 			frame := rawFrame(1, uint8(s.msg.Type()), b[:n])
 			_, err := handshake.Read(bytes.NewReader(frame))
 			require.ErrorIs(t, err, handshake.ErrMalformed, "%s cut at %d", s.name, n)
@@ -233,7 +281,13 @@ func TestStrings(t *testing.T) {
 	assert.Equal(t, "hello", handshake.TypeHello.String())
 	assert.Equal(t, "goodbye", handshake.TypeGoodbye.String())
 	assert.Equal(t, "type(12)", handshake.Type(12).String())
+	assert.Equal(t, "type(0)", handshake.Type(0).String())
+	assert.Equal(t, "upgrade", handshake.TypeUpgrade.String())
+	assert.Equal(t, "data", handshake.TypeData.String())
+	assert.Equal(t, "offer", handshake.TypeOffer.String())
 	assert.Equal(t, "switch", handshake.TypeSwitch.String())
+	assert.Equal(t, "resume", handshake.TypeResume.String())
+	assert.Equal(t, "fin", handshake.TypeFin.String())
 	assert.Equal(t, "verbs", handshake.TransportVerbs.String())
 	assert.Equal(t, "shm", handshake.TransportShm.String())
 	assert.Equal(t, "sim", handshake.TransportSim.String())
@@ -256,4 +310,77 @@ func TestStrings(t *testing.T) {
 		_, ok := handshake.TransportByName(name)
 		assert.False(t, ok, name)
 	}
+}
+
+// TestSwitchingMalformed: hand-built bodies of the switching protocol's
+// frames that the decoder rejects (Read, Next and Decode alike), beyond
+// TestBounds' encoder counterparts and TestShortBody's cuts.
+func TestSwitchingMalformed(t *testing.T) {
+	cases := []struct {
+		name string
+		typ  uint8
+		body body
+	}{
+		{"upgrade-empty", 6, body{}},
+		{"upgrade-no-count", 6, body{}.u16(0)},
+		{"upgrade-five-no-transports", 6, body{}.u16(0).u8(5)},
+		{"upgrade-five-of-five", 6, body{}.u16(0).u8(5).raw([]byte{1, 2, 3, 1, 2})},
+		{"upgrade-count-past-end", 6, body{}.u16(0).u8(3).u8(1).u8(2)},
+		{"upgrade-one-missing", 6, body{}.u16(0).u8(1)},
+		{"upgrade-trailing", 6, body{}.u16(0).u8(1).u8(1).u8(2)},
+		{"data-empty", 7, body{}},
+		{"offer-empty", 8, body{}},
+		{"offer-info-over-max", 8, body{}.u8(1).ring(testRing).lraw(bytesOf(handshake.MaxInfo+1, 'i'))},
+		{"offer-info-len-huge", 8, body{}.u8(1).ring(testRing).u16(0xffff)},
+		{"offer-info-past-end", 8, body{}.u8(1).ring(testRing).u16(4).str("abc")},
+		{"offer-no-info-len", 8, body{}.u8(1).ring(testRing)},
+		{"offer-trailing", 8, body{}.u8(1).ring(testRing).u16(0).u8(0)},
+	}
+	for typ, name := range map[uint8]string{9: "switch", 10: "resume", 11: "fin"} {
+		for _, n := range []int{0, 1, 7, 9, 16} {
+			cases = append(cases, struct {
+				name string
+				typ  uint8
+				body body
+			}{fmt.Sprintf("%s-%d-bytes", name, n), typ, bytesOf(n, 0xff)})
+		}
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			frame := rawFrame(1, c.typ, c.body)
+			m, err := handshake.Read(bytes.NewReader(frame))
+			require.ErrorIs(t, err, handshake.ErrMalformed)
+			assert.Nil(t, m)
+
+			r := bytes.NewReader(frame)
+			h, m, err := handshake.Next(r)
+			require.ErrorIs(t, err, handshake.ErrMalformed)
+			assert.Nil(t, m)
+			assert.Equal(t, handshake.Header{Version: 1, Type: handshake.Type(c.typ), Length: uint16(len(c.body))}, h)
+			assert.Zero(t, r.Len(), "Next reads the whole (non-Data) frame before rejecting it")
+
+			m, err = handshake.Decode(h, frame[handshake.HeaderLen:])
+			require.ErrorIs(t, err, handshake.ErrMalformed)
+			assert.Nil(t, m)
+		})
+	}
+}
+
+// TestUpgradeFlagsKept: Upgrade and Hello keep unknown flag bits; an Upgrade
+// encoded with an empty (non-nil) transport list decodes with nil.
+func TestUpgradeFlagsKept(t *testing.T) {
+	m, err := handshake.Read(bytes.NewReader(rawFrame(1, 6, body{}.u16(0xffff).u8(1).u8(0))))
+	require.NoError(t, err)
+	assert.Equal(t, &handshake.Upgrade{Flags: 0xffff, Transports: []handshake.Transport{0}}, m)
+
+	frame, err := handshake.Append(nil, &handshake.Upgrade{Transports: []handshake.Transport{}})
+	require.NoError(t, err)
+	assert.Equal(t, rawFrame(1, 6, body{}.u16(0).u8(0)), frame)
+	m, err = handshake.Read(bytes.NewReader(frame))
+	require.NoError(t, err)
+	assert.Equal(t, &handshake.Upgrade{}, m)
+
+	m, err = handshake.Read(bytes.NewReader(rawFrame(1, 1, body{}.u16(handshake.FlagSwitch|0x8000).u8(1).u8(1).ring(testRing).u16(0))))
+	require.NoError(t, err)
+	assert.Equal(t, handshake.FlagSwitch|0x8000, m.(*handshake.Hello).Flags)
 }
