@@ -2,6 +2,7 @@ package rsock
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -100,7 +101,7 @@ func TestStalledClientsDoNotStarveTheListener(t *testing.T) {
 	c, err := d.Dial("tcp", addr)
 	require.NoError(t, err)
 	defer c.Close()
-	assert.Equal(t, "shm", TransportOf(c), InfoOrEmpty(c).Reason)
+	assert.Equal(t, "shm", awaitRing(t, c), InfoOrEmpty(c).Reason)
 	echoTrip(t, c, "during the attack")
 
 	stop()
@@ -109,8 +110,23 @@ func TestStalledClientsDoNotStarveTheListener(t *testing.T) {
 	c2, err := d.Dial("tcp", addr)
 	require.NoError(t, err)
 	defer c2.Close()
-	assert.Equal(t, "shm", TransportOf(c2), InfoOrEmpty(c2).Reason)
+	assert.Equal(t, "shm", awaitRing(t, c2), InfoOrEmpty(c2).Reason)
 	echoTrip(t, c2, "after the attack")
+}
+
+// awaitRing waits for a dialed connection's upgrade to settle and returns
+// its transport then.
+func awaitRing(t testing.TB, c net.Conn) string {
+	t.Helper()
+	rc := c.(*Conn)
+	if rc.w != nil {
+		select {
+		case <-rc.w.settled:
+		case <-time.After(time.Minute):
+			t.Fatalf("the upgrade did not settle within a minute: %+v", rc.Info())
+		}
+	}
+	return TransportOf(c)
 }
 
 // InfoOrEmpty is InfoOf without the ok.
@@ -249,12 +265,18 @@ func TestSameHostPreparesShmOnly(t *testing.T) {
 // magic before it prepares anything, so no probe times out, and nothing is
 // remembered against the address.
 func TestConcurrentDialsToASlowServer(t *testing.T) {
+	for _, after := range []time.Duration{-1, time.Millisecond} {
+		t.Run(fmt.Sprintf("upgradeAfter=%v", after), func(t *testing.T) { concurrentDialsToASlowServer(t, after) })
+	}
+}
+
+func concurrentDialsToASlowServer(t *testing.T, after time.Duration) {
 	const dials = 64
 	registerSim(t)
 	slow := &slowOpen{Provider: simProv, delay: 2 * time.Second} // every Open, the clients' too
 	transport.Register("sim", slow)
 	t.Cleanup(func() { transport.Register("sim", simProv) })
-	cfg := &Config{Transports: []string{"sim", "tcp"}, RingSize: 64 << 10}
+	cfg := &Config{Transports: []string{"sim", "tcp"}, RingSize: 64 << 10, UpgradeAfter: after}
 	ln := listen(t, cfg)
 	key := "tcp " + ln.Addr().String()
 	t.Cleanup(func() { plainServers.forget(key) })
@@ -283,7 +305,7 @@ func TestConcurrentDialsToASlowServer(t *testing.T) {
 	for i, c := range conns {
 		require.NoError(t, errs[i])
 		defer c.Close()
-		assert.Equal(t, "sim", TransportOf(c), "dial %d: %s", i, InfoOrEmpty(c).Reason)
+		assert.Equal(t, "sim", awaitRing(t, c), "dial %d: %s", i, InfoOrEmpty(c).Reason)
 	}
 	for range dials {
 		(<-accepted).Close()

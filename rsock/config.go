@@ -95,6 +95,27 @@ type Config struct {
 	// RSOCK_VERBS_CM=1.
 	ConnectionManager bool
 
+	// UpgradeAfter is the upgrade policy of a dialed connection. A
+	// connection starts on its TCP connection, usable as soon as the
+	// server has answered (one round trip, however long a ring takes to
+	// set up), and sets up its ring in the background once it has lived
+	// UpgradeAfter or moved UpgradeBytes bytes (read and written, on
+	// TCP), whichever comes first; each direction then moves to the ring
+	// without losing, repeating or reordering a byte. A short connection
+	// thus costs about what TCP costs, and a long one reaches the ring
+	// soon after. A tiny value (1ns) upgrades at once. Negative selects
+	// the version-1 handshake instead: the ring is set up before Dial
+	// returns, and the connection never changes transport (needed for
+	// servers older than the switching protocol to use a ring). A
+	// listener answers both kinds of client whatever its own setting. Env
+	// RSOCK_UPGRADE_AFTER. Default DefaultUpgradeAfter.
+	UpgradeAfter time.Duration
+
+	// UpgradeBytes is the byte count of the upgrade policy (see
+	// UpgradeAfter). Env RSOCK_UPGRADE_BYTES (accepts k, m, g suffixes).
+	// Default DefaultUpgradeBytes.
+	UpgradeBytes int
+
 	// Logger receives fallbacks, remembered probe verdicts, a listener's
 	// failed handshakes (rate-limited) and connections that end in a reset,
 	// with the attributes code, transport, reason and peer (see
@@ -117,6 +138,13 @@ const (
 	// parked: 10 us measured bimodal (0.19x to 1.1x TCP's p50), 20 us
 	// 0.18x to 0.26x.
 	DefaultBusyPoll = 20 * time.Microsecond
+	// DefaultUpgradeAfter and DefaultUpgradeBytes are the upgrade
+	// policy's defaults. The switching protocol is opt-in for now
+	// (DefaultUpgradeAfter is negative: the version-1 handshake); with it,
+	// a connection that lives past UpgradeAfter, or moves 64 KiB, gets
+	// its ring.
+	DefaultUpgradeAfter = -1
+	DefaultUpgradeBytes = 64 << 10
 )
 
 // DefaultTransports is the transport order when none is configured.
@@ -133,6 +161,9 @@ type settings struct {
 	sniff         time.Duration
 	probe         time.Duration
 	probeCacheTTL time.Duration
+	upgradeAfter  time.Duration // negative: the version-1 handshake
+	upgradeBytes  int
+	noSwitch      bool // tests: a listener that answers like a version-1 server
 	device        string
 	port          int
 	gidIndex      int // -1: automatic
@@ -229,6 +260,7 @@ func (c *Config) resolve() (*settings, error) {
 		{"SniffTimeout", cfg.SniffTimeout, "RSOCK_SNIFF_TIMEOUT", DefaultSniffTimeout, &s.sniff},
 		{"ProbeTimeout", cfg.ProbeTimeout, "RSOCK_PROBE_TIMEOUT", DefaultProbeTimeout, &s.probe},
 		{"ProbeCacheTTL", cfg.ProbeCacheTTL, "RSOCK_PROBE_CACHE_TTL", DefaultProbeCacheTTL, &s.probeCacheTTL},
+		{"UpgradeAfter", cfg.UpgradeAfter, "RSOCK_UPGRADE_AFTER", DefaultUpgradeAfter, &s.upgradeAfter},
 	}
 	for _, d := range durs {
 		if *d.dst, err = durField(d.field, d.v, d.env, d.def); err != nil {
@@ -237,6 +269,12 @@ func (c *Config) resolve() (*settings, error) {
 	}
 	if s.busyPoll < 0 {
 		s.busyPoll = 0
+	}
+	if s.upgradeBytes, err = intField("UpgradeBytes", cfg.UpgradeBytes, "RSOCK_UPGRADE_BYTES", DefaultUpgradeBytes, parseSize); err != nil {
+		return nil, err
+	}
+	if s.upgradeBytes <= 0 {
+		return nil, &ConfigError{Field: "UpgradeBytes", Value: strconv.Itoa(s.upgradeBytes), Err: fmt.Errorf("must be positive")}
 	}
 	for _, d := range []struct {
 		field string

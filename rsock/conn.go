@@ -31,7 +31,8 @@ type Conn struct {
 	network string
 	label   atomic.Pointer[label] // transport and why; replaced once by a late-hello rescue
 
-	s   *stream.Conn // accelerated transport, or nil
+	w   *swConn      // the switching protocol (switching.go), or nil
+	s   *stream.Conn // accelerated transport (version 1), or nil
 	tcp *net.TCPConn // the TCP connection: the transport without s, else the bootstrap
 
 	prefixMu  sync.Mutex
@@ -62,6 +63,17 @@ func newConn(network string, l label) *Conn {
 	c := &Conn{network: network}
 	c.label.Store(&l)
 	return c
+}
+
+// ring is the stream carrying c on a ring (version 1, or after an
+// upgrade), or nil.
+func (c *Conn) ring() *stream.Conn {
+	if c.w != nil {
+		c.w.mu.Lock()
+		defer c.w.mu.Unlock()
+		return c.w.ring
+	}
+	return c.s
 }
 
 // ConnInfo describes a Conn: which transport carries it, why, and what it
@@ -98,14 +110,22 @@ type ConnInfo struct {
 	// (receive ring, state-message buffers, and on verbs the staging
 	// buffer of the peer's ring size): pinned on verbs; 0 on TCP.
 	Registered int64
+	// Switches lists, on the switching protocol, when each direction
+	// moved between TCP and a ring and why, and upgrades that did not
+	// happen (From == To), oldest first (at most 16).
+	Switches []SwitchEvent
 }
 
 // Info returns the Conn's transport, the reason for it, and its counters.
 func (c *Conn) Info() ConnInfo {
 	l := c.label.Load()
 	ci := ConnInfo{Transport: l.transport, Fallback: l.fallback, Reason: l.reason, Code: l.code}
-	if c.s != nil {
-		st := c.s.Stats()
+	s := c.s
+	if c.w != nil {
+		s = c.w.info(&ci)
+	}
+	if s != nil {
+		st := s.Stats()
 		ci.BytesRead = st.BytesRead.Load()
 		ci.BytesWritten = st.BytesWritten.Load()
 		ci.Writes = st.Writes.Load()
@@ -116,8 +136,13 @@ func (c *Conn) Info() ConnInfo {
 		ci.SpinHits = st.SpinHits.Load()
 		ci.Notifications = st.Notifications.Load()
 		ci.Background = st.Background.Load()
-		ci.Registered = c.s.Registered()
-	} else {
+		ci.Registered = s.Registered()
+	}
+	if c.w != nil {
+		ci.BytesRead += c.w.bytesRead.Load()
+		ci.BytesWritten += c.w.bytesWritten.Load()
+		ci.Writes += c.w.writes.Load()
+	} else if c.s == nil {
 		ci.BytesRead = c.bytesRead.Load()
 		ci.BytesWritten = c.bytesWritten.Load()
 		ci.Writes = c.writes.Load()
@@ -172,6 +197,10 @@ func (c *Conn) opError(op string, err error) error {
 
 // Read implements net.Conn.
 func (c *Conn) Read(b []byte) (int, error) {
+	if c.w != nil {
+		n, err := c.w.Read(b)
+		return n, c.opError("read", err)
+	}
 	if c.s != nil {
 		n, err := c.s.Read(b)
 		return n, c.opError("read", err)
@@ -200,6 +229,10 @@ func (c *Conn) Read(b []byte) (int, error) {
 
 // Write implements net.Conn.
 func (c *Conn) Write(b []byte) (int, error) {
+	if c.w != nil {
+		n, err := c.w.Write(b)
+		return n, c.opError("write", err)
+	}
 	if c.s != nil {
 		n, err := c.s.Write(b)
 		return n, c.opError("write", err)
@@ -217,6 +250,9 @@ func (c *Conn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		c.unregister()
 	}
+	if c.w != nil {
+		return c.opError("close", c.w.Close())
+	}
 	if c.s != nil {
 		return c.opError("close", c.s.Close())
 	}
@@ -226,6 +262,9 @@ func (c *Conn) Close() error {
 // CloseWrite shuts down the writing side: the peer reads io.EOF after the
 // data already written. Later Writes fail.
 func (c *Conn) CloseWrite() error {
+	if c.w != nil {
+		return c.opError("close", c.w.CloseWrite())
+	}
 	if c.s != nil {
 		return c.opError("close", c.s.CloseWrite())
 	}
@@ -234,6 +273,9 @@ func (c *Conn) CloseWrite() error {
 
 // CloseRead shuts down the reading side: later Reads return io.EOF.
 func (c *Conn) CloseRead() error {
+	if c.w != nil {
+		return c.opError("close", c.w.CloseRead())
+	}
 	if c.s != nil {
 		return c.opError("close", c.s.CloseRead())
 	}
@@ -242,7 +284,7 @@ func (c *Conn) CloseRead() error {
 
 // LocalAddr returns the local address of the bootstrap TCP connection.
 func (c *Conn) LocalAddr() net.Addr {
-	if c.s != nil {
+	if c.s != nil && c.w == nil {
 		return c.s.LocalAddr()
 	}
 	return c.tcp.LocalAddr()
@@ -250,7 +292,7 @@ func (c *Conn) LocalAddr() net.Addr {
 
 // RemoteAddr returns the remote address of the bootstrap TCP connection.
 func (c *Conn) RemoteAddr() net.Addr {
-	if c.s != nil {
+	if c.s != nil && c.w == nil {
 		return c.s.RemoteAddr()
 	}
 	return c.tcp.RemoteAddr()
@@ -258,6 +300,9 @@ func (c *Conn) RemoteAddr() net.Addr {
 
 // SetDeadline implements net.Conn.
 func (c *Conn) SetDeadline(t time.Time) error {
+	if c.w != nil {
+		return c.opError("set", c.w.setDeadline(t, true, true))
+	}
 	if c.s != nil {
 		return c.opError("set", c.s.SetDeadline(t))
 	}
@@ -266,6 +311,9 @@ func (c *Conn) SetDeadline(t time.Time) error {
 
 // SetReadDeadline implements net.Conn.
 func (c *Conn) SetReadDeadline(t time.Time) error {
+	if c.w != nil {
+		return c.opError("set", c.w.setDeadline(t, true, false))
+	}
 	if c.s != nil {
 		return c.opError("set", c.s.SetReadDeadline(t))
 	}
@@ -274,6 +322,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 
 // SetWriteDeadline implements net.Conn.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if c.w != nil {
+		return c.opError("set", c.w.setDeadline(t, false, true))
+	}
 	if c.s != nil {
 		return c.opError("set", c.s.SetWriteDeadline(t))
 	}
@@ -283,7 +334,7 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 // ReadFrom implements io.ReaderFrom. On the TCP transport it uses the
 // kernel's splice and sendfile paths, as *net.TCPConn does.
 func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
-	if c.s == nil {
+	if c.s == nil && c.w == nil {
 		n, err := c.tcp.ReadFrom(r)
 		c.bytesWritten.Add(uint64(n))
 		if n > 0 {
@@ -300,6 +351,13 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 // from the connection copies once, into w, instead of twice); as with any
 // io.Writer, w must not keep the slices it is given.
 func (c *Conn) WriteTo(w io.Writer) (int64, error) {
+	if c.w != nil {
+		n, rerr, werr := c.w.writeTo(w)
+		if werr != nil {
+			return n, werr
+		}
+		return n, c.opError("read", rerr)
+	}
 	if c.s != nil {
 		n, rerr, werr := c.s.CopyTo(w)
 		if werr != nil {

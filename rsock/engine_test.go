@@ -49,7 +49,7 @@ func echoRounds(t *testing.T, pairs [][2]*Conn, rounds, size int) {
 			buf := make([]byte, size)
 			for range rounds {
 				if _, err := io.ReadFull(s, buf); err != nil {
-					errs <- fmt.Errorf("pair %d: server read: %w (%s)", i, err, s.s.DebugState())
+					errs <- fmt.Errorf("pair %d: server read: %w (%s)", i, err, s.ring().DebugState())
 					return
 				}
 				if _, err := s.Write(buf); err != nil {
@@ -69,7 +69,7 @@ func echoRounds(t *testing.T, pairs [][2]*Conn, rounds, size int) {
 					return
 				}
 				if _, err := io.ReadFull(c, in); err != nil {
-					errs <- fmt.Errorf("pair %d round %d: client read: %w (%s)", i, r, err, c.s.DebugState())
+					errs <- fmt.Errorf("pair %d round %d: client read: %w (%s)", i, r, err, c.ring().DebugState())
 					return
 				}
 				if !bytes.Equal(in, out) {

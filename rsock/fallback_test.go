@@ -54,12 +54,33 @@ func pipe(t testing.TB, ln *Listener, cfg *Config) (client, server *Conn) {
 	select {
 	case r := <-ch:
 		require.NoError(t, r.err)
+		awaitSettled(t, c.(*Conn), r.c.(*Conn))
 		return c.(*Conn), r.c.(*Conn)
 	case <-time.After(time.Minute):
 		c.Close()
 		info, _ := InfoOf(c)
 		t.Fatalf("dialled, but nothing accepted within a minute (client: %+v)", info)
 		return nil, nil
+	}
+}
+
+// awaitSettled waits until a switching connection's upgrade has run its
+// course on both ends (the client's end decides whether there is one), so
+// that tests of a transport's data path run on it.
+func awaitSettled(t testing.TB, c, s *Conn) {
+	t.Helper()
+	for _, x := range []*Conn{c, s} {
+		if x.w == nil {
+			continue
+		}
+		select {
+		case <-x.w.settled:
+		case <-time.After(time.Minute):
+			t.Fatalf("the upgrade did not settle within a minute: %+v", x.Info())
+		}
+		if x == c && x.Info().Transport == "tcp" {
+			return // no ring: the server's end may never hear of an upgrade
+		}
 	}
 }
 

@@ -302,6 +302,9 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: client opened with %v, want hello", msg.Type())
 	}
+	if hello.Flags&handshake.FlagSwitch != 0 && !s.noSwitch {
+		return s.serveSwitch(l, raw, hello)
+	}
 	select {
 	case l.setups <- struct{}{}:
 		defer func() { <-l.setups }()

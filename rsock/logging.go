@@ -87,3 +87,10 @@ func (s *settings) logConn(c *Conn, side string) {
 		slog.String("side", side), slog.String("code", l.code), slog.String("transport", l.transport),
 		slog.String("reason", l.reason), slog.String("peer", c.RemoteAddr().String()))
 }
+
+// logReset records a switching connection that ends in a reset while on
+// TCP (a ring logs its own, through the stream's logger).
+func (s *settings) logReset(c *Conn, err error) {
+	s.log.LogAttrs(context.Background(), slog.LevelWarn, "rsock: connection reset",
+		slog.String("transport", c.label.Load().transport), slog.String("reason", err.Error()), slog.String("peer", c.RemoteAddr().String()))
+}

@@ -313,6 +313,9 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 	if len(names) == 0 {
 		return s.nothingToOffer(network, raw, why)
 	}
+	if s.upgradeAfter >= 0 {
+		return s.dialSwitch(ctx, network, raw, names)
+	}
 	// The magic goes out at once, so the listener classifies us as an
 	// rsock client however long preparing the endpoints takes.
 	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
@@ -363,42 +366,10 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		raw.Close()
 		return nil, helloWriteError(ctx, err)
 	}
-	// The server's answer must start with the magic within ProbeTimeout;
-	// the whole handshake ends at ctx's deadline (HandshakeTimeout).
-	end, bounded := ctx.Deadline()
-	probeEnd := time.Now().Add(s.probe)
-	if bounded && end.Before(probeEnd) {
-		probeEnd = end
-	}
-	_ = raw.SetReadDeadline(probeEnd)
-	var head [len(handshake.Magic)]byte
-	n, err := readFull(raw, head[:])
-	if err != nil || !handshake.MatchesMagicPrefix(head[:n]) {
-		closeAll(nil)
-		raw.Close()
-		switch {
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
-		case n > 0 && !handshake.MatchesMagicPrefix(head[:n]):
-			return nil, &notRsockError{"its reply does not start with the rsock magic"}
-		case isTimeout(err):
-			return nil, &redialError{CodeNoAnswer, fmt.Sprintf("server did not answer within %v", s.probe)}
-		default:
-			return nil, &redialError{CodeNoAnswer, fmt.Sprintf("connection ended before the server answered: %v", err)}
-		}
-	}
-	_ = raw.SetReadDeadline(end) // zero (none) if ctx has no deadline
-	msg, err := handshake.ReadAfterMagic(raw)
+	msg, err := s.readAnswer(ctx, raw)
 	if err != nil {
 		closeAll(nil)
-		raw.Close()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if isTimeout(err) {
-			return nil, fmt.Errorf("rsock: the server's answer did not arrive within the handshake timeout: %w", os.ErrDeadlineExceeded)
-		}
-		return nil, &redialError{CodeNoAnswer, fmt.Sprintf("the server's answer did not parse: %v", err)}
+		return nil, err
 	}
 	switch m := msg.(type) {
 	case *handshake.Hello:
@@ -454,6 +425,106 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		return s.start(network, raw, ep, name, m.Ring)
 	default:
 		closeAll(nil)
+		raw.Close()
+		return nil, &notRsockError{fmt.Sprintf("it answered with %v", msg.Type())}
+	}
+}
+
+// readAnswer reads the server's answer to the hello: its first 8 bytes
+// must be the magic within ProbeTimeout, the rest of the frame arrives
+// within ctx's deadline. On an error raw is closed, and the error says
+// whether the server answered as a plain server (*notRsockError) or not
+// usefully (*redialError).
+func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.Message, error) {
+	end, bounded := ctx.Deadline()
+	probeEnd := time.Now().Add(s.probe)
+	if bounded && end.Before(probeEnd) {
+		probeEnd = end
+	}
+	_ = raw.SetReadDeadline(probeEnd)
+	var head [len(handshake.Magic)]byte
+	n, err := readFull(raw, head[:])
+	if err != nil || !handshake.MatchesMagicPrefix(head[:n]) {
+		raw.Close()
+		switch {
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case n > 0 && !handshake.MatchesMagicPrefix(head[:n]):
+			return nil, &notRsockError{"its reply does not start with the rsock magic"}
+		case isTimeout(err):
+			return nil, &redialError{CodeNoAnswer, fmt.Sprintf("server did not answer within %v", s.probe)}
+		default:
+			return nil, &redialError{CodeNoAnswer, fmt.Sprintf("connection ended before the server answered: %v", err)}
+		}
+	}
+	_ = raw.SetReadDeadline(end) // zero (none) if ctx has no deadline
+	msg, err := handshake.ReadAfterMagic(raw)
+	if err != nil {
+		raw.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if isTimeout(err) {
+			return nil, fmt.Errorf("rsock: the server's answer did not arrive within the handshake timeout: %w", os.ErrDeadlineExceeded)
+		}
+		return nil, &redialError{CodeNoAnswer, fmt.Sprintf("the server's answer did not parse: %v", err)}
+	}
+	return msg, nil
+}
+
+// dialSwitch is the client's handshake on the switching protocol: magic
+// and Hello in one write, no endpoint prepared; a switching server's
+// Upgrade makes a Conn on TCP that upgrades later (upgrade.go).
+func (s *settings) dialSwitch(ctx context.Context, network string, raw *net.TCPConn, names []string) (*Conn, error) {
+	frame, err := handshake.Append(nil, switchHello(names))
+	if err == nil {
+		_, err = raw.Write(frame)
+	}
+	if err != nil {
+		raw.Close()
+		return nil, helloWriteError(ctx, err)
+	}
+	registry.probes.Add(1)
+	msg, err := s.readAnswer(ctx, raw)
+	if err != nil {
+		return nil, err
+	}
+	switch m := msg.(type) {
+	case *handshake.Upgrade:
+		var ts []handshake.Transport
+		for _, t := range m.Transports {
+			if indexOffer(switchHello(names).Offers, t) >= 0 {
+				ts = append(ts, t)
+			}
+		}
+		reason := fmt.Sprintf("on TCP until the upgrade (after %v or %d bytes)", s.upgradeAfter, s.upgradeBytes)
+		if len(ts) == 0 {
+			reason = "the server takes none of the transports offered here"
+			if !s.fallback {
+				raw.Close()
+				return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
+			}
+		}
+		return s.switchConn(network, raw, nil, ts, reason), nil
+	case *handshake.Decline:
+		// A version-1 server declines offers without rings.
+		reason := fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason)
+		if m.Code == handshake.DeclineVersion {
+			raw.Close()
+			return nil, &redialError{CodeDeclined, reason}
+		}
+		if !s.fallback {
+			raw.Close()
+			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
+		}
+		return plainConn(network, raw, nil, CodeDeclined, true, reason), nil
+	case *handshake.Hello:
+		raw.Close()
+		return nil, &notRsockError{"it echoed the hello"}
+	case *handshake.Accept:
+		raw.Close()
+		return nil, &redialError{CodeNoAnswer, "the server accepted an offer without a ring"}
+	default:
 		raw.Close()
 		return nil, &notRsockError{fmt.Sprintf("it answered with %v", msg.Type())}
 	}

@@ -32,10 +32,11 @@ const (
 	CodeConnectFail  = "connect-failed" // the agreed transport could not be connected
 	CodePlainClient  = "plain-client"   // listener: the client does not speak rsock
 	CodeClientGaveUp = "client-gave-up" // listener: the client could not connect the accepted transport
+	CodeUpgrading    = "upgrading"      // on TCP until the ring is set up (switching protocol); then CodeAgreed
 )
 
 // codes lists every code, for Totals.
-var codes = []string{CodeAgreed, CodeTCPOnly, CodePlainServer, CodeNoAnswer, CodeNothingHere, CodeDeclined, CodeConnectFail, CodePlainClient, CodeClientGaveUp}
+var codes = []string{CodeAgreed, CodeTCPOnly, CodePlainServer, CodeNoAnswer, CodeNothingHere, CodeDeclined, CodeConnectFail, CodePlainClient, CodeClientGaveUp, CodeUpgrading}
 
 // transports lists the transports Totals counts.
 var transports = []string{"verbs", "shm", "tcp", "sim"}
@@ -200,8 +201,8 @@ func Connections() []ConnState {
 	out := make([]ConnState, 0, len(all))
 	for _, c := range all {
 		st := ConnState{ConnInfo: c.Info(), LocalAddr: c.LocalAddr().String(), RemoteAddr: c.RemoteAddr().String(), Since: c.born}
-		if c.s != nil {
-			st.RingReadable, st.RingSize = c.s.Occupancy()
+		if r := c.ring(); r != nil {
+			st.RingReadable, st.RingSize = r.Occupancy()
 		}
 		out = append(out, st)
 	}

@@ -128,7 +128,7 @@ func (s *shmSvc) handle(c *Conn) {
 	defer s.conns.Add(-1)
 	defer c.Close()
 	if TransportOf(c) == "shm" {
-		info := c.s.QP().Info()
+		info := c.ring().QP().Info()
 		s.mu.Lock()
 		s.lastInfo = info
 		s.mu.Unlock()
@@ -522,7 +522,7 @@ func dumpStates(conns []*Conn) string {
 	var b strings.Builder
 	for i, c := range conns {
 		if c != nil {
-			fmt.Fprintf(&b, "\nconn %d: %s", i, c.s.DebugState())
+			fmt.Fprintf(&b, "\nconn %d: %s", i, c.ring().DebugState())
 		}
 	}
 	return b.String()
@@ -897,7 +897,7 @@ func killTrial(t *testing.T, server bool, cmd byte, trial int) time.Duration {
 	select {
 	case r = <-done:
 	case <-time.After(30 * time.Second):
-		t.Fatalf("blocked call not failed 30 s after SIGKILL: %s", c.s.DebugState())
+		t.Fatalf("blocked call not failed 30 s after SIGKILL: %s", c.ring().DebugState())
 	}
 	lat := r.at.Sub(t0)
 	var reaped time.Duration
@@ -1122,7 +1122,7 @@ func TestShmRendezvousIsolation(t *testing.T) {
 	name, used := h.lastInfo(t)
 	require.True(t, strings.HasPrefix(name, fmt.Sprintf("@rsock-shm-%d-", h.cmd.Process.Pid)), "name %q", name)
 	require.Equal(t, []string{name}, rendezvousListeners(t, h.cmd.Process.Pid))
-	peerPID, _ := c.s.QP().(*shm.QP).PeerCred()
+	peerPID, _ := c.ring().QP().(*shm.QP).PeerCred()
 	require.Equal(t, h.cmd.Process.Pid, peerPID)
 
 	// Data flows on the real connection the whole time.
@@ -1176,7 +1176,7 @@ func TestShmRendezvousIsolation(t *testing.T) {
 
 	// The process of the real client was never involved: this process's
 	// own rendezvous listener (started by its QP) refuses strangers too.
-	ourName, _ := parseShmInfo(t, c.s.QP().Info())
+	ourName, _ := parseShmInfo(t, c.ring().QP().Info())
 	ours0 := shm.Stats().Refused
 	res = runIntruder(t, ourName, "wrong-secret", nil)
 	assert.True(t, strings.HasPrefix(res, "refused"), "our listener: %s", res)
@@ -1188,7 +1188,7 @@ func TestShmRendezvousIsolation(t *testing.T) {
 	case err := <-flow:
 		require.NoError(t, err, "the real connection was disturbed")
 	case <-time.After(time.Minute):
-		t.Fatalf("the real connection hung: %s", c.s.DebugState())
+		t.Fatalf("the real connection hung: %s", c.ring().DebugState())
 	}
 	require.NoError(t, echoDuplex(c, 1<<20, 99))
 	assert.Positive(t, rounds.Load())
@@ -1562,17 +1562,17 @@ func TestShmOpenCloseNoLeaks(t *testing.T) {
 		_ = c.SetDeadline(time.Now().Add(time.Minute))
 		b := []byte{byte(i)}
 		if _, err := c.Write(b); err != nil {
-			return fmt.Errorf("cycle %d: writing: %w (%s)", i, err, c.s.DebugState())
+			return fmt.Errorf("cycle %d: writing: %w (%s)", i, err, c.ring().DebugState())
 		}
 		if _, err := io.ReadFull(c, b); err != nil || b[0] != byte(i) {
-			return fmt.Errorf("cycle %d: echo %v, %v (%s)", i, b, err, c.s.DebugState())
+			return fmt.Errorf("cycle %d: echo %v, %v (%s)", i, b, err, c.ring().DebugState())
 		}
 		if i%2 == 1 { // the helper closes first
 			if err := c.CloseWrite(); err != nil {
 				return fmt.Errorf("cycle %d: CloseWrite: %w", i, err)
 			}
 			if _, err := c.Read(b); err != io.EOF {
-				return fmt.Errorf("cycle %d: after the helper's close: %v, want EOF (%s)", i, err, c.s.DebugState())
+				return fmt.Errorf("cycle %d: after the helper's close: %v, want EOF (%s)", i, err, c.ring().DebugState())
 			}
 		}
 		if err := c.Close(); err != nil {
@@ -1699,7 +1699,7 @@ func TestShmWriteCompletedThenPeerCloses(t *testing.T) {
 					case <-stop:
 						return
 					default:
-						_ = c.s.DebugState()
+						_ = c.ring().DebugState()
 					}
 				}
 			}()
@@ -1711,7 +1711,7 @@ func TestShmWriteCompletedThenPeerCloses(t *testing.T) {
 		_, rerr := io.ReadFull(c, b[:])
 		if werr != nil && rerr == nil && b[0] == 42 {
 			// The helper echoed the byte: it had it, and then closed.
-			failures = append(failures, fmt.Sprintf("cycle %d: Write returned (%d, %v), but the peer had read the byte and echoed it; state %s", cycles, n, werr, c.s.DebugState()))
+			failures = append(failures, fmt.Sprintf("cycle %d: Write returned (%d, %v), but the peer had read the byte and echoed it; state %s", cycles, n, werr, c.ring().DebugState()))
 		}
 		c.Close()
 	}

@@ -210,7 +210,7 @@ func TestSimCloseUnblocksAndErrClosed(t *testing.T) {
 		errc <- err
 	}()
 	// Close while the Read waits (not before it started).
-	require.Eventually(t, func() bool { return c.s.Waiting() == 1 }, 5*time.Second, 100*time.Microsecond)
+	require.Eventually(t, func() bool { return c.ring().Waiting() == 1 }, 5*time.Second, 100*time.Microsecond)
 	require.NoError(t, c.Close())
 	select {
 	case err := <-errc:
@@ -259,7 +259,7 @@ func TestSimQPErrorUnblocksBothSides(t *testing.T) {
 	}()
 	// Mid-stream: bytes have arrived.
 	require.Eventually(t, func() bool { return s.Info().BytesRead > 0 }, 5*time.Second, 100*time.Microsecond)
-	c.s.QP().(*sim.QP).ForceError()
+	c.ring().QP().(*sim.QP).ForceError()
 	err := waitErr(t, wr, "client Write")
 	assert.ErrorIs(t, err, syscall.ECONNRESET)
 	// The server learns through the bootstrap connection.
@@ -284,7 +284,7 @@ func TestSimPeerVanishes(t *testing.T) {
 	_, _ = c.Write([]byte("some data"))
 	// The peer process dies: its bootstrap socket closes with no goodbye
 	// and its queue pair stops answering.
-	c.s.QP().(*sim.QP).Stall(true)
+	c.ring().QP().(*sim.QP).Stall(true)
 	boot := c.tcp
 	boot.SetLinger(0)
 	boot.Close()
@@ -293,7 +293,7 @@ func TestSimPeerVanishes(t *testing.T) {
 	assert.Contains(t, err.Error(), "vanished")
 	err = waitErr(t, wr, "server Write")
 	assert.Error(t, err)
-	c.s.QP().(*sim.QP).Stall(false)
+	c.ring().QP().(*sim.QP).Stall(false)
 	c.Close()
 }
 
@@ -301,7 +301,7 @@ func TestSimStalledPeerWriteDeadline(t *testing.T) {
 	c, s := simPipe(t, &Config{Transports: []string{"sim"}, RingSize: 4096, Credits: 4})
 	defer c.Close()
 	defer s.Close()
-	s.s.QP().(*sim.QP).Stall(true)
+	s.ring().QP().(*sim.QP).Stall(true)
 	require.NoError(t, c.SetWriteDeadline(time.Now().Add(100*time.Millisecond)))
 	n, err := c.Write(make([]byte, 64<<10))
 	assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
@@ -310,7 +310,7 @@ func TestSimStalledPeerWriteDeadline(t *testing.T) {
 	assert.True(t, ne.Timeout())
 	assert.Less(t, n, 64<<10)
 	// Un-stall; the conn stays usable: the written prefix arrives intact.
-	s.s.QP().(*sim.QP).Stall(false)
+	s.ring().QP().(*sim.QP).Stall(false)
 	require.NoError(t, c.SetWriteDeadline(time.Time{}))
 	got := make([]byte, n)
 	_, err = io.ReadFull(s, got)
@@ -325,7 +325,7 @@ func inject(t *testing.T, c *Conn, m ring.Msg) {
 	t.Helper()
 	var b [ring.MsgLen]byte
 	m.Marshal(b[:])
-	require.NoError(t, c.s.QP().PostSend(&verbs.SendWR{Op: verbs.OpSend, Inline: b[:], Signaled: true}))
+	require.NoError(t, c.ring().QP().PostSend(&verbs.SendWR{Op: verbs.OpSend, Inline: b[:], Signaled: true}))
 }
 
 func TestSimHostilePeerCursors(t *testing.T) {
@@ -347,7 +347,7 @@ func TestSimHostilePeerCursors(t *testing.T) {
 			if name == "unknown version" {
 				b := make([]byte, ring.MsgLen)
 				b[0] = 99
-				require.NoError(t, c.s.QP().PostSend(&verbs.SendWR{Op: verbs.OpSend, Inline: b}))
+				require.NoError(t, c.ring().QP().PostSend(&verbs.SendWR{Op: verbs.OpSend, Inline: b}))
 			} else {
 				if m.Posted == 0 {
 					m.Posted = DefaultCredits

@@ -53,7 +53,7 @@ func TestRepeatedFutureTimeout(t *testing.T) {
 		select {
 		case <-got:
 		case <-time.After(10 * time.Second):
-			t.Fatalf("iteration %d hung\nc1: %s\nc2: %s", i, c1.s.DebugState(), c2.s.DebugState())
+			t.Fatalf("iteration %d hung\nc1: %s\nc2: %s", i, c1.ring().DebugState(), c2.ring().DebugState())
 		}
 		<-wdone
 		c.Close()

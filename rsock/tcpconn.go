@@ -62,6 +62,9 @@ func (c *Conn) SetWriteBuffer(bytes int) error {
 // with sec == 0 Close aborts: the peer's calls fail with a reset (an error
 // matching syscall.ECONNRESET), and bytes it has not read are lost.
 func (c *Conn) SetLinger(sec int) error {
+	if c.w != nil {
+		return c.opError("set", c.w.setLinger(sec))
+	}
 	if c.s != nil {
 		return c.opError("set", c.s.SetLinger(sec))
 	}
@@ -84,7 +87,7 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) {
 // socket is the TCP connection under c: its own or its bootstrap's. On a
 // ring it fails once the Conn is closed.
 func (c *Conn) socket() (*net.TCPConn, error) {
-	if c.s != nil && c.closed.Load() {
+	if (c.s != nil || c.w != nil) && c.closed.Load() {
 		return nil, c.opError("set", net.ErrClosed)
 	}
 	return c.tcp, nil

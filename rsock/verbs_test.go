@@ -181,7 +181,7 @@ func TestVerbsPeerQPDestroyed(t *testing.T) {
 		readErr <- err
 	}()
 	time.Sleep(200 * time.Millisecond) // mid-stream
-	require.NoError(t, s.s.QP().Close())
+	require.NoError(t, s.ring().QP().Close())
 
 	guard := time.After(60 * time.Second) // a hang guard, not a timing assertion
 	for i, ch := range []chan error{readErr, writeErr} {

@@ -1,0 +1,189 @@
+package rsock
+
+import (
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	pool "github.com/libp2p/go-buffer-pool"
+
+	"github.com/rdmanet/rdmanet/internal/deadline"
+	"github.com/rdmanet/rdmanet/internal/handshake"
+)
+
+// sendQueue bounds the Data bytes a switching connection queues for its
+// bootstrap socket beyond what the kernel took, as a socket's send buffer
+// does: a Write waits (deadline permitting) while it is full.
+const sendQueue = 256 << 10
+
+// sender writes a switching connection's frames (Data and control) on its
+// bootstrap TCP connection. Callers queue whole frames; one goroutine at a
+// time, started when there is work, writes them with no deadline, so a
+// frame is never cut short by a Write's deadline (which would break the
+// framing for good). Deadlines bound only the wait for queue room.
+type sender struct {
+	raw *net.TCPConn
+
+	mu      sync.Mutex
+	q       net.Buffers   // frames not yet written, in order (pooled)
+	queued  int           // bytes of q
+	sent    uint64        // Data payload bytes queued so far: the stream cursor on TCP
+	running bool          // a goroutine is writing
+	closing bool          // finish was called: no more frames
+	err     error         // the socket failed; set once
+	room    chan struct{} // cap 1: the queue shrank
+	idle    chan struct{} // cap 1: the goroutine stopped with the queue empty
+}
+
+func newSender(raw *net.TCPConn) *sender {
+	return &sender{raw: raw, room: make(chan struct{}, 1), idle: make(chan struct{}, 1)}
+}
+
+// queueLocked appends frame and makes sure a goroutine writes it.
+func (s *sender) queueLocked(frame []byte) {
+	s.q = append(s.q, frame)
+	s.queued += len(frame)
+	if !s.running {
+		s.running = true
+		go s.run()
+	}
+}
+
+// run writes queued frames until the queue is empty or the socket fails.
+func (s *sender) run() {
+	for {
+		s.mu.Lock()
+		if len(s.q) == 0 || s.err != nil {
+			s.running = false
+			s.mu.Unlock()
+			wake(s.idle)
+			return
+		}
+		bufs := s.q
+		s.q = nil
+		s.mu.Unlock()
+		all := append(make([][]byte, 0, len(bufs)), bufs...)
+		n, err := bufs.WriteTo(s.raw)
+		for _, b := range all {
+			pool.Put(b)
+		}
+		s.mu.Lock()
+		s.queued -= int(n)
+		if err != nil && s.err == nil {
+			s.err = err
+		}
+		s.mu.Unlock()
+		wake(s.room)
+	}
+}
+
+// send queues a control frame; it fails only once the socket has failed or
+// finish was called.
+func (s *sender) send(m handshake.Message) error {
+	frame, err := handshake.Append(pool.Get(512)[:0], m)
+	if err != nil {
+		pool.Put(frame)
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil || s.closing {
+		pool.Put(frame)
+		return s.failureLocked()
+	}
+	s.queueLocked(frame)
+	return nil
+}
+
+// sendAt queues a control frame made from the Data cursor at this moment
+// (so no Data frame can slip between reading the cursor and queueing).
+func (s *sender) sendAt(m func(cursor uint64) handshake.Message) (uint64, error) {
+	s.mu.Lock()
+	cursor := s.sent
+	s.mu.Unlock()
+	return cursor, s.send(m(cursor))
+}
+
+// failureLocked is the error of a sender that takes no more frames.
+func (s *sender) failureLocked() error {
+	if s.err != nil {
+		return s.err
+	}
+	return net.ErrClosed
+}
+
+// data queues b as Data frames. It waits for room while sendQueue bytes
+// are queued, until dl passes or done is closed, and returns how many
+// bytes of b it queued.
+func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (int, error) {
+	n := 0
+	for n < len(b) {
+		s.mu.Lock()
+		for s.queued >= sendQueue && s.err == nil && !s.closing {
+			s.mu.Unlock()
+			select {
+			case <-s.room:
+			case <-dl.Wait():
+				return n, os.ErrDeadlineExceeded
+			case <-done:
+				return n, net.ErrClosed
+			}
+			s.mu.Lock()
+		}
+		if s.err != nil || s.closing {
+			err := s.failureLocked()
+			s.mu.Unlock()
+			return n, err
+		}
+		k := min(len(b)-n, handshake.MaxData)
+		frame := pool.Get(handshake.HeaderLen + k)
+		handshake.PutDataHeader((*[handshake.HeaderLen]byte)(frame), k)
+		copy(frame[handshake.HeaderLen:], b[n:n+k])
+		s.sent += uint64(k)
+		s.queueLocked(frame)
+		s.mu.Unlock()
+		n += k
+	}
+	return n, nil
+}
+
+func (s *sender) busy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running
+}
+
+// cursor returns the Data bytes queued so far.
+func (s *sender) cursor() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sent
+}
+
+// finish takes no more frames, waits at most wait for the queued ones to
+// be written, and closes the socket.
+func (s *sender) finish(wait time.Duration) {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for s.busy() {
+		select {
+		case <-s.idle:
+		case <-t.C:
+			_ = s.raw.Close()
+			return
+		}
+	}
+	_ = s.raw.Close()
+}
+
+// wake signals ch (capacity 1) without blocking.
+func wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,765 @@
+package rsock
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	pool "github.com/libp2p/go-buffer-pool"
+
+	"github.com/rdmanet/rdmanet/internal/deadline"
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/stream"
+)
+
+// recvQueue bounds the Data bytes a switching connection holds for Read;
+// past it the reader stops reading the socket, and TCP's own flow control
+// holds the peer back.
+const recvQueue = 256 << 10
+
+// swConn is a Conn on the switching protocol (docs/protocol.md §5). It
+// starts on its bootstrap TCP connection, the stream carried in Data
+// frames, and each direction moves to a ring (verbs or shm) at an exact
+// stream cursor once the ring is ready: the sender queues Switch{X} behind
+// its last Data frame and writes into the ring from then on; the receiver
+// reads Data up to X, then the ring. One goroutine reads the socket
+// (readLoop); a sender writes it.
+type swConn struct {
+	c      *Conn
+	set    *settings
+	raw    *net.TCPConn
+	client bool
+	ln     *Listener // server: whose endpoint setups this counts against
+	out    *sender
+	done   chan struct{} // closed by Close
+	rdl    deadline.Deadline
+	wdl    deadline.Deadline
+
+	// Send direction: wmu is held by a Write for its whole call, by
+	// CloseWrite and by the switch, and guards wring and wfin.
+	wmu   sync.Mutex
+	wring *stream.Conn // the ring our sending moved to, or nil
+	wfin  bool         // CloseWrite while sending on TCP
+
+	// rmu is held by a Read for its whole call: one waits at a time.
+	rmu   sync.Mutex
+	rnote chan struct{} // cap 1: wakes the waiting Read
+	space chan struct{} // cap 1: wakes the reader waiting for queue room
+
+	transports []handshake.Transport // client: what the server takes, in our order
+	upStarted  atomic.Bool           // the client's upgrade has begun (kick)
+	upTimer    *time.Timer
+	moved     atomic.Uint64 // bytes read and written on TCP, for the policy
+
+	bytesRead, bytesWritten, writes atomic.Uint64 // on TCP; the ring counts its own
+
+	mu        sync.Mutex // guards what follows
+	rq        [][]byte   // Data payloads not yet read (pooled); rq[0] from roff
+	roff      int
+	rqLen     int
+	rcvd      uint64 // Data bytes received: the peer's stream cursor on TCP
+	switched  bool   // the peer's Switch came, at rcvd: its bytes are in the ring
+	eof       bool   // the peer's Fin, or its goodbye while sending on TCP
+	gone      bool   // the peer's goodbye: writes fail
+	err       error  // the connection failed; set once
+	rclosed   bool   // CloseRead
+	closed    bool   // Close
+	ring      *stream.Conn
+	agreed    bool                   // an Accept and Confirm{0} set up ring: the peer may switch
+	upgrading bool                   // an offer is being answered (server) or awaits its answer (client)
+	upDone    chan struct{}          // server: closed when the upgrade in progress ends
+	answers   chan handshake.Message // the peer's Accept or Decline (client), Confirm (server)
+	rdlT      time.Time
+	wdlT      time.Time
+	linger    *int
+	log       []SwitchEvent
+	sendOn    bool          // our sending moved to the ring (mirrors wring)
+	sendDone  bool          // CloseWrite on TCP (mirrors wfin)
+	stayed    bool          // the upgrade ended without a ring
+	settled   chan struct{} // closed once no direction will move any more (settleLocked)
+	goodbye   sync.Once
+}
+
+// SwitchEvent is one move of a direction of a connection between TCP and
+// a ring, or an upgrade that did not happen (From == To).
+type SwitchEvent struct {
+	At        time.Time
+	Direction string // "send" or "receive"; "" for an upgrade that failed
+	From, To  string // transports
+	Cause     string
+}
+
+func newSwConn(c *Conn, s *settings, raw *net.TCPConn, client bool) *swConn {
+	w := &swConn{
+		c: c, set: s, raw: raw, client: client,
+		out:     newSender(raw),
+		done:    make(chan struct{}),
+		rnote:   make(chan struct{}, 1),
+		space:   make(chan struct{}, 1),
+		answers: make(chan handshake.Message, 1),
+		settled: make(chan struct{}),
+	}
+	w.rdl.Init()
+	w.wdl.Init()
+	return w
+}
+
+// start runs the reader and, on the client, arms the upgrade policy.
+func (w *swConn) start(transports []handshake.Transport) {
+	w.transports = transports
+	go w.readLoop()
+	if !w.client || len(transports) == 0 {
+		return
+	}
+	w.mu.Lock()
+	w.upTimer = time.AfterFunc(w.set.upgradeAfter, w.kick)
+	w.mu.Unlock()
+}
+
+// kick starts the client's upgrade, once.
+func (w *swConn) kick() {
+	if w.client && len(w.transports) > 0 && w.upStarted.CompareAndSwap(false, true) {
+		go w.clientUpgrade()
+	}
+}
+
+// counted notes n bytes moved on TCP and starts the upgrade once the
+// policy's byte count is reached.
+func (w *swConn) counted(n int) {
+	if n > 0 && w.moved.Add(uint64(n)) >= uint64(w.set.upgradeBytes) && !w.upStarted.Load() {
+		w.kick()
+	}
+}
+
+// Read implements net.Conn.Read for a switching connection.
+func (w *swConn) Read(b []byte) (int, error) {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	for {
+		w.mu.Lock()
+		switch {
+		case w.closed:
+			w.mu.Unlock()
+			return 0, net.ErrClosed
+		case w.rqLen > 0 && !w.rclosed:
+			n := w.takeLocked(b)
+			w.mu.Unlock()
+			w.bytesRead.Add(uint64(n))
+			w.counted(n)
+			return n, nil
+		case w.rclosed:
+			w.mu.Unlock()
+			return 0, io.EOF
+		case w.switched:
+			r := w.ring
+			w.mu.Unlock()
+			return r.Read(b)
+		case w.eof:
+			w.mu.Unlock()
+			return 0, io.EOF
+		case w.err != nil:
+			err := w.err
+			w.mu.Unlock()
+			return 0, err
+		}
+		w.mu.Unlock()
+		if len(b) == 0 {
+			return 0, nil
+		}
+		if w.rdl.Expired() {
+			return 0, os.ErrDeadlineExceeded
+		}
+		select {
+		case <-w.rnote:
+		case <-w.rdl.Wait():
+		case <-w.done:
+		}
+	}
+}
+
+// takeLocked copies queued Data into b.
+func (w *swConn) takeLocked(b []byte) int {
+	n := 0
+	for n < len(b) && len(w.rq) > 0 {
+		k := copy(b[n:], w.rq[0][w.roff:])
+		n += k
+		w.roff += k
+		if w.roff == len(w.rq[0]) {
+			pool.Put(w.rq[0])
+			w.rq[0] = nil
+			w.rq = w.rq[1:]
+			w.roff = 0
+		}
+	}
+	before := w.rqLen
+	w.rqLen -= n
+	if before >= recvQueue && w.rqLen < recvQueue {
+		wake(w.space)
+	}
+	return n
+}
+
+// dropQueueLocked frees the queued Data (Close, CloseRead).
+func (w *swConn) dropQueueLocked() {
+	for _, b := range w.rq {
+		pool.Put(b)
+	}
+	w.rq, w.roff, w.rqLen = nil, 0, 0
+	wake(w.space)
+}
+
+// Write implements net.Conn.Write for a switching connection. On TCP it
+// returns once b is queued for the socket (sender); it moves to the ring
+// between chunks as soon as the ring is ready.
+func (w *swConn) Write(b []byte) (int, error) {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	n := 0
+	for {
+		w.switchLocked()
+		if w.wring != nil {
+			k, err := w.wring.Write(b[n:])
+			return n + k, err
+		}
+		if err := w.writeErr(); err != nil {
+			return n, err
+		}
+		if n == len(b) {
+			return n, nil
+		}
+		if w.wdl.Expired() {
+			return n, os.ErrDeadlineExceeded
+		}
+		// A chunk at a time, so that a long Write moves to the ring as
+		// soon as it is ready.
+		end := min(len(b), n+handshake.MaxData)
+		k, err := w.out.data(b[n:end], &w.wdl, w.done)
+		n += k
+		w.bytesWritten.Add(uint64(k))
+		if n == len(b) && k > 0 {
+			w.writes.Add(1)
+		}
+		w.counted(k)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) && !w.isClosed() {
+				err = w.writeErr()
+			}
+			return n, err
+		}
+	}
+}
+
+// writeErr is why a Write on TCP cannot go on, or nil.
+func (w *swConn) writeErr() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.closed:
+		return net.ErrClosed
+	case w.err != nil:
+		return w.err
+	case w.wfin || w.gone:
+		return stream.ErrBrokenPipe
+	}
+	return nil
+}
+
+func (w *swConn) isClosed() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.closed
+}
+
+// switchLocked moves the sending to the ring if it is ready: Switch goes
+// behind the last Data frame, and later bytes into the ring. wmu is held.
+func (w *swConn) switchLocked() {
+	if w.wring != nil || w.wfin {
+		return
+	}
+	w.mu.Lock()
+	r := w.ring
+	ok := r != nil && !w.closed && w.err == nil
+	w.mu.Unlock()
+	if !ok {
+		return
+	}
+	x, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Switch{Cursor: x} })
+	if err != nil {
+		return // the socket failed: the Write reports it
+	}
+	w.wring = r
+	w.note("send", "tcp", w.c.label.Load().transport, fmt.Sprintf("ring ready at stream byte %d", x))
+	w.mu.Lock()
+	w.sendOn = true
+	w.settleLocked()
+	w.mu.Unlock()
+}
+
+// settleLocked closes settled once nothing will move any more: each
+// direction is on the ring or finished, or the upgrade ended without a
+// ring, or the connection ended.
+func (w *swConn) settleLocked() {
+	if isClosedCh(w.settled) {
+		return
+	}
+	send := w.sendOn || w.sendDone
+	recv := w.switched || w.eof
+	if w.closed || w.err != nil || w.stayed || (send && recv) {
+		close(w.settled)
+	}
+}
+
+func isClosedCh(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// note records a switch in the connection's log.
+func (w *swConn) note(dir, from, to, cause string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.log) < maxSwitchLog {
+		w.log = append(w.log, SwitchEvent{At: time.Now(), Direction: dir, From: from, To: to, Cause: cause})
+	}
+}
+
+// maxSwitchLog bounds a connection's switch log.
+const maxSwitchLog = 16
+
+// CloseWrite ends the sending: a Fin on TCP, the ring's FIN on the ring.
+func (w *swConn) CloseWrite() error {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	if w.wring != nil {
+		return w.wring.CloseWrite()
+	}
+	if w.isClosed() {
+		return net.ErrClosed
+	}
+	if w.wfin {
+		return nil
+	}
+	w.wfin = true
+	w.mu.Lock()
+	w.sendDone = true
+	w.settleLocked()
+	w.mu.Unlock()
+	_, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Fin{Cursor: x} })
+	return err
+}
+
+// CloseRead ends the reading: later Reads return io.EOF, and Data that
+// arrives is dropped.
+func (w *swConn) CloseRead() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return net.ErrClosed
+	}
+	w.rclosed = true
+	w.dropQueueLocked()
+	r := w.ring
+	w.mu.Unlock()
+	wake(w.rnote)
+	if r != nil {
+		return r.CloseRead()
+	}
+	return nil
+}
+
+// Close closes the connection: the ring's orderly close if there is one,
+// then the goodbye on the bootstrap, which carries the stream cursor.
+func (w *swConn) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return net.ErrClosed
+	}
+	w.closed = true
+	close(w.done)
+	w.dropQueueLocked()
+	w.settleLocked()
+	if w.upTimer != nil {
+		w.upTimer.Stop()
+	}
+	r := w.ring
+	failed := w.err
+	w.mu.Unlock()
+	if r != nil {
+		return r.Close()
+	}
+	g := &handshake.Goodbye{}
+	if failed != nil {
+		g = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(failed.Error())}
+	} else if w.linger != nil && *w.linger == 0 {
+		g = &handshake.Goodbye{Abort: true, Reason: "closed with linger 0 (abort)"}
+	}
+	w.Goodbye(g)
+	return nil
+}
+
+// LocalAddr and RemoteAddr are the bootstrap's (stream.Bootstrap).
+func (w *swConn) LocalAddr() net.Addr  { return w.raw.LocalAddr() }
+func (w *swConn) RemoteAddr() net.Addr { return w.raw.RemoteAddr() }
+
+// Goodbye sends the goodbye and closes the bootstrap, once
+// (stream.Bootstrap). A ring's goodbye carries its producer cursor: the
+// stream cursor adds the Data sent before the switch.
+func (w *swConn) Goodbye(g *handshake.Goodbye) {
+	w.goodbye.Do(func() {
+		gb := *g
+		if !gb.Abort {
+			gb.FinalProd += w.out.cursor()
+		}
+		_ = w.out.send(&gb)
+		w.out.finish(closeAckTimeout)
+	})
+}
+
+// closeAckTimeout bounds the wait for the goodbye (and the Data queued
+// before it) to reach the socket.
+const closeAckTimeout = time.Second
+
+// setDeadline sets the read and/or write deadline, here and on the ring.
+func (w *swConn) setDeadline(t time.Time, read, write bool) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return net.ErrClosed
+	}
+	if read {
+		w.rdlT = t
+		w.rdl.Set(t)
+		if w.ring != nil {
+			_ = w.ring.SetReadDeadline(t)
+		}
+	}
+	if write {
+		w.wdlT = t
+		w.wdl.Set(t)
+		if w.ring != nil {
+			_ = w.ring.SetWriteDeadline(t)
+		}
+	}
+	wake(w.rnote)
+	return nil
+}
+
+// setLinger applies SetLinger to the socket and the ring, now and later.
+func (w *swConn) setLinger(sec int) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return net.ErrClosed
+	}
+	w.linger = &sec
+	if w.ring != nil {
+		return w.ring.SetLinger(sec)
+	}
+	return w.raw.SetLinger(sec)
+}
+
+// setRing installs the started ring r; false if the connection closed or
+// failed meanwhile (r is then closed).
+func (w *swConn) setRing(r *stream.Conn) bool {
+	w.mu.Lock()
+	if w.closed || w.err != nil {
+		w.mu.Unlock()
+		_ = r.Close()
+		return false
+	}
+	_ = r.SetReadDeadline(w.rdlT)
+	_ = r.SetWriteDeadline(w.wdlT)
+	if w.linger != nil {
+		_ = r.SetLinger(*w.linger)
+	}
+	w.ring = r
+	w.mu.Unlock()
+	wake(w.rnote)
+	return true
+}
+
+// fail resets the connection: calls return err, and the peer is told.
+func (w *swConn) fail(err error) {
+	w.mu.Lock()
+	if w.err != nil || w.closed {
+		w.mu.Unlock()
+		return
+	}
+	var re *stream.ResetError
+	if !errors.As(err, &re) {
+		err = &stream.ResetError{Reason: err.Error()}
+	}
+	w.err = err
+	w.settleLocked()
+	r := w.ring
+	w.mu.Unlock()
+	wake(w.rnote)
+	why := handshake.SanitizeReason(strings.TrimPrefix(err.Error(), "rsock: connection reset: "))
+	if r != nil {
+		r.PeerSaid(&handshake.Goodbye{Abort: true, Reason: why}, nil)
+	} else {
+		w.set.logReset(w.c, err)
+	}
+	w.Goodbye(&handshake.Goodbye{Abort: true, Reason: why})
+}
+
+// readLoop reads the bootstrap until it ends.
+func (w *swConn) readLoop() {
+	for {
+		h, msg, err := handshake.Next(w.raw)
+		if err == nil && h.Type == handshake.TypeData {
+			err = w.readData(int(h.Length))
+		} else if err == nil {
+			var last bool
+			if last, err = w.handle(msg); last && err == nil {
+				return
+			}
+		}
+		if err != nil {
+			w.ended(err)
+			return
+		}
+	}
+}
+
+// readData reads a Data payload of n bytes and queues it for Read.
+func (w *swConn) readData(n int) error {
+	buf := pool.Get(n)
+	if _, err := io.ReadFull(w.raw, buf); err != nil {
+		pool.Put(buf)
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.switched || w.eof {
+		pool.Put(buf)
+		return protocolError("data after the peer's %s", map[bool]string{true: "switch", false: "fin"}[w.switched])
+	}
+	w.rcvd += uint64(n)
+	if w.rclosed || w.closed {
+		pool.Put(buf)
+		return nil
+	}
+	w.rq = append(w.rq, buf)
+	w.rqLen += n
+	wake(w.rnote)
+	for w.rqLen >= recvQueue && !w.closed && !w.rclosed {
+		w.mu.Unlock()
+		select {
+		case <-w.space:
+		case <-w.done:
+		}
+		w.mu.Lock()
+	}
+	return nil
+}
+
+// protocolErr is a peer that broke the switching protocol's rules.
+type protocolErr struct{ why string }
+
+func (e *protocolErr) Error() string { return "the peer broke the switching protocol: " + e.why }
+
+func protocolError(format string, args ...any) error {
+	return &protocolErr{fmt.Sprintf(format, args...)}
+}
+
+// handle acts on a control frame; last is true after the peer's goodbye.
+func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
+	switch m := msg.(type) {
+	case *handshake.Accept, *handshake.Decline:
+		if !w.client || !w.awaiting() {
+			return false, protocolError("%v without an offer", msg.Type())
+		}
+		w.answers <- msg
+	case *handshake.UpgradeOffer:
+		w.mu.Lock()
+		busy := w.upgrading || w.ring != nil
+		if !busy {
+			w.upgrading = true
+			w.upDone = make(chan struct{})
+		}
+		w.mu.Unlock()
+		if w.client || busy {
+			return false, protocolError("an offer while %s", map[bool]string{true: "the client", false: "another upgrade runs"}[w.client])
+		}
+		go w.serveUpgrade(m.Offer)
+	case *handshake.Confirm:
+		if w.client || !w.awaiting() {
+			return false, protocolError("a confirm without an accept")
+		}
+		if m.Code == handshake.DeclineNone {
+			w.mu.Lock()
+			w.agreed = true // the client's Switch may follow at once
+			w.mu.Unlock()
+		}
+		w.answers <- msg
+	case *handshake.Switch:
+		return false, w.peerSwitched(m.Cursor)
+	case *handshake.Fin:
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.switched || w.eof || m.Cursor != w.rcvd {
+			return false, protocolError("fin at %d after %d data bytes (switched %v, fin %v)", m.Cursor, w.rcvd, w.switched, w.eof)
+		}
+		w.eof = true
+		w.settleLocked()
+		wake(w.rnote)
+	case *handshake.Goodbye:
+		return true, w.peerGoodbye(m)
+	default:
+		return false, protocolError("unexpected %v", msg.Type())
+	}
+	return false, nil
+}
+
+// awaiting reports whether an upgrade waits for the peer's answer.
+func (w *swConn) awaiting() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.upgrading && len(w.answers) == 0
+}
+
+// peerSwitched handles the peer's Switch{x}: its Data ends at x, its
+// bytes go on in the ring.
+func (w *swConn) peerSwitched(x uint64) error {
+	w.mu.Lock()
+	wait := w.upDone
+	agreed := w.agreed
+	w.mu.Unlock()
+	if !agreed {
+		return protocolError("a switch without an agreed ring")
+	}
+	if wait != nil {
+		// The client switches right after its Confirm: the server's side
+		// of the ring may still be starting (and the client's may not be
+		// installed yet when the server's Switch comes).
+		select {
+		case <-wait:
+		case <-w.done:
+			return nil
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.switched || w.eof:
+		return protocolError("a switch after a switch or fin")
+	case x != w.rcvd:
+		return protocolError("switch at stream byte %d after %d data bytes", x, w.rcvd)
+	case w.ring == nil:
+		return &stream.ResetError{Reason: "the peer switched to a ring this side could not start"}
+	}
+	w.switched = true
+	w.settleLocked()
+	if len(w.log) < maxSwitchLog {
+		w.log = append(w.log, SwitchEvent{At: time.Now(), Direction: "receive", From: "tcp", To: w.c.label.Load().transport, Cause: fmt.Sprintf("peer switched at stream byte %d", x)})
+	}
+	wake(w.rnote)
+	return nil
+}
+
+// peerGoodbye handles the peer's goodbye: an abort resets; an orderly one
+// ends the stream at its cursor, checked against what arrived.
+func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
+	if g.Abort {
+		return &stream.ResetError{Reason: "peer aborted: " + g.Reason}
+	}
+	w.mu.Lock()
+	r := w.ring
+	switched, rcvd, eof := w.switched, w.rcvd, w.eof
+	w.mu.Unlock()
+	var ringFinal uint64
+	switch {
+	case switched && g.FinalProd < rcvd:
+		return protocolError("goodbye at %d before its switch at %d", g.FinalProd, rcvd)
+	case switched:
+		ringFinal = g.FinalProd - rcvd
+	case g.FinalProd != rcvd:
+		return &stream.ResetError{Reason: "peer's goodbye does not match the data it sent", Err: fmt.Errorf("have %d bytes, goodbye says %d", rcvd, g.FinalProd)}
+	}
+	if r != nil {
+		r.PeerSaid(&handshake.Goodbye{FinalProd: ringFinal}, nil)
+	}
+	w.mu.Lock()
+	w.gone = true
+	if !switched && !eof {
+		w.eof = true
+	}
+	w.settleLocked()
+	w.mu.Unlock()
+	wake(w.rnote)
+	return nil
+}
+
+// ended handles the end of the bootstrap: after Close, nothing; else a
+// peer that vanished or broke the protocol resets the connection.
+func (w *swConn) ended(err error) {
+	if w.isClosed() {
+		return
+	}
+	var re *stream.ResetError
+	var pe *protocolErr
+	switch {
+	case errors.As(err, &re), errors.As(err, &pe):
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
+		err = &stream.ResetError{Reason: "peer vanished (bootstrap connection closed without goodbye)", Err: err}
+	default:
+		err = &stream.ResetError{Reason: "bootstrap connection failed", Err: err}
+	}
+	w.fail(err)
+}
+
+// info fills ci's switch log and returns the ring, if any, whose counters
+// add to the connection's.
+func (w *swConn) info(ci *ConnInfo) *stream.Conn {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ci.Switches = append([]SwitchEvent(nil), w.log...)
+	return w.ring
+}
+
+// writeTo is Conn.WriteTo: Data through a buffer while on TCP, then the
+// ring's CopyTo, which hands w the bytes where they lie.
+func (w *swConn) writeTo(dst io.Writer) (n int64, rerr, werr error) {
+	buf := pool.Get(32 << 10)
+	defer pool.Put(buf)
+	for {
+		w.mu.Lock()
+		r := w.ring
+		onRing := w.switched && w.rqLen == 0 && !w.rclosed && !w.closed
+		w.mu.Unlock()
+		if onRing {
+			k, rerr, werr := r.CopyTo(dst)
+			return n + k, rerr, werr
+		}
+		k, err := w.Read(buf)
+		if k > 0 {
+			m, err := dst.Write(buf[:k])
+			n += int64(m)
+			if err != nil {
+				return n, nil, err
+			}
+		}
+		if err == io.EOF {
+			return n, nil, nil
+		}
+		if err != nil {
+			return n, err, nil
+		}
+	}
+}

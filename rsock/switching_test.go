@@ -1,0 +1,451 @@
+package rsock
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/verbs/shm"
+)
+
+// Tests of the switching protocol (switching.go, upgrade.go): connections
+// that start on TCP and move to a ring.
+
+func swCfg(tr string, after time.Duration) *Config {
+	return &Config{Transports: []string{tr, "tcp"}, RingSize: 64 << 10, UpgradeAfter: after}
+}
+
+// dialAccept dials ln and accepts the other end, without waiting for an
+// upgrade.
+func dialAccept(t testing.TB, ln *Listener, cfg *Config) (client, server *Conn) {
+	t.Helper()
+	ch := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			c = nil
+		}
+		ch <- c
+	}()
+	d := Dialer{Config: cfg, Timeout: 10 * time.Second}
+	c, err := d.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	select {
+	case s := <-ch:
+		require.NotNil(t, s)
+		return c.(*Conn), s.(*Conn)
+	case <-time.After(time.Minute):
+		t.Fatal("dialled, but nothing accepted within a minute")
+		return nil, nil
+	}
+}
+
+// TestSwitchNettest runs nettest.TestConn on switching connections: with
+// the upgrade settled before the test (the ring's data path), and with the
+// upgrade happening during it (at once, or after 200 us).
+func TestSwitchNettest(t *testing.T) {
+	registerSim(t)
+	for _, tr := range []string{"sim", "shm"} {
+		for _, after := range []time.Duration{time.Nanosecond, 200 * time.Microsecond} {
+			for _, settle := range []bool{true, false} {
+				t.Run(fmt.Sprintf("%s/after=%v/settled=%v", tr, after, settle), func(t *testing.T) {
+					cfg := swCfg(tr, after)
+					ln := listen(t, cfg)
+					nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+						c, s := dialAccept(t, ln, cfg)
+						if settle {
+							awaitSettled(t, c, s)
+							if TransportOf(c) != tr || TransportOf(s) != tr {
+								return nil, nil, nil, fmt.Errorf("not on %s: %s / %s", tr, c.Info().Reason, s.Info().Reason)
+							}
+						}
+						return c, s, func() { c.Close(); s.Close() }, nil
+					})
+				})
+			}
+		}
+	}
+}
+
+// TestSwitchHashedTransfer: both directions stream hashed bytes at once,
+// with random write and read sizes and deadlines moving, while the
+// connection upgrades; every byte arrives once, in order, and both
+// directions end on the ring.
+func TestSwitchHashedTransfer(t *testing.T) {
+	registerSim(t)
+	sizes := []int{1, 5000, 300 << 10, 4 << 20}
+	for _, tr := range []string{"sim", "shm"} {
+		for i, size := range sizes {
+			after := []time.Duration{time.Nanosecond, 50 * time.Microsecond, time.Millisecond, 3 * time.Millisecond}[i]
+			t.Run(fmt.Sprintf("%s/size=%d/after=%v", tr, size, after), func(t *testing.T) {
+				cfg := swCfg(tr, after)
+				cfg.UpgradeBytes = 1 + size/3
+				ln := listen(t, cfg)
+				c, s := dialAccept(t, ln, cfg)
+				defer c.Close()
+				defer s.Close()
+				var wg sync.WaitGroup
+				errs := make(chan error, 4)
+				for dir, p := range [][2]*Conn{{c, s}, {s, c}} {
+					wg.Add(2)
+					seed := uint64(size*10 + dir)
+					go func() { defer wg.Done(); errs <- hashedWrite(p[0], size, seed) }()
+					go func() { defer wg.Done(); errs <- hashedRead(p[1], size, seed) }()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					require.NoError(t, err)
+				}
+				awaitSettled(t, c, s)
+				for _, x := range []*Conn{c, s} {
+					info := x.Info()
+					assert.Equal(t, tr, info.Transport, info.Reason)
+					assert.Len(t, info.Switches, 2, "%+v", info.Switches)
+					assert.Equal(t, uint64(size), info.BytesWritten)
+					assert.Equal(t, uint64(size), info.BytesRead)
+				}
+			})
+		}
+	}
+}
+
+// hashedWrite writes size bytes of the stream seed in random pieces, with
+// a write deadline moved before each.
+func hashedWrite(c net.Conn, size int, seed uint64) error {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	data := streamBytes(size, seed)
+	for len(data) > 0 {
+		n := 1 + rng.IntN(min(len(data), 100_000))
+		if err := c.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
+			return err
+		}
+		k, err := c.Write(data[:n])
+		if err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+		if k != n {
+			return fmt.Errorf("short write %d of %d", k, n)
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+// hashedRead reads size bytes in random pieces and checks them against
+// the stream seed.
+func hashedRead(c net.Conn, size int, seed uint64) error {
+	rng := rand.New(rand.NewPCG(seed, 3))
+	want := sha256.Sum256(streamBytes(size, seed))
+	h := sha256.New()
+	buf := make([]byte, 70_000)
+	for got := 0; got < size; {
+		if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+			return err
+		}
+		n, err := c.Read(buf[:1+rng.IntN(len(buf)-1)])
+		h.Write(buf[:n])
+		got += n
+		if err != nil {
+			return fmt.Errorf("read after %d of %d bytes: %w", got, size, err)
+		}
+	}
+	if !bytes.Equal(h.Sum(nil), want[:]) {
+		return fmt.Errorf("the %d bytes read differ from those written", size)
+	}
+	return nil
+}
+
+func streamBytes(size int, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// TestSwitchCloseWriteRacesUpgrade: CloseWrite at different points of the
+// upgrade; the peer reads everything, then EOF, and can still answer.
+func TestSwitchCloseWriteRacesUpgrade(t *testing.T) {
+	registerSim(t)
+	for i, after := range []time.Duration{time.Nanosecond, 20 * time.Microsecond, 100 * time.Microsecond, time.Millisecond, 5 * time.Millisecond} {
+		t.Run(fmt.Sprint(after), func(t *testing.T) {
+			cfg := swCfg("sim", after)
+			ln := listen(t, cfg)
+			c, s := dialAccept(t, ln, cfg)
+			defer c.Close()
+			defer s.Close()
+			msg := streamBytes(1000*(i+1), uint64(i))
+			_, err := c.Write(msg)
+			require.NoError(t, err)
+			require.NoError(t, c.CloseWrite())
+			_ = s.SetReadDeadline(time.Now().Add(time.Minute))
+			got, err := io.ReadAll(s)
+			require.NoError(t, err)
+			require.Equal(t, msg, got)
+			_, err = s.Write([]byte("answer"))
+			require.NoError(t, err)
+			require.NoError(t, s.CloseWrite())
+			_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+			got, err = io.ReadAll(c)
+			require.NoError(t, err)
+			require.Equal(t, "answer", string(got))
+			_, err = c.Write([]byte("x"))
+			assert.ErrorIs(t, err, syscall.EPIPE)
+		})
+	}
+}
+
+// TestSwitchCloseRacesUpgrade: connections closed at once or soon after
+// the dial, by either side, while the upgrade runs, release everything:
+// the shm mappings return to where they were.
+func TestSwitchCloseRacesUpgrade(t *testing.T) {
+	cfg := swCfg("shm", time.Nanosecond)
+	ln := listen(t, cfg)
+	before, _ := shm.Mappings()
+	for i := range 40 {
+		c, s := dialAccept(t, ln, cfg)
+		if i%4 == 3 {
+			awaitSettled(t, c, s)
+		}
+		first, second := c, s
+		if i%2 == 1 {
+			first, second = s, c
+		}
+		if i%3 == 0 {
+			_, _ = first.Write([]byte("hello"))
+		}
+		require.NoError(t, first.Close())
+		_ = second.SetReadDeadline(time.Now().Add(time.Minute))
+		_, err := io.Copy(io.Discard, second)
+		if err != nil {
+			assert.ErrorIs(t, err, syscall.ECONNRESET)
+		}
+		require.NoError(t, second.Close())
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		live, _ := shm.Mappings()
+		if live <= before {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "shm mappings: %d before, %d a minute after closing", before, live)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSwitchClientToVersion1Server: a switching client and a server that
+// answers as version 1 does (it declines offers without rings): the
+// connection runs on TCP, saying why.
+func TestSwitchClientToVersion1Server(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	ln := listen(t, cfg)
+	ln.s.noSwitch = true
+	c, s := pipe(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	assert.Nil(t, c.w)
+	info := c.Info()
+	assert.Equal(t, "tcp", info.Transport)
+	assert.True(t, info.Fallback)
+	assert.Contains(t, info.Reason, "server declined")
+	go func() { _, _ = io.Copy(s, s) }()
+	echoTrip(t, c, "over tcp")
+}
+
+// TestSwitchVersion1ClientToSwitchingServer: a version-1 client gets its
+// ring in the handshake from the same listener.
+func TestSwitchVersion1ClientToSwitchingServer(t *testing.T) {
+	registerSim(t)
+	ln := listen(t, swCfg("sim", time.Nanosecond))
+	c, s := pipe(t, ln, swCfg("sim", -1))
+	defer c.Close()
+	defer s.Close()
+	assert.Nil(t, c.w)
+	assert.Nil(t, s.w)
+	assert.Equal(t, "sim", TransportOf(c))
+	assert.Equal(t, "sim", TransportOf(s))
+}
+
+// TestSwitchBusyServerDeclines: an upgrade past the listener's setup
+// places is declined; the connection stays on TCP, visibly, and works.
+func TestSwitchBusyServerDeclines(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	ln := listen(t, cfg)
+	for range maxSetups {
+		ln.setups <- struct{}{}
+	}
+	c, s := pipe(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	for range maxSetups {
+		<-ln.setups
+	}
+	info := c.Info()
+	assert.Equal(t, "tcp", info.Transport)
+	assert.True(t, info.Fallback)
+	assert.Equal(t, CodeDeclined, info.Code)
+	assert.Contains(t, info.Reason, "server busy")
+	require.Len(t, info.Switches, 1)
+	assert.Equal(t, "tcp", info.Switches[0].To)
+	assert.Equal(t, uint64(1), ln.Stats().Busy)
+	go func() { _, _ = io.Copy(s, s) }()
+	echoTrip(t, c, "over tcp")
+}
+
+// rawSwitchClient opens a switching connection to ln by hand and returns
+// the socket after the server's Upgrade, and the server's Conn.
+func rawSwitchClient(t *testing.T, ln *Listener) (net.Conn, *Conn) {
+	t.Helper()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { raw.Close() })
+	require.NoError(t, handshake.Write(raw, switchHello([]string{"sim"})))
+	_ = raw.SetReadDeadline(time.Now().Add(time.Minute))
+	m, err := handshake.Read(raw)
+	require.NoError(t, err)
+	require.IsType(t, &handshake.Upgrade{}, m)
+	s, err := ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return raw, s.(*Conn)
+}
+
+func frame(t *testing.T, m handshake.Message) []byte {
+	b, err := handshake.Append(nil, m)
+	require.NoError(t, err)
+	return b
+}
+
+// TestSwitchHostilePeer: a client that breaks the switching protocol's
+// rules gets its connection reset (the server reads the valid data first,
+// then an error matching ECONNRESET); nothing panics or hangs, and the
+// listener serves the next client.
+func TestSwitchHostilePeer(t *testing.T) {
+	registerSim(t)
+	data := &handshake.Data{Payload: []byte("12345")}
+	cases := []struct {
+		name   string
+		frames []handshake.Message
+		raw    []byte // after the frames
+		want   string // in the error
+	}{
+		{"switch cursor short of the data", []handshake.Message{data, &handshake.Switch{Cursor: 3}}, nil, "switch"},
+		{"switch cursor past the data", []handshake.Message{data, &handshake.Switch{Cursor: 1 << 40}}, nil, "switch"},
+		{"switch without an agreed ring", []handshake.Message{data, &handshake.Switch{Cursor: 5}}, nil, "without an agreed ring"},
+		{"fin cursor wrong", []handshake.Message{data, &handshake.Fin{Cursor: 4}}, nil, "fin at 4"},
+		{"goodbye cursor wrong", []handshake.Message{data, &handshake.Goodbye{FinalProd: 10}}, nil, "does not match"},
+		{"accept from the client", []handshake.Message{data, &handshake.Accept{Transport: handshake.TransportSim}}, nil, "without an offer"},
+		{"confirm without an accept", []handshake.Message{data, &handshake.Confirm{}}, nil, "without an accept"},
+		{"a second hello", []handshake.Message{data, &handshake.Hello{Offers: []handshake.Offer{{Transport: handshake.TransportSim}}}}, nil, "unexpected hello"},
+		{"resume", []handshake.Message{data, &handshake.Resume{Cursor: 0}}, nil, "unexpected resume"},
+		{"truncated data frame", []handshake.Message{data}, func() []byte {
+			var hb [handshake.HeaderLen]byte
+			handshake.PutDataHeader(&hb, 100)
+			return append(hb[:], "short"...)
+		}(), "vanished"},
+		{"garbage", []handshake.Message{data}, []byte("GET / HTTP/1.1\r\n\r\n"), "bootstrap"},
+		{"an offer with a bad ring", []handshake.Message{data, &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: handshake.TransportSim}}}, nil, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ln := listen(t, swCfg("sim", time.Nanosecond))
+			raw, s := rawSwitchClient(t, ln)
+			var out []byte
+			for _, m := range tc.frames {
+				out = append(out, frame(t, m)...)
+			}
+			_, err := raw.Write(append(out, tc.raw...))
+			require.NoError(t, err)
+			if tc.want == "vanished" {
+				raw.Close() // the payload never comes
+			}
+			if tc.want == "" {
+				// A bad offer is declined, not fatal: the connection
+				// stays on TCP and says why.
+				m, err := handshake.Read(raw)
+				require.NoError(t, err)
+				require.IsType(t, &handshake.Decline{}, m)
+				got := make([]byte, 5)
+				_ = s.SetReadDeadline(time.Now().Add(time.Minute))
+				_, err = io.ReadFull(s, got)
+				require.NoError(t, err)
+				assert.Equal(t, "12345", string(got))
+				assert.Equal(t, CodeDeclined, s.Info().Code)
+				return
+			}
+			_ = s.SetReadDeadline(time.Now().Add(time.Minute))
+			got, err := io.ReadAll(s)
+			assert.Equal(t, "12345", string(got))
+			require.Error(t, err)
+			assert.ErrorIs(t, err, syscall.ECONNRESET)
+			assert.Contains(t, err.Error(), tc.want)
+			_, err = s.Write([]byte("x"))
+			assert.Error(t, err)
+			// The listener serves the next client.
+			c2, s2 := pipe(t, ln, swCfg("sim", time.Nanosecond))
+			defer c2.Close()
+			defer s2.Close()
+			assert.Equal(t, "sim", TransportOf(c2), c2.Info().Reason)
+		})
+	}
+}
+
+// TestSwitchHostileServer: a server that switches without an agreed ring
+// resets the client's connection.
+func TestSwitchHostileServer(t *testing.T) {
+	registerSim(t)
+	addr := fakeServer(t, func(_ int, c net.Conn) {
+		if _, err := handshake.Read(c); err != nil {
+			return
+		}
+		up, _ := handshake.Append(nil, &handshake.Upgrade{Transports: []handshake.Transport{handshake.TransportSim}})
+		sw, _ := handshake.Append(nil, &handshake.Switch{Cursor: 0})
+		_, _ = c.Write(append(up, sw...))
+		_, _ = io.Copy(io.Discard, c)
+	})
+	d := Dialer{Config: swCfg("sim", time.Hour), Timeout: 10 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+	_, err = c.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, syscall.ECONNRESET)
+	assert.Contains(t, err.Error(), "without an agreed ring")
+}
+
+// TestSwitchGoodbyeCursor: the goodbye's final cursor counts the bytes
+// sent on both paths.
+func TestSwitchGoodbyeCursor(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Hour)
+	ln := listen(t, cfg)
+	c, s := dialAccept(t, ln, cfg)
+	defer s.Close()
+	_, err := c.Write(make([]byte, 1000))
+	require.NoError(t, err)
+	c.w.kick()
+	awaitSettled(t, c, s)
+	_, err = c.Write(make([]byte, 500))
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	_ = s.SetReadDeadline(time.Now().Add(time.Minute))
+	n, err := io.Copy(io.Discard, s)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1500), n)
+}

@@ -1,0 +1,346 @@
+package rsock
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/stream"
+	"github.com/rdmanet/rdmanet/internal/transport"
+)
+
+// The switching protocol's handshake and upgrade (docs/protocol.md §5).
+// The client's Hello carries FlagSwitch and names the transports it could
+// set up, unprepared; a switching server answers Upgrade at once, with the
+// transports it would take, and both hand the connection to the
+// application on TCP. Later (the client's policy: UpgradeAfter,
+// UpgradeBytes) the client prepares one endpoint and sends Offer; the
+// server prepares its own and answers Accept or Decline; Confirm follows
+// an Accept as in the version-1 handshake, and each side then switches its
+// sending (swConn.switchLocked).
+
+// switchHello is the client's Hello on the switching protocol: one offer
+// per transport it could set up, with no ring prepared (a version-1 server
+// declines such offers, and the client stays on TCP).
+func switchHello(names []string) *handshake.Hello {
+	h := &handshake.Hello{Flags: handshake.FlagSwitch}
+	for _, name := range localFirst(names) {
+		if len(h.Offers) < handshake.MaxOffers {
+			h.Offers = append(h.Offers, handshake.Offer{Transport: mustTransport(name)})
+		}
+	}
+	return h
+}
+
+// serveSwitch answers a Hello with FlagSwitch: Upgrade, naming the
+// transports this server would take of those offered, in its order. The
+// connection goes to Accept at once, on TCP.
+func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello) (*Conn, error) {
+	up := &handshake.Upgrade{}
+	for _, name := range s.serveOrder() {
+		t, _ := handshake.TransportByName(name)
+		if _, built := transport.Lookup(name); built && indexOffer(hello.Offers, t) >= 0 {
+			up.Transports = append(up.Transports, t)
+		}
+	}
+	if err := handshake.WriteAfterMagic(raw, up); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
+	}
+	reason := "on TCP until the client upgrades"
+	if len(up.Transports) == 0 {
+		reason = "no common transport: " + s.transportList()
+	}
+	return s.switchConn(l.network, raw, l, up.Transports, reason), nil
+}
+
+// switchConn makes the Conn of a switching connection on raw and starts it.
+// ln is the listener of a server's connection, nil on the client.
+func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, transports []handshake.Transport, reason string) *Conn {
+	_ = raw.SetDeadline(time.Time{})
+	l := label{transport: "tcp", code: CodeUpgrading, reason: reason}
+	if len(transports) == 0 {
+		l.code, l.fallback = CodeDeclined, true
+	}
+	c := newConn(network, l)
+	c.tcp = raw
+	c.w = newSwConn(c, s, raw, ln == nil)
+	c.w.ln = ln
+	if len(transports) == 0 {
+		c.w.stayed = true
+		close(c.w.settled)
+	}
+	c.register()
+	c.w.start(transports)
+	return c
+}
+
+// transportList names the configured accelerated transports.
+func (s *settings) transportList() string {
+	var r reasons
+	for _, name := range s.transports {
+		r = append(r, name)
+	}
+	return "this side allows " + r.String()
+}
+
+// stayOnTCP records an upgrade that did not happen: the connection goes on
+// on TCP, visibly.
+func (w *swConn) stayOnTCP(code, reason string) {
+	w.note("", "tcp", "tcp", reason)
+	to := &label{transport: "tcp", code: code, fallback: true, reason: reason}
+	relabel(w.c.label.Swap(to), to)
+	w.mu.Lock()
+	w.upgrading = false
+	w.stayed = true
+	w.settleLocked()
+	w.mu.Unlock()
+}
+
+// upgraded relabels the connection once its ring is running.
+func (w *swConn) upgraded(name string) {
+	to := &label{transport: name, code: CodeAgreed, reason: name + " agreed (upgraded from TCP)"}
+	relabel(w.c.label.Swap(to), to)
+}
+
+// clientUpgrade offers the first transport the server takes, in our order
+// (host-local first), and on an Accept starts the ring and switches.
+func (w *swConn) clientUpgrade() {
+	s := w.set
+	var why reasons
+	var ep *stream.Endpoint
+	var name string
+	for _, n := range localFirst(s.transports) {
+		t, ok := handshake.TransportByName(n)
+		if !ok || !hasTransport(w.transports, t) {
+			continue
+		}
+		if hostLocal[n] && !maybeSameHost(w.raw) {
+			why.add(n, errNotSameHost)
+			continue
+		}
+		e, err := s.newEndpoint(n, w.raw)
+		if err != nil {
+			why.add(n, err)
+			continue
+		}
+		ep, name = e, n
+		break
+	}
+	if ep == nil {
+		w.stayOnTCP(CodeNothingHere, "no transport available here: "+why.String())
+		return
+	}
+	w.mu.Lock()
+	if w.closed || w.err != nil {
+		w.mu.Unlock()
+		ep.Close()
+		return
+	}
+	w.upgrading = true
+	w.upDone = make(chan struct{})
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		close(w.upDone)
+		w.mu.Unlock()
+	}()
+	offer := &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: mustTransport(name), Ring: ringOf(ep.Ring()), Info: ep.Info()}}
+	if err := w.out.send(offer); err != nil {
+		ep.Close()
+		return
+	}
+	var answer handshake.Message
+	select {
+	case answer = <-w.answers:
+	case <-w.done:
+		ep.Close()
+		return
+	}
+	switch m := answer.(type) {
+	case *handshake.Decline:
+		ep.Close()
+		w.stayOnTCP(CodeDeclined, fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason))
+		return
+	case *handshake.Accept:
+		ctx, cancel := context.WithTimeout(context.Background(), s.handshake)
+		defer cancel()
+		go func() { // ctx ends with the connection too
+			select {
+			case <-w.done:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		r, err := w.clientStart(ctx, ep, name, m)
+		if err != nil {
+			ep.Close()
+			reason := fmt.Sprintf("%s: %v", name, err)
+			if w.out.send(&handshake.Confirm{Code: handshake.DeclineFailed, Reason: handshake.SanitizeReason(reason)}) == nil {
+				w.stayOnTCP(CodeConnectFail, "could not connect "+reason)
+			}
+			return
+		}
+		w.mu.Lock()
+		w.agreed = true
+		w.mu.Unlock()
+		// Confirm goes out before a Write can see the ring and queue its
+		// Switch behind it.
+		if err := w.out.send(&handshake.Confirm{}); err != nil {
+			_ = r.Close()
+			return
+		}
+		if !w.setRing(r) {
+			return
+		}
+		w.mu.Lock()
+		w.upgrading = false
+		w.mu.Unlock()
+		w.upgraded(name)
+		w.switchSend()
+	}
+}
+
+// clientStart connects and starts the ring the server accepted.
+func (w *swConn) clientStart(ctx context.Context, ep *stream.Endpoint, name string, m *handshake.Accept) (*stream.Conn, error) {
+	if m.Transport != mustTransport(name) {
+		return nil, fmt.Errorf("the server accepted %v, which was not offered", m.Transport)
+	}
+	if err := w.set.checkPeerRing(m.Ring); err != nil {
+		return nil, err
+	}
+	if err := ep.Prepare(streamRing(m.Ring)); err != nil {
+		return nil, err
+	}
+	if err := ep.Connect(ctx, m.Info, true); err != nil {
+		return nil, err
+	}
+	return ep.Start(streamRing(m.Ring), w)
+}
+
+// switchSend moves our sending to the ring (waiting for a Write in
+// progress, which may also do it between its chunks).
+func (w *swConn) switchSend() {
+	w.wmu.Lock()
+	w.switchLocked()
+	w.wmu.Unlock()
+}
+
+// serveUpgrade answers the client's offer: Accept with a prepared,
+// passively connected endpoint, or Decline; after Confirm{0} it starts the
+// ring and switches.
+func (w *swConn) serveUpgrade(o handshake.Offer) {
+	s := w.set
+	ctx, cancel := context.WithTimeout(context.Background(), s.handshake)
+	defer cancel()
+	go func() {
+		select {
+		case <-w.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	defer func() {
+		w.mu.Lock()
+		w.upgrading = false
+		close(w.upDone)
+		w.mu.Unlock()
+	}()
+	name := o.Transport.String()
+	// Endpoint setups count against the listener's bound, as in the
+	// version-1 handshake.
+	select {
+	case w.ln.setups <- struct{}{}:
+		defer func() { <-w.ln.setups }()
+	default:
+		w.ln.busy.Add(1)
+		reason := fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups)
+		if w.out.send(&handshake.Decline{Code: handshake.DeclineResources, Reason: reason}) == nil {
+			w.stayOnTCP(CodeDeclined, "declined the client's offer: "+reason)
+		}
+		return
+	}
+	ep, err := w.servePrepare(ctx, o)
+	if err != nil {
+		reason := handshake.SanitizeReason(fmt.Sprintf("%s: %v", name, err))
+		if w.out.send(&handshake.Decline{Code: handshake.DeclineUnavailable, Reason: reason}) == nil {
+			w.stayOnTCP(CodeDeclined, "declined the client's offer: "+reason)
+		}
+		return
+	}
+	accept := &handshake.Accept{Transport: o.Transport, Ring: ringOf(ep.Ring()), Info: ep.Info()}
+	if err := w.out.send(accept); err != nil {
+		ep.Close()
+		return
+	}
+	var confirm *handshake.Confirm
+	select {
+	case m := <-w.answers:
+		confirm = m.(*handshake.Confirm)
+	case <-ctx.Done():
+		ep.Close()
+		return // closed, or a client that never confirms: a Switch from it now resets
+	}
+	if confirm.Code != handshake.DeclineNone {
+		ep.Close()
+		w.stayOnTCP(CodeClientGaveUp, fmt.Sprintf("client gave up on %s: %v: %s", name, confirm.Code, confirm.Reason))
+		return
+	}
+	// The client has switched, or will: a failure from here resets.
+	if err := ep.Established(ctx); err != nil {
+		ep.Close()
+		w.fail(&stream.ResetError{Reason: name + " side exchange", Err: err})
+		return
+	}
+	r, err := ep.Start(streamRing(o.Ring), w)
+	if err != nil {
+		ep.Close()
+		w.fail(&stream.ResetError{Reason: "starting " + name, Err: err})
+		return
+	}
+	if !w.setRing(r) {
+		return
+	}
+	w.upgraded(name)
+	go w.switchSend()
+}
+
+// servePrepare checks the offer against this server's transports and
+// prepares, connects (passive) and registers everything for it.
+func (w *swConn) servePrepare(ctx context.Context, o handshake.Offer) (*stream.Endpoint, error) {
+	s := w.set
+	name := o.Transport.String()
+	allowed := false
+	for _, n := range s.transports {
+		allowed = allowed || n == name
+	}
+	if !allowed {
+		return nil, fmt.Errorf("not allowed here (%s)", s.transportList())
+	}
+	if err := s.checkPeerRing(o.Ring); err != nil {
+		return nil, fmt.Errorf("client's ring: %w", err)
+	}
+	ep, err := s.newEndpoint(name, w.raw)
+	if err != nil {
+		return nil, err
+	}
+	if err = ep.Connect(ctx, o.Info, false); err == nil {
+		err = ep.Prepare(streamRing(o.Ring))
+	}
+	if err != nil {
+		ep.Close()
+		return nil, err
+	}
+	return ep, nil
+}
+
+func hasTransport(ts []handshake.Transport, t handshake.Transport) bool {
+	for _, x := range ts {
+		if x == t {
+			return true
+		}
+	}
+	return false
+}
