@@ -56,7 +56,7 @@ type swConn struct {
 	transports []handshake.Transport // client: what the server takes, in our order
 	upStarted  atomic.Bool           // the client's upgrade has begun (kick)
 	upTimer    *time.Timer
-	moved     atomic.Uint64 // bytes read and written on TCP, for the policy
+	moved      atomic.Uint64 // bytes read and written on TCP, for the policy
 
 	bytesRead, bytesWritten, writes atomic.Uint64 // on TCP; the ring counts its own
 
