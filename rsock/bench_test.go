@@ -3,7 +3,9 @@ package rsock
 import (
 	"io"
 	"net"
+	"slices"
 	"testing"
+	"time"
 )
 
 // The benchmarks run each workload over plain kernel TCP loopback (the
@@ -129,6 +131,7 @@ func BenchmarkDialAccept(b *testing.B) {
 	}{
 		{"rsock-tcp", &Config{Transports: []string{"shm", "tcp"}, ProbeCacheTTL: -1}}, // the server allows tcp only
 		{"rsock-shm", &Config{Transports: []string{"shm"}}},
+		{"rsock-shm-switching", &Config{Transports: []string{"shm"}, UpgradeAfter: time.Millisecond}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			lcfg := tc.cfg
@@ -174,4 +177,40 @@ func BenchmarkDialAccept(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkUpgradeTime measures, on the switching protocol with the
+// upgrade at once, the time from Dial's start until both directions of
+// the client's end run on the ring (shm; both ends in this process). It
+// reports the median and the 99th percentile.
+func BenchmarkUpgradeTime(b *testing.B) {
+	cfg := &Config{Transports: []string{"shm"}, UpgradeAfter: time.Nanosecond}
+	ln := listen(b, cfg)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	d := Dialer{Config: cfg}
+	var took []time.Duration
+	for range b.N {
+		t0 := time.Now()
+		c, err := d.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		<-c.(*Conn).w.settled
+		took = append(took, time.Since(t0))
+		if tr := TransportOf(c); tr != "shm" {
+			b.Fatalf("on %s: %s", tr, c.(*Conn).Info().Reason)
+		}
+		c.Close()
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-us")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-us")
 }

@@ -242,9 +242,12 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		sniff = s.handshake
 	}
 	_ = raw.SetReadDeadline(time.Now().Add(sniff))
-	var head [len(handshake.Magic)]byte
-	n, err := readFull(raw, head[:])
-	if n < len(head) || !handshake.MatchesMagicPrefix(head[:n]) {
+	// The first read takes whatever has arrived: a switching client sends
+	// its magic and hello at once, and is answered in one write.
+	var first [128]byte
+	n, err := sniffMagic(raw, first[:])
+	head := first[:n]
+	if n < len(handshake.Magic) || !handshake.MatchesMagicPrefix(head) {
 		// A plain client: the bytes it sent (if any) are its own, or it
 		// waits for the server to speak first.
 		if err != nil && n == 0 && !isTimeout(err) && !errors.Is(err, io.EOF) {
@@ -283,11 +286,17 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	// endpoint (a burst of dials to a host that registers memory slowly
 	// would otherwise be taken for a plain server, and remembered as one).
 	// The first frame that follows leaves its magic out (handshake.WriteAfterMagic).
+	rest := first[len(handshake.Magic):n]
+	if hello := completeSwitchHello(rest); hello != nil && !s.noSwitch {
+		l.waiting.remove(src, raw)
+		waiting = false
+		return s.serveSwitch(l, raw, hello, true)
+	}
 	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
 		raw.Close()
 		return nil, err
 	}
-	msg, err := handshake.ReadAfterMagic(raw)
+	msg, err := handshake.ReadAfterMagic(io.MultiReader(bytes.NewReader(rest), raw))
 	if err != nil {
 		if errors.Is(err, handshake.ErrVersion) {
 			_ = handshake.WriteAfterMagic(raw, &handshake.Decline{Code: handshake.DeclineVersion, Reason: fmt.Sprintf("server speaks version %d", handshake.Version)})
@@ -303,7 +312,7 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		return nil, fmt.Errorf("rsock: client opened with %v, want hello", msg.Type())
 	}
 	if hello.Flags&handshake.FlagSwitch != 0 && !s.noSwitch {
-		return s.serveSwitch(l, raw, hello)
+		return s.serveSwitch(l, raw, hello, false)
 	}
 	select {
 	case l.setups <- struct{}{}:
@@ -313,4 +322,34 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		return s.decline(l.network, raw, handshake.DeclineResources, fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups))
 	}
 	return s.serve(ctx, l.network, raw, hello)
+}
+
+// sniffMagic reads into b until it holds at least the magic's length, its
+// bytes stop matching the magic, or an error; it returns how many bytes it
+// read (possibly more than the magic: whatever had arrived).
+func sniffMagic(c net.Conn, b []byte) (int, error) {
+	n := 0
+	for n < len(handshake.Magic) {
+		k, err := c.Read(b[n:])
+		n += k
+		if err != nil || !handshake.MatchesMagicPrefix(b[:n]) {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// completeSwitchHello returns the switching Hello that b holds exactly (the
+// bytes after the magic), or nil.
+func completeSwitchHello(b []byte) *handshake.Hello {
+	r := bytes.NewReader(b)
+	m, err := handshake.ReadAfterMagic(r)
+	if err != nil || r.Len() != 0 {
+		return nil
+	}
+	h, ok := m.(*handshake.Hello)
+	if !ok || h.Flags&handshake.FlagSwitch == 0 {
+		return nil
+	}
+	return h
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	pool "github.com/libp2p/go-buffer-pool"
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/handshake"
@@ -33,15 +34,33 @@ type sender struct {
 	closing bool          // finish was called: no more frames
 	err     error         // the socket failed; set once
 	room    chan struct{} // cap 1: the queue shrank
-	idle    chan struct{} // cap 1: the goroutine stopped with the queue empty
+	// closeTimer bounds how long a finished sender's queue may take to
+	// drain before the socket is closed under it.
+	closeTimer *time.Timer
 }
 
 func newSender(raw *net.TCPConn) *sender {
-	return &sender{raw: raw, room: make(chan struct{}, 1), idle: make(chan struct{}, 1)}
+	return &sender{raw: raw, room: make(chan struct{}, 1)}
 }
 
-// queueLocked appends frame and makes sure a goroutine writes it.
+// queueLocked writes frame, or what of it the socket does not take at
+// once, behind the frames queued before it, and makes sure a goroutine
+// writes what is queued. With nothing queued it first tries the socket
+// directly, without blocking, from the caller: most frames then need no
+// goroutine at all.
 func (s *sender) queueLocked(frame []byte) {
+	if !s.running && len(s.q) == 0 && s.err == nil {
+		n := s.writeNow(frame)
+		if n == len(frame) {
+			pool.Put(frame)
+			return
+		}
+		if n > 0 {
+			rest := append(pool.Get(len(frame) - n)[:0], frame[n:]...)
+			pool.Put(frame)
+			frame = rest
+		}
+	}
 	s.q = append(s.q, frame)
 	s.queued += len(frame)
 	if !s.running {
@@ -50,14 +69,38 @@ func (s *sender) queueLocked(frame []byte) {
 	}
 }
 
+// writeNow writes what of b the socket takes without blocking, and
+// returns how much that was (0 on any error: the goroutine's blocking
+// write then meets it again and reports it).
+func (s *sender) writeNow(b []byte) int {
+	rc, err := s.raw.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	_ = rc.Write(func(fd uintptr) bool {
+		k, err := unix.Write(int(fd), b)
+		if err == nil {
+			n = k
+		}
+		return true // never wait: the rest is queued
+	})
+	return n
+}
+
 // run writes queued frames until the queue is empty or the socket fails.
 func (s *sender) run() {
 	for {
 		s.mu.Lock()
 		if len(s.q) == 0 || s.err != nil {
 			s.running = false
+			if s.closing {
+				_ = s.raw.Close()
+				if s.closeTimer != nil {
+					s.closeTimer.Stop()
+				}
+			}
 			s.mu.Unlock()
-			wake(s.idle)
 			return
 		}
 		bufs := s.q
@@ -148,12 +191,6 @@ func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (in
 	return n, nil
 }
 
-func (s *sender) busy() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.running
-}
-
 // cursor returns the Data bytes queued so far.
 func (s *sender) cursor() uint64 {
 	s.mu.Lock()
@@ -161,23 +198,17 @@ func (s *sender) cursor() uint64 {
 	return s.sent
 }
 
-// finish takes no more frames, waits at most wait for the queued ones to
-// be written, and closes the socket.
+// finish takes no more frames and closes the socket once the queued ones
+// are written, or wait from now, whichever comes first. It does not block.
 func (s *sender) finish(wait time.Duration) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.closing = true
-	s.mu.Unlock()
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	for s.busy() {
-		select {
-		case <-s.idle:
-		case <-t.C:
-			_ = s.raw.Close()
-			return
-		}
+	if !s.running {
+		_ = s.raw.Close()
+		return
 	}
-	_ = s.raw.Close()
+	s.closeTimer = time.AfterFunc(wait, func() { _ = s.raw.Close() })
 }
 
 // wake signals ch (capacity 1) without blocking.

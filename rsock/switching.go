@@ -399,7 +399,10 @@ func (w *swConn) Close() error {
 	if r != nil {
 		return r.Close()
 	}
-	g := &handshake.Goodbye{}
+	// Without a ring the stream is all on TCP: the end of the socket,
+	// after the queued frames, is the goodbye, as for plain TCP. An abort
+	// says why.
+	var g *handshake.Goodbye
 	if failed != nil {
 		g = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(failed.Error())}
 	} else if w.linger != nil && *w.linger == 0 {
@@ -413,16 +416,20 @@ func (w *swConn) Close() error {
 func (w *swConn) LocalAddr() net.Addr  { return w.raw.LocalAddr() }
 func (w *swConn) RemoteAddr() net.Addr { return w.raw.RemoteAddr() }
 
-// Goodbye sends the goodbye and closes the bootstrap, once
-// (stream.Bootstrap). A ring's goodbye carries its producer cursor: the
-// stream cursor adds the Data sent before the switch.
+// Goodbye queues the goodbye g (none if nil) behind the frames queued
+// before it, and closes the bootstrap once they are written (at most
+// closeAckTimeout later, in the background), once (stream.Bootstrap). A
+// ring's goodbye carries its producer cursor: the stream cursor adds the
+// Data sent before the switch.
 func (w *swConn) Goodbye(g *handshake.Goodbye) {
 	w.goodbye.Do(func() {
-		gb := *g
-		if !gb.Abort {
-			gb.FinalProd += w.out.cursor()
+		if g != nil {
+			gb := *g
+			if !gb.Abort {
+				gb.FinalProd += w.out.cursor()
+			}
+			_ = w.out.send(&gb)
 		}
-		_ = w.out.send(&gb)
 		w.out.finish(closeAckTimeout)
 	})
 }
@@ -716,12 +723,35 @@ func (w *swConn) ended(err error) {
 	var pe *protocolErr
 	switch {
 	case errors.As(err, &re), errors.As(err, &pe):
+	case err == io.EOF && w.peerClosedOnTCP():
+		return
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
 		err = &stream.ResetError{Reason: "peer vanished (bootstrap connection closed without goodbye)", Err: err}
 	default:
 		err = &stream.ResetError{Reason: "bootstrap connection failed", Err: err}
 	}
 	w.fail(err)
+}
+
+// peerClosedOnTCP handles the end of the bootstrap at a frame boundary
+// while the peer's sending is on TCP: that is its orderly close (all its
+// bytes came before), as for plain TCP. It reports false when the peer's
+// sending is on a ring (the end is then no goodbye: the peer vanished).
+func (w *swConn) peerClosedOnTCP() bool {
+	w.mu.Lock()
+	if w.switched {
+		w.mu.Unlock()
+		return false
+	}
+	w.eof, w.gone = true, true
+	w.settleLocked()
+	r := w.ring
+	w.mu.Unlock()
+	wake(w.rnote)
+	if r != nil {
+		r.PeerSaid(&handshake.Goodbye{}, nil) // its ring carried nothing
+	}
+	return true
 }
 
 // info fills ci's switch log and returns the ring, if any, whose counters

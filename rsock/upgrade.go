@@ -37,7 +37,8 @@ func switchHello(names []string) *handshake.Hello {
 // serveSwitch answers a Hello with FlagSwitch: Upgrade, naming the
 // transports this server would take of those offered, in its order. The
 // connection goes to Accept at once, on TCP.
-func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello) (*Conn, error) {
+// withMagic says the magic has not been sent yet and goes with it.
+func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, withMagic bool) (*Conn, error) {
 	up := &handshake.Upgrade{}
 	for _, name := range s.serveOrder() {
 		t, _ := handshake.TransportByName(name)
@@ -45,7 +46,11 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 			up.Transports = append(up.Transports, t)
 		}
 	}
-	if err := handshake.WriteAfterMagic(raw, up); err != nil {
+	write := handshake.WriteAfterMagic
+	if withMagic {
+		write = handshake.Write
+	}
+	if err := write(raw, up); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
 	}

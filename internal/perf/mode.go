@@ -144,7 +144,8 @@ func (d Dialer) Dial(addr string) (net.Conn, error) {
 }
 
 // CheckTransport returns a *MismatchError unless c is carried by m's
-// transport (plain: a connection rsock did not make).
+// transport (plain: a connection rsock did not make), or is on its way to
+// it (rsock's switching protocol, before the upgrade: CodeUpgrading).
 func CheckTransport(c net.Conn, m Mode) error {
 	got := rsock.TransportOf(c)
 	if got == m.Transport {
@@ -153,6 +154,9 @@ func CheckTransport(c net.Conn, m Mode) error {
 	var reason string
 	if info, ok := rsock.InfoOf(c); ok {
 		reason = info.Reason
+		if info.Code == rsock.CodeUpgrading && m.Transport != "" && m.Transport != "tcp" {
+			return nil
+		}
 	}
 	want := m.Transport
 	if want == "" {
