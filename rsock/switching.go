@@ -223,6 +223,9 @@ func (w *swConn) Write(b []byte) (int, error) {
 	defer w.wmu.Unlock()
 	n := 0
 	for {
+		if n == len(b) && n > 0 {
+			return n, nil // written, whatever happened since
+		}
 		w.switchLocked()
 		if w.wring != nil {
 			k, err := w.wring.Write(b[n:])

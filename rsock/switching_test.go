@@ -449,3 +449,47 @@ func TestSwitchGoodbyeCursor(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1500), n)
 }
+
+// TestSwitchWriteThenPeerCloses: a Write whose bytes all went out
+// returns without error even when the peer read them, answered and closed
+// before the Write returned (it used to report a broken pipe: the frame is
+// written from the caller, so the peer can be that quick; the old code
+// failed within 50 cycles).
+func TestSwitchWriteThenPeerCloses(t *testing.T) {
+	cfg := &Config{Transports: []string{"shm"}, UpgradeAfter: time.Millisecond}
+	ln := listen(t, cfg)
+	served := make(chan error, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			var one [1]byte
+			_, err = io.ReadFull(c, one[:])
+			if err == nil {
+				_, err = c.Write(one[:])
+			}
+			c.Close()
+			served <- err
+		}
+	}()
+	d := Dialer{Config: cfg}
+	for i := range 500 {
+		c, err := d.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var one [1]byte
+		if _, err := c.Write(one[:]); err != nil {
+			t.Fatal(i, err)
+		}
+		if _, err := io.ReadFull(c, one[:]); err != nil {
+			t.Fatal(i, err)
+		}
+		c.Close()
+		if err := <-served; err != nil {
+			t.Fatal(i, err)
+		}
+	}
+}
