@@ -107,7 +107,10 @@ type Config struct {
 	// the version-1 handshake instead: the ring is set up before Dial
 	// returns, and the connection never changes transport (needed for
 	// servers older than the switching protocol to use a ring). A
-	// listener answers both kinds of client whatever its own setting. Env
+	// listener answers both kinds of client whatever its own setting.
+	// Without "tcp" in Transports the connection runs on TCP only until
+	// its upgrade: one that fails resets it, and a listener with no
+	// transport in common refuses the client. Env
 	// RSOCK_UPGRADE_AFTER. Default DefaultUpgradeAfter.
 	UpgradeAfter time.Duration
 

@@ -122,30 +122,32 @@ func (s *sender) run() {
 }
 
 // send queues a control frame; it fails only once the socket has failed or
-// finish was called.
+// the sender took its last frame.
 func (s *sender) send(m handshake.Message) error {
-	frame, err := handshake.Append(pool.Get(512)[:0], m)
-	if err != nil {
-		pool.Put(frame)
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err != nil || s.closing {
-		pool.Put(frame)
-		return s.failureLocked()
-	}
-	s.queueLocked(frame)
-	return nil
+	_, err := s.sendAt(func(uint64) handshake.Message { return m }, false)
+	return err
 }
 
-// sendAt queues a control frame made from the Data cursor at this moment
-// (so no Data frame can slip between reading the cursor and queueing).
-func (s *sender) sendAt(m func(cursor uint64) handshake.Message) (uint64, error) {
+// sendAt queues a control frame made from the Data cursor, under the
+// same lock as the Data frames, so none slips between reading the cursor
+// and queueing the frame. With last, the sender takes no frames after it
+// (finish then closes the socket once it is written).
+func (s *sender) sendAt(m func(cursor uint64) handshake.Message, last bool) (uint64, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	cursor := s.sent
-	s.mu.Unlock()
-	return cursor, s.send(m(cursor))
+	frame, err := handshake.Append(pool.Get(512)[:0], m(cursor))
+	if err != nil {
+		pool.Put(frame)
+		return cursor, err
+	}
+	if s.err != nil || s.closing {
+		pool.Put(frame)
+		return cursor, s.failureLocked()
+	}
+	s.queueLocked(frame)
+	s.closing = s.closing || last
+	return cursor, nil
 }
 
 // failureLocked is the error of a sender that takes no more frames.
@@ -191,13 +193,6 @@ func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (in
 	return n, nil
 }
 
-// cursor returns the Data bytes queued so far.
-func (s *sender) cursor() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.sent
-}
-
 // finish takes no more frames and closes the socket once the queued ones
 // are written, or wait from now, whichever comes first. It does not block.
 func (s *sender) finish(wait time.Duration) {
@@ -208,7 +203,12 @@ func (s *sender) finish(wait time.Duration) {
 		_ = s.raw.Close()
 		return
 	}
-	s.closeTimer = time.AfterFunc(wait, func() { _ = s.raw.Close() })
+	// Frames still queued then are lost: a reset, not an orderly end, so
+	// the peer cannot take a cut stream for a whole one.
+	s.closeTimer = time.AfterFunc(wait, func() {
+		_ = s.raw.SetLinger(0)
+		_ = s.raw.Close()
+	})
 }
 
 // wake signals ch (capacity 1) without blocking.

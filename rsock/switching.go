@@ -24,7 +24,7 @@ import (
 // holds the peer back.
 const recvQueue = 256 << 10
 
-// swConn is a Conn on the switching protocol (docs/protocol.md §5). It
+// swConn is a Conn on the switching protocol (docs/protocol.md §9). It
 // starts on its bootstrap TCP connection, the stream carried in Data
 // frames, and each direction moves to a ring (verbs or shm) at an exact
 // stream cursor once the ring is ready: the sender queues Switch{X} behind
@@ -252,7 +252,11 @@ func (w *swConn) Write(b []byte) (int, error) {
 		w.counted(k)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) && !w.isClosed() {
-				err = w.writeErr()
+				// The sender finished under us: the connection failed or
+				// its ring said goodbye.
+				if err = w.writeErr(); err == nil {
+					err = &stream.ResetError{Reason: "the bootstrap connection was closed for a failure"}
+				}
 			}
 			return n, err
 		}
@@ -293,7 +297,7 @@ func (w *swConn) switchLocked() {
 	if !ok {
 		return
 	}
-	x, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Switch{Cursor: x} })
+	x, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Switch{Cursor: x} }, false)
 	if err != nil {
 		return // the socket failed: the Write reports it
 	}
@@ -358,7 +362,7 @@ func (w *swConn) CloseWrite() error {
 	w.sendDone = true
 	w.settleLocked()
 	w.mu.Unlock()
-	_, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Fin{Cursor: x} })
+	_, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Fin{Cursor: x} }, false)
 	return err
 }
 
@@ -428,10 +432,12 @@ func (w *swConn) Goodbye(g *handshake.Goodbye) {
 	w.goodbye.Do(func() {
 		if g != nil {
 			gb := *g
-			if !gb.Abort {
-				gb.FinalProd += w.out.cursor()
-			}
-			_ = w.out.send(&gb)
+			_, _ = w.out.sendAt(func(x uint64) handshake.Message {
+				if !gb.Abort {
+					gb.FinalProd += x // no Data can follow: last
+				}
+				return &gb
+			}, true)
 		}
 		w.out.finish(closeAckTimeout)
 	})

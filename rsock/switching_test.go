@@ -493,3 +493,33 @@ func TestSwitchWriteThenPeerCloses(t *testing.T) {
 		}
 	}
 }
+
+// TestSwitchWithoutTCP: without tcp among the transports, the connection
+// runs on TCP only until its upgrade: an upgrade that fails resets it,
+// saying why, and a listener with no common transport refuses the
+// dial.
+func TestSwitchWithoutTCP(t *testing.T) {
+	registerSim(t)
+	cfg := &Config{Transports: []string{"sim"}, RingSize: 64 << 10, UpgradeAfter: time.Nanosecond}
+	ln := listen(t, cfg)
+	for range maxSetups {
+		ln.setups <- struct{}{}
+	}
+	c, s := dialAccept(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+	_, err := c.Read(make([]byte, 1))
+	// Either side may fail it first: each resets with the same reason.
+	assert.ErrorIs(t, err, syscall.ECONNRESET)
+	assert.Contains(t, err.Error(), "TCP fallback is not allowed")
+	assert.Contains(t, err.Error(), "server busy")
+	for range maxSetups {
+		<-ln.setups
+	}
+
+	shmOnly := listen(t, &Config{Transports: []string{"shm"}})
+	d := Dialer{Config: cfg, Timeout: 10 * time.Second}
+	_, err = d.Dial("tcp", shmOnly.Addr().String())
+	assert.ErrorIs(t, err, ErrNoTransport)
+}

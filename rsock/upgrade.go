@@ -11,7 +11,7 @@ import (
 	"github.com/rdmanet/rdmanet/internal/transport"
 )
 
-// The switching protocol's handshake and upgrade (docs/protocol.md §5).
+// The switching protocol's handshake and upgrade (docs/protocol.md §9).
 // The client's Hello carries FlagSwitch and names the transports it could
 // set up, unprepared; a switching server answers Upgrade at once, with the
 // transports it would take, and both hand the connection to the
@@ -46,17 +46,25 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 			up.Transports = append(up.Transports, t)
 		}
 	}
+	var answer handshake.Message = up
+	reason := "on TCP until the client upgrades"
+	if len(up.Transports) == 0 {
+		reason = "no common transport: " + s.transportList()
+		if !s.fallback {
+			answer = &handshake.Decline{Code: handshake.DeclineNoCommonTransport, Reason: "no common transport"}
+		}
+	}
 	write := handshake.WriteAfterMagic
 	if withMagic {
 		write = handshake.Write
 	}
-	if err := write(raw, up); err != nil {
+	if err := write(raw, answer); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
 	}
-	reason := "on TCP until the client upgrades"
-	if len(up.Transports) == 0 {
-		reason = "no common transport: " + s.transportList()
+	if answer != handshake.Message(up) {
+		raw.Close()
+		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 	}
 	return s.switchConn(l.network, raw, l, up.Transports, reason), nil
 }
@@ -92,8 +100,12 @@ func (s *settings) transportList() string {
 }
 
 // stayOnTCP records an upgrade that did not happen: the connection goes on
-// on TCP, visibly.
+// on TCP, visibly, or, where TCP is not allowed, is reset.
 func (w *swConn) stayOnTCP(code, reason string) {
+	if !w.set.fallback {
+		w.fail(&stream.ResetError{Reason: "no transport could be agreed and TCP fallback is not allowed: " + reason, Err: ErrNoTransport})
+		return
+	}
 	w.note("", "tcp", "tcp", reason)
 	to := &label{transport: "tcp", code: code, fallback: true, reason: reason}
 	relabel(w.c.label.Swap(to), to)

@@ -3,7 +3,7 @@
 // transport (verbs, shm, sim) and trade receive-ring descriptions, the
 // Goodbye that closes a switched connection, and the switching protocol's
 // frames (Hello flag FlagSwitch), which carry the stream on TCP and move it
-// to a ring and back. Nothing sends the latter yet.
+// to a ring (rsock/switching.go; failover back to TCP is not built yet).
 //
 // # Framing
 //

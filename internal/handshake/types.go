@@ -47,7 +47,7 @@ const (
 	TypeConfirm Type = 4 // client -> server: switch (or give up) after Accept
 	TypeGoodbye Type = 5 // either side, after the switch, before closing
 
-	// The switching protocol (Hello flag FlagSwitch; docs/protocol.md §5).
+	// The switching protocol (Hello flag FlagSwitch; docs/protocol.md §9).
 	TypeUpgrade Type = 6  // server -> client: switching agreed, at once after the Hello
 	TypeData    Type = 7  // either side: stream bytes carried on TCP
 	TypeOffer   Type = 8  // client -> server: one prepared transport, answered by Accept or Decline
