@@ -378,18 +378,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		return nil, &notRsockError{"it echoed the hello"}
 	case *handshake.Decline:
 		closeAll(nil)
-		reason := fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason)
-		if m.Code == handshake.DeclineVersion {
-			// The server closes after a version decline.
-			raw.Close()
-			return nil, &redialError{CodeDeclined, reason}
-		}
-		if !s.fallback {
-			raw.Close()
-			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
-		}
-		_ = raw.SetDeadline(time.Time{})
-		return plainConn(network, raw, nil, CodeDeclined, true, reason), nil
+		return s.declined(network, raw, m)
 	case *handshake.Accept:
 		ep := eps[m.Transport]
 		if ep == nil {
@@ -507,17 +496,7 @@ func (s *settings) dialSwitch(ctx context.Context, network string, raw *net.TCPC
 		}
 		return s.switchConn(network, raw, nil, ts, reason), nil
 	case *handshake.Decline:
-		// A version-1 server declines offers without rings.
-		reason := fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason)
-		if m.Code == handshake.DeclineVersion {
-			raw.Close()
-			return nil, &redialError{CodeDeclined, reason}
-		}
-		if !s.fallback {
-			raw.Close()
-			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
-		}
-		return plainConn(network, raw, nil, CodeDeclined, true, reason), nil
+		return s.declined(network, raw, m) // a version-1 server declines offers without rings
 	case *handshake.Hello:
 		raw.Close()
 		return nil, &notRsockError{"it echoed the hello"}
@@ -528,6 +507,22 @@ func (s *settings) dialSwitch(ctx context.Context, network string, raw *net.TCPC
 		raw.Close()
 		return nil, &notRsockError{fmt.Sprintf("it answered with %v", msg.Type())}
 	}
+}
+
+// declined handles the server's Decline of the hello: the connection
+// continues on the same socket as plain TCP (or fails without tcp); after
+// a version decline the server closes, and the caller redials.
+func (s *settings) declined(network string, raw *net.TCPConn, m *handshake.Decline) (*Conn, error) {
+	reason := fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason)
+	if m.Code == handshake.DeclineVersion {
+		raw.Close()
+		return nil, &redialError{CodeDeclined, reason}
+	}
+	if !s.fallback {
+		raw.Close()
+		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
+	}
+	return plainConn(network, raw, nil, CodeDeclined, true, reason), nil
 }
 
 // readFull reads len(b) bytes, returning how many it got before an error.

@@ -96,19 +96,7 @@ func TestSwitchHashedTransfer(t *testing.T) {
 				c, s := dialAccept(t, ln, cfg)
 				defer c.Close()
 				defer s.Close()
-				var wg sync.WaitGroup
-				errs := make(chan error, 4)
-				for dir, p := range [][2]*Conn{{c, s}, {s, c}} {
-					wg.Add(2)
-					seed := uint64(size*10 + dir)
-					go func() { defer wg.Done(); errs <- hashedWrite(p[0], size, seed) }()
-					go func() { defer wg.Done(); errs <- hashedRead(p[1], size, seed) }()
-				}
-				wg.Wait()
-				close(errs)
-				for err := range errs {
-					require.NoError(t, err)
-				}
+				hashedBothWays(t, c, s, size, uint64(size*10))
 				awaitSettled(t, c, s)
 				for _, x := range []*Conn{c, s} {
 					info := x.Info()
@@ -119,6 +107,25 @@ func TestSwitchHashedTransfer(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// hashedBothWays streams size hashed bytes from c to s and from s to c at
+// once, and checks what arrives.
+func hashedBothWays(t *testing.T, c, s *Conn, size int, seed uint64) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for dir, p := range [][2]*Conn{{c, s}, {s, c}} {
+		wg.Add(2)
+		seed := seed + uint64(dir)
+		go func() { defer wg.Done(); errs <- hashedWrite(p[0], size, seed) }()
+		go func() { defer wg.Done(); errs <- hashedRead(p[1], size, seed) }()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
 	}
 }
 

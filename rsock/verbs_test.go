@@ -429,3 +429,30 @@ func TestVerbsMemlockBudget(t *testing.T) {
 	assert.Positive(t, byTransport["verbs"], "the first connection fits under the limit")
 	assert.Positive(t, byTransport["tcp"], "later ones pass it")
 }
+
+// TestVerbsSwitchHashedTransfer: on the switching protocol, a connection
+// upgrades to verbs in the middle of hashed transfers in both directions;
+// every byte arrives once and in order, and both directions end on verbs.
+func TestVerbsSwitchHashedTransfer(t *testing.T) {
+	for _, tc := range []struct {
+		size  int
+		after time.Duration
+	}{{300 << 10, time.Nanosecond}, {4 << 20, 2 * time.Millisecond}} {
+		t.Run(fmt.Sprintf("size=%d/after=%v", tc.size, tc.after), func(t *testing.T) {
+			cfg := verbsRing(64<<10, 0)
+			cfg.UpgradeAfter = tc.after
+			cfg.UpgradeBytes = tc.size / 3
+			ln := listenVerbs(t, cfg)
+			c, s := dialAccept(t, ln, cfg)
+			defer c.Close()
+			defer s.Close()
+			hashedBothWays(t, c, s, tc.size, uint64(tc.size))
+			awaitSettled(t, c, s)
+			for _, x := range []*Conn{c, s} {
+				info := x.Info()
+				assert.Equal(t, "verbs", info.Transport, info.Reason)
+				assert.Len(t, info.Switches, 2, "%+v", info.Switches)
+			}
+		})
+	}
+}
