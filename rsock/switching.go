@@ -55,6 +55,7 @@ type swConn struct {
 
 	transports []handshake.Transport // client: what the server takes, in our order
 	upStarted  atomic.Bool           // the client's upgrade has begun (kick)
+	parked     atomic.Bool           // the reader waits for the application to make room
 	upTimer    *time.Timer
 	moved      atomic.Uint64 // bytes read and written on TCP, for the policy
 
@@ -292,7 +293,7 @@ func (w *swConn) switchLocked() {
 	}
 	w.mu.Lock()
 	r := w.ring
-	ok := r != nil && !w.closed && w.err == nil
+	ok := r != nil && !w.closed && w.err == nil && !w.gone
 	w.mu.Unlock()
 	if !ok {
 		return
@@ -492,6 +493,7 @@ func (w *swConn) setRing(r *stream.Conn) bool {
 	w.mu.Lock()
 	if w.closed || w.err != nil {
 		w.mu.Unlock()
+		_ = r.SetLinger(0) // nothing was sent on it: no final message to wait for
 		_ = r.Close()
 		return false
 	}
@@ -500,8 +502,17 @@ func (w *swConn) setRing(r *stream.Conn) bool {
 	if w.linger != nil {
 		_ = r.SetLinger(*w.linger)
 	}
+	if w.rclosed {
+		_ = r.CloseRead()
+	}
+	gone := w.gone
 	w.ring = r
 	w.mu.Unlock()
+	if gone {
+		// The peer ended before the ring was installed; it sent nothing
+		// on it.
+		r.PeerSaid(&handshake.Goodbye{}, nil)
+	}
 	wake(w.rnote)
 	return true
 }
@@ -575,12 +586,14 @@ func (w *swConn) readData(n int) error {
 	w.rqLen += n
 	wake(w.rnote)
 	for w.rqLen >= recvQueue && !w.closed && !w.rclosed {
+		w.parked.Store(true)
 		w.mu.Unlock()
 		select {
 		case <-w.space:
 		case <-w.done:
 		}
 		w.mu.Lock()
+		w.parked.Store(false)
 	}
 	return nil
 }
@@ -603,17 +616,21 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		}
 		w.answers <- msg
 	case *handshake.UpgradeOffer:
+		if w.client {
+			return false, protocolError("an offer to the client")
+		}
 		w.mu.Lock()
 		busy := w.upgrading || w.ring != nil
+		mine := make(chan struct{})
 		if !busy {
 			w.upgrading = true
-			w.upDone = make(chan struct{})
+			w.upDone = mine
 		}
 		w.mu.Unlock()
-		if w.client || busy {
-			return false, protocolError("an offer while %s", map[bool]string{true: "the client", false: "another upgrade runs"}[w.client])
+		if busy {
+			return false, protocolError("an offer while another upgrade runs or a ring exists")
 		}
-		go w.serveUpgrade(m.Offer)
+		go w.serveUpgrade(m.Offer, mine)
 	case *handshake.Confirm:
 		if w.client || !w.awaiting() {
 			return false, protocolError("a confirm without an accept")

@@ -530,3 +530,128 @@ func TestSwitchWithoutTCP(t *testing.T) {
 	_, err = d.Dial("tcp", shmOnly.Addr().String())
 	assert.ErrorIs(t, err, ErrNoTransport)
 }
+
+// TestSwitchOfferFlood: clients that answer every Decline with another
+// Offer (for a transport the server does not allow) get Declines; the
+// server's upgrade bookkeeping holds (one upgrade at a time, each ending
+// its own), and nothing panics.
+func TestSwitchOfferFlood(t *testing.T) {
+	registerSim(t)
+	ln := listen(t, swCfg("sim", time.Hour))
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	offer := frame(t, &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: handshake.TransportShm}})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer raw.Close()
+			_ = raw.SetDeadline(time.Now().Add(time.Minute))
+			_, err = raw.Write(frame(t, switchHello([]string{"sim"})))
+			require.NoError(t, err)
+			m, err := handshake.Read(raw)
+			require.NoError(t, err)
+			require.IsType(t, &handshake.Upgrade{}, m)
+			for range 300 {
+				if _, err := raw.Write(offer); err != nil {
+					t.Error(err)
+					return
+				}
+				m, err := handshake.Read(raw)
+				if !assert.NoError(t, err) || !assert.IsType(t, &handshake.Decline{}, m) {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// TestSwitchLargeWriteDuringUpgrade: a Write of 16 MiB to an echo server
+// runs while the connection upgrades; the client's upgrade must not wait
+// for the Write (which waits for ring room, which needs the server's
+// Switch handled) before it ends. Every byte comes back.
+func TestSwitchLargeWriteDuringUpgrade(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Hour)
+	ln := listen(t, cfg)
+	c, s := dialAccept(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	go func() { _, _ = io.Copy(s, s) }()
+	const size = 16 << 20
+	msg := streamBytes(size, 7)
+	werr := make(chan error, 1)
+	go func() { _, err := c.Write(msg); werr <- err }()
+	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+	got := make([]byte, size)
+	_, err := io.ReadFull(c, got[:1<<20])
+	require.NoError(t, err)
+	c.w.kick()
+	_, err = io.ReadFull(c, got[1<<20:])
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(msg, got))
+	require.NoError(t, <-werr)
+	awaitSettled(t, c, s)
+	assert.Equal(t, "sim", TransportOf(c))
+}
+
+// TestSwitchSlowReaderDuringUpgrade: while the server's application does
+// not read for longer than HandshakeTimeout, the client's Confirm waits
+// behind unread Data; the server waits for it instead of giving up, and
+// the connection neither resets nor loses a byte.
+func TestSwitchSlowReaderDuringUpgrade(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Hour)
+	cfg.HandshakeTimeout = 300 * time.Millisecond
+	ln := listen(t, cfg)
+	c, s := dialAccept(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	c.w.kick()
+	const size = 8 << 20
+	msg := streamBytes(size, 3)
+	werr := make(chan error, 1)
+	go func() { _, err := c.Write(msg); werr <- err }()
+	// The server's reader stops at its queue's bound with the Confirm
+	// (or the Offer) behind it; the application reads nothing for three
+	// handshake timeouts.
+	time.Sleep(3 * cfg.HandshakeTimeout)
+	_ = s.SetReadDeadline(time.Now().Add(time.Minute))
+	got, err := io.ReadAll(io.LimitReader(s, size))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(msg, got), "read %d of %d bytes", len(got), size)
+	require.NoError(t, <-werr)
+}
+
+// TestSwitchCloseReadBeforeTheRing: CloseRead on TCP carries over to the
+// ring installed later: the peer's Writes into it do not stall.
+func TestSwitchCloseReadBeforeTheRing(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Hour)
+	ln := listen(t, cfg)
+	c, s := dialAccept(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	require.NoError(t, s.CloseRead())
+	_, err := c.Write(make([]byte, 1<<20))
+	require.NoError(t, err)
+	c.w.kick()
+	awaitSettled(t, c, s)
+	require.Equal(t, "sim", TransportOf(c))
+	_ = c.SetWriteDeadline(time.Now().Add(time.Minute))
+	_, err = c.Write(make([]byte, 1<<20))
+	require.NoError(t, err)
+}

@@ -110,7 +110,6 @@ func (w *swConn) stayOnTCP(code, reason string) {
 	to := &label{transport: "tcp", code: code, fallback: true, reason: reason}
 	relabel(w.c.label.Swap(to), to)
 	w.mu.Lock()
-	w.upgrading = false
 	w.stayed = true
 	w.settleLocked()
 	w.mu.Unlock()
@@ -157,13 +156,10 @@ func (w *swConn) clientUpgrade() {
 		return
 	}
 	w.upgrading = true
-	w.upDone = make(chan struct{})
+	mine := make(chan struct{})
+	w.upDone = mine
 	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		close(w.upDone)
-		w.mu.Unlock()
-	}()
+	defer w.upgradeEnded(mine)
 	offer := &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: mustTransport(name), Ring: ringOf(ep.Ring()), Info: ep.Info()}}
 	if err := w.out.send(offer); err != nil {
 		ep.Close()
@@ -182,15 +178,8 @@ func (w *swConn) clientUpgrade() {
 		w.stayOnTCP(CodeDeclined, fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason))
 		return
 	case *handshake.Accept:
-		ctx, cancel := context.WithTimeout(context.Background(), s.handshake)
+		ctx, cancel := w.stepContext()
 		defer cancel()
-		go func() { // ctx ends with the connection too
-			select {
-			case <-w.done:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		r, err := w.clientStart(ctx, ep, name, m)
 		if err != nil {
 			ep.Close()
@@ -212,12 +201,21 @@ func (w *swConn) clientUpgrade() {
 		if !w.setRing(r) {
 			return
 		}
-		w.mu.Lock()
-		w.upgrading = false
-		w.mu.Unlock()
 		w.upgraded(name)
-		w.switchSend()
+		// Not here: a Write in progress holds wmu until the ring has room,
+		// which may take the server's Switch, which the reader handles
+		// only once this upgrade has ended (peerSwitched).
+		go w.switchSend()
 	}
+}
+
+// upgradeEnded ends the upgrade whose channel is mine: no upgrade is in
+// progress any more, and a peer's Switch waiting for it goes on.
+func (w *swConn) upgradeEnded(mine chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.upgrading = false
+	close(mine)
 }
 
 // clientStart connects and starts the ring the server accepted.
@@ -248,23 +246,10 @@ func (w *swConn) switchSend() {
 // serveUpgrade answers the client's offer: Accept with a prepared,
 // passively connected endpoint, or Decline; after Confirm{0} it starts the
 // ring and switches.
-func (w *swConn) serveUpgrade(o handshake.Offer) {
-	s := w.set
-	ctx, cancel := context.WithTimeout(context.Background(), s.handshake)
+func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
+	ctx, cancel := w.stepContext()
 	defer cancel()
-	go func() {
-		select {
-		case <-w.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	defer func() {
-		w.mu.Lock()
-		w.upgrading = false
-		close(w.upDone)
-		w.mu.Unlock()
-	}()
+	defer w.upgradeEnded(mine)
 	name := o.Transport.String()
 	// Endpoint setups count against the listener's bound, as in the
 	// version-1 handshake.
@@ -292,11 +277,8 @@ func (w *swConn) serveUpgrade(o handshake.Offer) {
 		ep.Close()
 		return
 	}
-	var confirm *handshake.Confirm
-	select {
-	case m := <-w.answers:
-		confirm = m.(*handshake.Confirm)
-	case <-ctx.Done():
+	confirm := w.awaitConfirm()
+	if confirm == nil {
 		ep.Close()
 		return // closed, or a client that never confirms: a Switch from it now resets
 	}
@@ -306,6 +288,8 @@ func (w *swConn) serveUpgrade(o handshake.Offer) {
 		return
 	}
 	// The client has switched, or will: a failure from here resets.
+	ctx, cancel = w.stepContext()
+	defer cancel()
 	if err := ep.Established(ctx); err != nil {
 		ep.Close()
 		w.fail(&stream.ResetError{Reason: name + " side exchange", Err: err})
@@ -322,6 +306,42 @@ func (w *swConn) serveUpgrade(o handshake.Offer) {
 	}
 	w.upgraded(name)
 	go w.switchSend()
+}
+
+// stepContext bounds one step of an upgrade by HandshakeTimeout and by
+// the connection's Close.
+func (w *swConn) stepContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), w.set.handshake)
+	go func() {
+		select {
+		case <-w.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// awaitConfirm waits for the client's Confirm, HandshakeTimeout at most
+// while the reader reads: time the reader spends waiting for the
+// application to make room (the Confirm may be behind the Data it has not
+// read) does not count. It returns nil after Close or the timeout.
+func (w *swConn) awaitConfirm() *handshake.Confirm {
+	t := time.NewTimer(w.set.handshake)
+	defer t.Stop()
+	for {
+		select {
+		case m := <-w.answers:
+			return m.(*handshake.Confirm)
+		case <-w.done:
+			return nil
+		case <-t.C:
+			if !w.parked.Load() {
+				return nil
+			}
+			t.Reset(w.set.handshake)
+		}
+	}
 }
 
 // servePrepare checks the offer against this server's transports and
