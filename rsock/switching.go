@@ -19,10 +19,15 @@ import (
 	"github.com/rdmanet/rdmanet/internal/stream"
 )
 
-// recvQueue bounds the Data bytes a switching connection holds for Read;
-// past it the reader stops reading the socket, and TCP's own flow control
-// holds the peer back.
-const recvQueue = 256 << 10
+// recvQueue bounds the Data a switching connection holds for Read; past
+// it the reader stops reading the socket, and TCP's own flow control holds
+// the peer back. Each frame held counts entryCost bytes beyond its
+// payload, so a peer that sends tiny frames cannot make the queue hold a
+// quarter of a million of them.
+const (
+	recvQueue = 256 << 10
+	entryCost = 512
+)
 
 // swConn is a Conn on the switching protocol (docs/protocol.md §9). It
 // starts on its bootstrap TCP connection, the stream carried in Data
@@ -64,7 +69,8 @@ type swConn struct {
 	mu        sync.Mutex // guards what follows
 	rq        [][]byte   // Data payloads not yet read (pooled); rq[0] from roff
 	roff      int
-	rqLen     int
+	rqLen     int    // bytes in rq
+	rqCost    int    // rqLen plus entryCost per entry: what recvQueue bounds
 	rcvd      uint64 // Data bytes received: the peer's stream cursor on TCP
 	switched  bool   // the peer's Switch came, at rcvd: its bytes are in the ring
 	eof       bool   // the peer's Fin, or its goodbye while sending on TCP
@@ -193,15 +199,15 @@ func (w *swConn) takeLocked(b []byte) int {
 		n += k
 		w.roff += k
 		if w.roff == len(w.rq[0]) {
+			w.rqCost -= len(w.rq[0]) + entryCost
 			pool.Put(w.rq[0])
 			w.rq[0] = nil
 			w.rq = w.rq[1:]
 			w.roff = 0
 		}
 	}
-	before := w.rqLen
 	w.rqLen -= n
-	if before >= recvQueue && w.rqLen < recvQueue {
+	if w.rqCost < recvQueue {
 		wake(w.space)
 	}
 	return n
@@ -212,7 +218,7 @@ func (w *swConn) dropQueueLocked() {
 	for _, b := range w.rq {
 		pool.Put(b)
 	}
-	w.rq, w.roff, w.rqLen = nil, 0, 0
+	w.rq, w.roff, w.rqLen, w.rqCost = nil, 0, 0, 0
 	wake(w.space)
 }
 
@@ -584,8 +590,9 @@ func (w *swConn) readData(n int) error {
 	}
 	w.rq = append(w.rq, buf)
 	w.rqLen += n
+	w.rqCost += n + entryCost
 	wake(w.rnote)
-	for w.rqLen >= recvQueue && !w.closed && !w.rclosed {
+	for w.rqCost >= recvQueue && !w.closed && !w.rclosed {
 		w.parked.Store(true)
 		w.mu.Unlock()
 		select {

@@ -655,3 +655,37 @@ func TestSwitchCloseReadBeforeTheRing(t *testing.T) {
 	_, err = c.Write(make([]byte, 1<<20))
 	require.NoError(t, err)
 }
+
+// TestSwitchTinyFramesAreBounded: a peer that sends one-byte Data frames
+// to an application that does not read fills the receive queue with at
+// most recvQueue/entryCost of them before the reader stops; then every
+// byte is read in order.
+func TestSwitchTinyFramesAreBounded(t *testing.T) {
+	registerSim(t)
+	ln := listen(t, swCfg("sim", time.Hour))
+	raw, s := rawSwitchClient(t, ln)
+	const frames = 20000
+	var out []byte
+	for i := range frames {
+		out = append(out, frame(t, &handshake.Data{Payload: []byte{byte(i)}})...)
+	}
+	werr := make(chan error, 1)
+	go func() { _, err := raw.Write(out); werr <- err }()
+	deadline := time.Now().Add(time.Minute)
+	for !s.w.parked.Load() {
+		require.True(t, time.Now().Before(deadline), "the reader never stopped for room")
+		time.Sleep(time.Millisecond)
+	}
+	s.w.mu.Lock()
+	held := len(s.w.rq)
+	s.w.mu.Unlock()
+	assert.LessOrEqual(t, held, recvQueue/entryCost+1)
+	_ = s.SetReadDeadline(time.Now().Add(time.Minute))
+	got := make([]byte, frames)
+	_, err := io.ReadFull(s, got)
+	require.NoError(t, err)
+	for i, b := range got {
+		require.Equal(t, byte(i), b, "byte %d", i)
+	}
+	require.NoError(t, <-werr)
+}

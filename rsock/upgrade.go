@@ -209,13 +209,25 @@ func (w *swConn) clientUpgrade() {
 	}
 }
 
-// upgradeEnded ends the upgrade whose channel is mine: no upgrade is in
-// progress any more, and a peer's Switch waiting for it goes on.
+// upgradeEnded ends the upgrade whose channel is mine, once: no upgrade
+// is in progress any more, and a peer's Switch waiting for it goes on.
 func (w *swConn) upgradeEnded(mine chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.upgrading = false
-	close(mine)
+	if !isClosedCh(mine) {
+		w.upgrading = false
+		close(mine)
+	}
+}
+
+// declineOffer ends the server's upgrade and then declines the offer: a
+// client may offer again as soon as it reads the Decline.
+func (w *swConn) declineOffer(mine chan struct{}, code handshake.DeclineCode, reason string) {
+	reason = handshake.SanitizeReason(reason)
+	w.upgradeEnded(mine)
+	if w.out.send(&handshake.Decline{Code: code, Reason: reason}) == nil {
+		w.stayOnTCP(CodeDeclined, "declined the client's offer: "+reason)
+	}
 }
 
 // clientStart connects and starts the ring the server accepted.
@@ -258,18 +270,12 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		defer func() { <-w.ln.setups }()
 	default:
 		w.ln.busy.Add(1)
-		reason := fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups)
-		if w.out.send(&handshake.Decline{Code: handshake.DeclineResources, Reason: reason}) == nil {
-			w.stayOnTCP(CodeDeclined, "declined the client's offer: "+reason)
-		}
+		w.declineOffer(mine, handshake.DeclineResources, fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups))
 		return
 	}
 	ep, err := w.servePrepare(ctx, o)
 	if err != nil {
-		reason := handshake.SanitizeReason(fmt.Sprintf("%s: %v", name, err))
-		if w.out.send(&handshake.Decline{Code: handshake.DeclineUnavailable, Reason: reason}) == nil {
-			w.stayOnTCP(CodeDeclined, "declined the client's offer: "+reason)
-		}
+		w.declineOffer(mine, handshake.DeclineUnavailable, fmt.Sprintf("%s: %v", name, err))
 		return
 	}
 	accept := &handshake.Accept{Transport: o.Transport, Ring: ringOf(ep.Ring()), Info: ep.Info()}
