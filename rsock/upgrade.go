@@ -195,6 +195,7 @@ func (w *swConn) clientUpgrade() {
 		// Confirm goes out before a Write can see the ring and queue its
 		// Switch behind it.
 		if err := w.out.send(&handshake.Confirm{}); err != nil {
+			_ = r.SetLinger(0) // nothing was sent on it
 			_ = r.Close()
 			return
 		}
