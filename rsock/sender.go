@@ -37,6 +37,8 @@ type sender struct {
 	// closeTimer bounds how long a finished sender's queue may take to
 	// drain before the socket is closed under it.
 	closeTimer *time.Timer
+	shut       bool // the queue drained after finish: FIN sent (shutLocked)
+	readerGone bool // the reader has stopped (readerDone)
 }
 
 func newSender(raw *net.TCPConn) *sender {
@@ -94,11 +96,11 @@ func (s *sender) run() {
 		s.mu.Lock()
 		if len(s.q) == 0 || s.err != nil {
 			s.running = false
-			if s.closing {
-				_ = s.raw.Close()
+			if s.closing && s.err == nil {
 				if s.closeTimer != nil {
 					s.closeTimer.Stop()
 				}
+				s.shutLocked()
 			}
 			s.mu.Unlock()
 			return
@@ -200,7 +202,7 @@ func (s *sender) finish(wait time.Duration) {
 	defer s.mu.Unlock()
 	s.closing = true
 	if !s.running {
-		_ = s.raw.Close()
+		s.shutLocked()
 		return
 	}
 	// Frames still queued then are lost: a reset, not an orderly end, so
@@ -209,6 +211,39 @@ func (s *sender) finish(wait time.Duration) {
 		_ = s.raw.SetLinger(0)
 		_ = s.raw.Close()
 	})
+}
+
+// lingerTimeout bounds how long a finished sender's socket stays open,
+// half-closed, for the peer to close its side.
+const lingerTimeout = 2 * time.Second
+
+// shutLocked ends the sending once everything queued is written: a FIN,
+// not a close, so that frames the peer sent meanwhile (the reader is
+// still reading) do not turn our close into a reset that destroys what
+// we sent before it. The socket is closed once the reader has seen the
+// peer's end (readerDone), or lingerTimeout from now.
+func (s *sender) shutLocked() {
+	if s.shut {
+		return
+	}
+	s.shut = true
+	if s.readerGone {
+		_ = s.raw.Close()
+		return
+	}
+	_ = s.raw.CloseWrite()
+	time.AfterFunc(lingerTimeout, func() { _ = s.raw.Close() })
+}
+
+// readerDone says the socket's reader has stopped: the socket is closed
+// now if the sending has ended.
+func (s *sender) readerDone() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.readerGone = true
+	if s.shut {
+		_ = s.raw.Close()
+	}
 }
 
 // wake signals ch (capacity 1) without blocking.

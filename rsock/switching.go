@@ -60,7 +60,7 @@ type swConn struct {
 
 	transports []handshake.Transport // client: what the server takes, in our order
 	upStarted  atomic.Bool           // the client's upgrade has begun (kick)
-	parked     atomic.Bool           // the reader waits for the application to make room
+	parked     atomic.Bool           // the reader waits for the application to make room (tests)
 	upTimer    *time.Timer
 	moved      atomic.Uint64 // bytes read and written on TCP, for the policy
 
@@ -550,10 +550,13 @@ func (w *swConn) fail(err error) {
 
 // readLoop reads the bootstrap until it ends.
 func (w *swConn) readLoop() {
+	defer w.out.readerDone()
 	for {
 		h, msg, err := handshake.Next(w.raw)
 		if err == nil && h.Type == handshake.TypeData {
 			err = w.readData(int(h.Length))
+		} else if err == nil && w.isClosed() {
+			continue // after Close: read on to the peer's end, acting on nothing
 		} else if err == nil {
 			var last bool
 			if last, err = w.handle(msg); last && err == nil {

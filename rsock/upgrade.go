@@ -268,13 +268,13 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	// version-1 handshake.
 	select {
 	case w.ln.setups <- struct{}{}:
-		defer func() { <-w.ln.setups }()
 	default:
 		w.ln.busy.Add(1)
 		w.declineOffer(mine, handshake.DeclineResources, fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups))
 		return
 	}
 	ep, err := w.servePrepare(ctx, o)
+	<-w.ln.setups // prepared (or not): the place's work is done
 	if err != nil {
 		w.declineOffer(mine, handshake.DeclineUnavailable, fmt.Sprintf("%s: %v", name, err))
 		return
@@ -284,10 +284,18 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		ep.Close()
 		return
 	}
-	confirm := w.awaitConfirm()
-	if confirm == nil {
+	// The client always answers an Accept, but its Confirm may wait
+	// behind Data our application has not read yet, for as long as it
+	// does not read: wait for it until Close, as the client waits for the
+	// Accept. The endpoint held meanwhile is what an upgraded connection
+	// holds anyway.
+	var confirm *handshake.Confirm
+	select {
+	case m := <-w.answers:
+		confirm = m.(*handshake.Confirm)
+	case <-w.done:
 		ep.Close()
-		return // closed, or a client that never confirms: a Switch from it now resets
+		return
 	}
 	if confirm.Code != handshake.DeclineNone {
 		ep.Close()
@@ -327,28 +335,6 @@ func (w *swConn) stepContext() (context.Context, context.CancelFunc) {
 		}
 	}()
 	return ctx, cancel
-}
-
-// awaitConfirm waits for the client's Confirm, HandshakeTimeout at most
-// while the reader reads: time the reader spends waiting for the
-// application to make room (the Confirm may be behind the Data it has not
-// read) does not count. It returns nil after Close or the timeout.
-func (w *swConn) awaitConfirm() *handshake.Confirm {
-	t := time.NewTimer(w.set.handshake)
-	defer t.Stop()
-	for {
-		select {
-		case m := <-w.answers:
-			return m.(*handshake.Confirm)
-		case <-w.done:
-			return nil
-		case <-t.C:
-			if !w.parked.Load() {
-				return nil
-			}
-			t.Reset(w.set.handshake)
-		}
-	}
 }
 
 // servePrepare checks the offer against this server's transports and
