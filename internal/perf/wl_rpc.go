@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,11 @@ type dialCounter struct {
 	n    atomic.Int64
 	mu   sync.Mutex
 	last error
+	// With watch, each connection records how it ended (ends), so that a
+	// run that dialed more connections than it has callers can say which
+	// one was replaced and why.
+	watch bool
+	ends  []string
 }
 
 func (dc *dialCounter) dial(ctx context.Context, addr string) (net.Conn, error) {
@@ -34,9 +40,62 @@ func (dc *dialCounter) dial(ctx context.Context, addr string) (net.Conn, error) 
 		dc.mu.Unlock()
 		return nil, err
 	}
-	dc.n.Add(1)
+	id := dc.n.Add(1)
+	if dc.watch {
+		return &watchedConn{Conn: c, dc: dc, id: id}, nil
+	}
 	return c, nil
 }
+
+// ended records how connection id ended, for the report of a replaced
+// connection.
+func (dc *dialCounter) ended(id int64, how string) {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	if len(dc.ends) < 8 {
+		dc.ends = append(dc.ends, fmt.Sprintf("connection %d %s", id, how))
+	}
+}
+
+// replaced explains a run that dialed more than n connections.
+func (dc *dialCounter) replaced(n int) error {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	return fmt.Errorf("%d connections dialed for %d callers (%s)", dc.n.Load(), n, strings.Join(dc.ends, "; "))
+}
+
+// watchedConn notes its first read error and its close.
+type watchedConn struct {
+	net.Conn
+	dc      *dialCounter
+	id      int64
+	reads   atomic.Int64
+	readErr atomic.Pointer[error]
+	once    sync.Once
+}
+
+func (c *watchedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.reads.Add(1)
+	if err != nil {
+		c.readErr.CompareAndSwap(nil, &err)
+	}
+	return n, err
+}
+
+func (c *watchedConn) Close() error {
+	c.once.Do(func() {
+		how := fmt.Sprintf("closed by the client after %d reads", c.reads.Load())
+		if e := c.readErr.Load(); e != nil {
+			how += fmt.Sprintf(", its first read error: %v", *e)
+		}
+		c.dc.ended(c.id, how)
+	})
+	return c.Conn.Close()
+}
+
+// NetConn exposes the connection for rsock.InfoOf.
+func (c *watchedConn) NetConn() net.Conn { return c.Conn }
 
 func (dc *dialCounter) wrap(err error) error {
 	dc.mu.Lock()
@@ -105,7 +164,7 @@ func callers(n int, d time.Duration, call func(i int) error) (*hdrhistogram.Hist
 // httpLoad: a stock http.Client, at most n connections (keep-alive), n
 // callers doing GET /hello against the stock net/http server.
 func httpLoad(ctx context.Context, t *Target, n int, d time.Duration) (Measurement, error) {
-	dc := &dialCounter{d: t.Dial}
+	dc := &dialCounter{d: t.Dial, watch: true}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			return dc.dial(ctx, addr)
@@ -142,7 +201,7 @@ func httpLoad(ctx context.Context, t *Target, n int, d time.Duration) (Measureme
 		return Measurement{}, err
 	}
 	if c := dc.n.Load(); c > int64(n) {
-		return Measurement{}, fmt.Errorf("%d connections dialed for %d callers", c, n)
+		return Measurement{}, dc.replaced(n)
 	}
 	m := map[string]float64{MetricRate: float64(h.TotalCount()) / elapsed.Seconds()}
 	latencyMetrics(m, h)
