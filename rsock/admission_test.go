@@ -19,7 +19,16 @@ import (
 )
 
 // echoAccepted serves every connection ln accepts with an echo.
-func echoAccepted(ln *Listener) {
+func echoAccepted(ln *Listener) { serveAccepted(ln, func(c net.Conn) { _, _ = io.Copy(c, c) }) }
+
+// drainAccepted reads every connection ln accepts to its end.
+func drainAccepted(ln *Listener) {
+	serveAccepted(ln, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
+}
+
+// serveAccepted runs serve on every connection ln accepts, in its own
+// goroutine, and closes the connection after it, until ln closes.
+func serveAccepted(ln *Listener, serve func(net.Conn)) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -27,9 +36,32 @@ func echoAccepted(ln *Listener) {
 		}
 		go func() {
 			defer c.Close()
-			_, _ = io.Copy(c, c)
+			serve(c)
 		}()
 	}
+}
+
+// oneByteEcho answers every connection ln accepts, one at a time: it
+// reads one byte, writes it back, closes, and sends the error, if any, on
+// the channel it returns.
+func oneByteEcho(ln *Listener) <-chan error {
+	served := make(chan error, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			var one [1]byte
+			_, err = io.ReadFull(c, one[:])
+			if err == nil {
+				_, err = c.Write(one[:])
+			}
+			c.Close()
+			served <- err
+		}
+	}()
+	return served
 }
 
 // echoTrip writes msg on c and reads it back.
@@ -118,14 +150,7 @@ func TestStalledClientsDoNotStarveTheListener(t *testing.T) {
 // its transport then.
 func awaitRing(t testing.TB, c net.Conn) string {
 	t.Helper()
-	rc := c.(*Conn)
-	if rc.w != nil {
-		select {
-		case <-rc.w.settled:
-		case <-time.After(time.Minute):
-			t.Fatalf("the upgrade did not settle within a minute: %+v", rc.Info())
-		}
-	}
+	awaitSettledEnd(t, c.(*Conn))
 	return TransportOf(c)
 }
 

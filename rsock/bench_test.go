@@ -139,22 +139,7 @@ func BenchmarkDialAccept(b *testing.B) {
 				lcfg = tcpOnly()
 			}
 			ln := listen(b, lcfg)
-			served := make(chan error, 1)
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					var one [1]byte
-					_, err = io.ReadFull(c, one[:])
-					if err == nil {
-						_, err = c.Write(one[:])
-					}
-					c.Close()
-					served <- err
-				}
-			}()
+			served := oneByteEcho(ln)
 			d := Dialer{Config: tc.cfg}
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -186,15 +171,7 @@ func BenchmarkDialAccept(b *testing.B) {
 func BenchmarkUpgradeTime(b *testing.B) {
 	cfg := &Config{Transports: []string{"shm"}, UpgradeAfter: time.Nanosecond}
 	ln := listen(b, cfg)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	go drainAccepted(ln)
 	d := Dialer{Config: cfg}
 	var took []time.Duration
 	for range b.N {

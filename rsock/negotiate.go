@@ -58,6 +58,41 @@ func (s *settings) newEndpoint(name string, raw net.Conn) (*stream.Endpoint, err
 	return stream.NewEndpoint(p, s.openOptions(raw), opts)
 }
 
+// preparePassive makes the server's endpoint for the client's offer of
+// transport name: it checks the client's ring, connects passively and
+// registers everything the connection needs before the client switches,
+// so that a registration the host refuses is a decline, not an abort.
+func (s *settings) preparePassive(ctx context.Context, name string, raw net.Conn, o handshake.Offer) (*stream.Endpoint, error) {
+	if err := s.checkPeerRing(o.Ring); err != nil {
+		return nil, fmt.Errorf("client's ring: %w", err)
+	}
+	e, err := s.newEndpoint(name, raw)
+	if err != nil {
+		return nil, err
+	}
+	if err = e.Connect(ctx, o.Info, false); err == nil {
+		err = e.Prepare(streamRing(o.Ring))
+	}
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// connectActive is the client's side of an Accept: it checks the server's
+// ring, registers the staging for it (before switching, as the server
+// does) and connects ep actively. On an error the caller closes ep.
+func (s *settings) connectActive(ctx context.Context, ep *stream.Endpoint, m *handshake.Accept) error {
+	if err := s.checkPeerRing(m.Ring); err != nil {
+		return err
+	}
+	if err := ep.Prepare(streamRing(m.Ring)); err != nil {
+		return err
+	}
+	return ep.Connect(ctx, m.Info, true)
+}
+
 func ringOf(r stream.Ring) handshake.RingInfo {
 	return handshake.RingInfo{Size: r.Size, Addr: r.Addr, RKey: r.RKey, Credits: uint16(r.Credits)}
 }
@@ -139,23 +174,8 @@ func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, 
 			continue
 		}
 		offer = hello.Offers[i]
-		if err := s.checkPeerRing(offer.Ring); err != nil {
-			why.add(name, fmt.Errorf("client's ring: %w", err))
-			continue
-		}
-		e, err := s.newEndpoint(name, raw)
+		e, err := s.preparePassive(ctx, name, raw, offer)
 		if err != nil {
-			why.add(name, err)
-			continue
-		}
-		err = e.Connect(ctx, offer.Info, false)
-		if err == nil {
-			// Everything the connection registers, before the client
-			// switches: a registration the host refuses is a decline.
-			err = e.Prepare(streamRing(offer.Ring))
-		}
-		if err != nil {
-			e.Close()
 			why.add(name, err)
 			continue
 		}
@@ -388,14 +408,7 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 		}
 		closeAll(ep)
 		name := m.Transport.String()
-		err := s.checkPeerRing(m.Ring)
-		if err == nil {
-			err = ep.Prepare(streamRing(m.Ring)) // before switching: see the server's
-		}
-		if err == nil {
-			err = ep.Connect(ctx, m.Info, true)
-		}
-		if err != nil {
+		if err := s.connectActive(ctx, ep, m); err != nil {
 			ep.Close()
 			reason := fmt.Sprintf("%s: %v", name, err)
 			wErr := handshake.Write(raw, &handshake.Confirm{Code: handshake.DeclineFailed, Reason: handshake.SanitizeReason(reason)})
@@ -465,7 +478,8 @@ func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.
 // and Hello in one write, no endpoint prepared; a switching server's
 // Upgrade makes a Conn on TCP that upgrades later (upgrade.go).
 func (s *settings) dialSwitch(ctx context.Context, network string, raw *net.TCPConn, names []string) (*Conn, error) {
-	frame, err := handshake.Append(nil, switchHello(names))
+	hello := switchHello(names)
+	frame, err := handshake.Append(nil, hello)
 	if err == nil {
 		_, err = raw.Write(frame)
 	}
@@ -482,7 +496,7 @@ func (s *settings) dialSwitch(ctx context.Context, network string, raw *net.TCPC
 	case *handshake.Upgrade:
 		var ts []handshake.Transport
 		for _, t := range m.Transports {
-			if indexOffer(switchHello(names).Offers, t) >= 0 {
+			if indexOffer(hello.Offers, t) >= 0 {
 				ts = append(ts, t)
 			}
 		}

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -343,6 +342,10 @@ func isClosedCh(ch chan struct{}) bool {
 func (w *swConn) note(dir, from, to, cause string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.noteLocked(dir, from, to, cause)
+}
+
+func (w *swConn) noteLocked(dir, from, to, cause string) {
 	if len(w.log) < maxSwitchLog {
 		w.log = append(w.log, SwitchEvent{At: time.Now(), Direction: dir, From: from, To: to, Cause: cause})
 	}
@@ -532,14 +535,15 @@ func (w *swConn) fail(err error) {
 	}
 	var re *stream.ResetError
 	if !errors.As(err, &re) {
-		err = &stream.ResetError{Reason: err.Error()}
+		re = &stream.ResetError{Reason: err.Error()}
+		err = re
 	}
 	w.err = err
 	w.settleLocked()
 	r := w.ring
 	w.mu.Unlock()
 	wake(w.rnote)
-	why := handshake.SanitizeReason(strings.TrimPrefix(err.Error(), "rsock: connection reset: "))
+	why := handshake.SanitizeReason(re.Why())
 	if r != nil {
 		r.PeerSaid(&handshake.Goodbye{Abort: true, Reason: why}, nil)
 	} else {
@@ -582,9 +586,13 @@ func (w *swConn) readData(n int) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.switched || w.eof {
+	if w.switched {
 		pool.Put(buf)
-		return protocolError("data after the peer's %s", map[bool]string{true: "switch", false: "fin"}[w.switched])
+		return protocolError("data after the peer's switch")
+	}
+	if w.eof {
+		pool.Put(buf)
+		return protocolError("data after the peer's fin")
 	}
 	w.rcvd += uint64(n)
 	if w.rclosed || w.closed {
@@ -709,9 +717,7 @@ func (w *swConn) peerSwitched(x uint64) error {
 	}
 	w.switched = true
 	w.settleLocked()
-	if len(w.log) < maxSwitchLog {
-		w.log = append(w.log, SwitchEvent{At: time.Now(), Direction: "receive", From: "tcp", To: w.c.label.Load().transport, Cause: fmt.Sprintf("peer switched at stream byte %d", x)})
-	}
+	w.noteLocked("receive", "tcp", w.c.label.Load().transport, fmt.Sprintf("peer switched at stream byte %d", x))
 	wake(w.rnote)
 	return nil
 }

@@ -465,22 +465,7 @@ func TestSwitchGoodbyeCursor(t *testing.T) {
 func TestSwitchWriteThenPeerCloses(t *testing.T) {
 	cfg := &Config{Transports: []string{"shm"}, UpgradeAfter: time.Millisecond}
 	ln := listen(t, cfg)
-	served := make(chan error, 1)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			var one [1]byte
-			_, err = io.ReadFull(c, one[:])
-			if err == nil {
-				_, err = c.Write(one[:])
-			}
-			c.Close()
-			served <- err
-		}
-	}()
+	served := oneByteEcho(ln)
 	d := Dialer{Config: cfg}
 	for i := range 500 {
 		c, err := d.Dial("tcp", ln.Addr().String())
@@ -538,15 +523,7 @@ func TestSwitchWithoutTCP(t *testing.T) {
 func TestSwitchOfferFlood(t *testing.T) {
 	registerSim(t)
 	ln := listen(t, swCfg("sim", time.Hour))
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	go drainAccepted(ln)
 	offer := frame(t, &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: handshake.TransportShm}})
 	var wg sync.WaitGroup
 	for range 8 {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
@@ -92,11 +94,7 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, tr
 
 // transportList names the configured accelerated transports.
 func (s *settings) transportList() string {
-	var r reasons
-	for _, name := range s.transports {
-		r = append(r, name)
-	}
-	return "this side allows " + r.String()
+	return "this side allows " + strings.Join(s.transports, "; ")
 }
 
 // stayOnTCP records an upgrade that did not happen: the connection goes on
@@ -130,7 +128,7 @@ func (w *swConn) clientUpgrade() {
 	var name string
 	for _, n := range localFirst(s.transports) {
 		t, ok := handshake.TransportByName(n)
-		if !ok || !hasTransport(w.transports, t) {
+		if !ok || !slices.Contains(w.transports, t) {
 			continue
 		}
 		if hostLocal[n] && !maybeSameHost(w.raw) {
@@ -236,13 +234,7 @@ func (w *swConn) clientStart(ctx context.Context, ep *stream.Endpoint, name stri
 	if m.Transport != mustTransport(name) {
 		return nil, fmt.Errorf("the server accepted %v, which was not offered", m.Transport)
 	}
-	if err := w.set.checkPeerRing(m.Ring); err != nil {
-		return nil, err
-	}
-	if err := ep.Prepare(streamRing(m.Ring)); err != nil {
-		return nil, err
-	}
-	if err := ep.Connect(ctx, m.Info, true); err != nil {
+	if err := w.set.connectActive(ctx, ep, m); err != nil {
 		return nil, err
 	}
 	return ep.Start(streamRing(m.Ring), w)
@@ -338,39 +330,11 @@ func (w *swConn) stepContext() (context.Context, context.CancelFunc) {
 }
 
 // servePrepare checks the offer against this server's transports and
-// prepares, connects (passive) and registers everything for it.
+// prepares its endpoint (preparePassive).
 func (w *swConn) servePrepare(ctx context.Context, o handshake.Offer) (*stream.Endpoint, error) {
-	s := w.set
 	name := o.Transport.String()
-	allowed := false
-	for _, n := range s.transports {
-		allowed = allowed || n == name
+	if !slices.Contains(w.set.transports, name) {
+		return nil, fmt.Errorf("not allowed here (%s)", w.set.transportList())
 	}
-	if !allowed {
-		return nil, fmt.Errorf("not allowed here (%s)", s.transportList())
-	}
-	if err := s.checkPeerRing(o.Ring); err != nil {
-		return nil, fmt.Errorf("client's ring: %w", err)
-	}
-	ep, err := s.newEndpoint(name, w.raw)
-	if err != nil {
-		return nil, err
-	}
-	if err = ep.Connect(ctx, o.Info, false); err == nil {
-		err = ep.Prepare(streamRing(o.Ring))
-	}
-	if err != nil {
-		ep.Close()
-		return nil, err
-	}
-	return ep, nil
-}
-
-func hasTransport(ts []handshake.Transport, t handshake.Transport) bool {
-	for _, x := range ts {
-		if x == t {
-			return true
-		}
-	}
-	return false
+	return w.set.preparePassive(ctx, name, w.raw, o)
 }

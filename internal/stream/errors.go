@@ -27,10 +27,11 @@ type ResetError struct {
 	Err    error  // the cause, if any
 }
 
-func (e *ResetError) Error() string { return "rsock: connection reset: " + e.why() }
+func (e *ResetError) Error() string { return "rsock: connection reset: " + e.Why() }
 
-// why is what happened and its cause, without the prefix.
-func (e *ResetError) why() string {
+// Why is what happened and its cause, without the prefix: what a goodbye
+// and a log record say.
+func (e *ResetError) Why() string {
 	if e.Err != nil {
 		return e.Reason + ": " + e.Err.Error()
 	}
@@ -41,7 +42,7 @@ func (e *ResetError) why() string {
 // record say), else its message.
 func resetWhy(err error) string {
 	if re, ok := err.(*ResetError); ok {
-		return re.why()
+		return re.Why()
 	}
 	return err.Error()
 }
