@@ -119,6 +119,18 @@ type Config struct {
 	// Default DefaultUpgradeBytes.
 	UpgradeBytes int
 
+	// NoFailover turns failover off on switching connections (see
+	// UpgradeAfter): by default, when a ring's transport fails (a queue
+	// pair in error, an error completion, a peer message that breaks the
+	// ring's rules), both directions move back to the connection's TCP
+	// connection without losing, repeating or reordering a byte, and the
+	// application sees no error (Info then says "failed-over" and why, and
+	// Switches lists the moves). With NoFailover, or without "tcp" in
+	// Transports, such a failure resets the connection instead. A peer
+	// process that dies is a dead connection either way. Version-1
+	// connections have no failover. Env RSOCK_NO_FAILOVER=1.
+	NoFailover bool
+
 	// Logger receives fallbacks, remembered probe verdicts, a listener's
 	// failed handshakes (rate-limited) and connections that end in a reset,
 	// with the attributes code, transport, reason and peer (see
@@ -166,6 +178,7 @@ type settings struct {
 	probeCacheTTL time.Duration
 	upgradeAfter  time.Duration // negative: the version-1 handshake
 	upgradeBytes  int
+	failover      bool // a ring failure moves a switching connection to TCP
 	noSwitch      bool // tests: a listener that answers like a version-1 server
 	device        string
 	port          int
@@ -276,6 +289,13 @@ func (c *Config) resolve() (*settings, error) {
 	if s.upgradeBytes, err = intField("UpgradeBytes", cfg.UpgradeBytes, "RSOCK_UPGRADE_BYTES", DefaultUpgradeBytes, parseSize); err != nil {
 		return nil, err
 	}
+	noFailover := cfg.NoFailover
+	if e := strings.TrimSpace(os.Getenv("RSOCK_NO_FAILOVER")); e != "" && !noFailover {
+		if noFailover, err = strconv.ParseBool(e); err != nil {
+			return nil, &ConfigError{Field: "NoFailover", Env: "RSOCK_NO_FAILOVER", Value: e, Err: err}
+		}
+	}
+	s.failover = !noFailover && s.fallback
 	if s.upgradeBytes <= 0 {
 		return nil, &ConfigError{Field: "UpgradeBytes", Value: strconv.Itoa(s.upgradeBytes), Err: fmt.Errorf("must be positive")}
 	}

@@ -36,7 +36,7 @@ var aLongTimeAgo = time.Unix(1, 0)
 var ErrNoTransport = errors.New("rsock: no transport could be agreed and TCP fallback is not allowed")
 
 func (s *settings) streamOptions() stream.Options {
-	return stream.Options{RingSize: s.ringSize, Credits: s.credits, BusyPoll: s.busyPoll}
+	return stream.Options{RingSize: s.ringSize, Credits: s.credits, BusyPoll: s.busyPoll, Failover: s.failover}
 }
 
 func (s *settings) openOptions(raw net.Conn) verbs.OpenOptions {

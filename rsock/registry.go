@@ -33,10 +33,11 @@ const (
 	CodePlainClient  = "plain-client"   // listener: the client does not speak rsock
 	CodeClientGaveUp = "client-gave-up" // listener: the client could not connect the accepted transport
 	CodeUpgrading    = "upgrading"      // on TCP until the ring is set up (switching protocol); then CodeAgreed
+	CodeFailedOver   = "failed-over"    // the ring's transport failed and the connection moved to TCP (switching protocol)
 )
 
 // codes lists every code, for Totals.
-var codes = []string{CodeAgreed, CodeTCPOnly, CodePlainServer, CodeNoAnswer, CodeNothingHere, CodeDeclined, CodeConnectFail, CodePlainClient, CodeClientGaveUp, CodeUpgrading}
+var codes = []string{CodeAgreed, CodeTCPOnly, CodePlainServer, CodeNoAnswer, CodeNothingHere, CodeDeclined, CodeConnectFail, CodePlainClient, CodeClientGaveUp, CodeUpgrading, CodeFailedOver}
 
 // transports lists the transports Totals counts.
 var transports = []string{"verbs", "shm", "tcp", "sim"}

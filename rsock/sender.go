@@ -152,6 +152,21 @@ func (s *sender) sendAt(m func(cursor uint64) handshake.Message, last bool) (uin
 	return cursor, nil
 }
 
+// cursor is the Data cursor: the stream bytes queued so far.
+func (s *sender) cursor() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sent
+}
+
+// seek moves the Data cursor forward to x, where a failover sends bytes
+// again from (the peer has those before x).
+func (s *sender) seek(x uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sent = max(s.sent, x)
+}
+
 // failureLocked is the error of a sender that takes no more frames.
 func (s *sender) failureLocked() error {
 	if s.err != nil {

@@ -55,6 +55,7 @@ type swConn struct {
 	// rmu is held by a Read for its whole call: one waits at a time.
 	rmu   sync.Mutex
 	rnote chan struct{} // cap 1: wakes the waiting Read
+	wnote chan struct{} // cap 1: wakes a Write waiting for a failover (failover.go)
 	space chan struct{} // cap 1: wakes the reader waiting for queue room
 
 	transports []handshake.Transport // client: what the server takes, in our order
@@ -91,6 +92,16 @@ type swConn struct {
 	stayed    bool          // the upgrade ended without a ring
 	settled   chan struct{} // closed once no direction will move any more (settleLocked)
 	goodbye   sync.Once
+
+	// Failover (failover.go), guarded by mu.
+	switchAt    uint64        // the stream cursor of our Switch (sendOn)
+	moving      chan struct{} // a failover runs; closed when it ends
+	awaitResume bool          // we sent Resume and the peer's has not come
+	staleSwitch bool          // the peer's Switch may still come, from before the failover
+	owe         *owed         // our ring's bytes to send again once the peer's Resume comes
+	peerFinal   uint64        // the stream cursor of the peer's goodbye while on the ring
+	ringFailed  string        // the ring failed before setRing installed it
+	failovers   int
 }
 
 // SwitchEvent is one move of a direction of a connection between TCP and
@@ -108,6 +119,7 @@ func newSwConn(c *Conn, s *settings, raw *net.TCPConn, client bool) *swConn {
 		out:     newSender(raw),
 		done:    make(chan struct{}),
 		rnote:   make(chan struct{}, 1),
+		wnote:   make(chan struct{}, 1),
 		space:   make(chan struct{}, 1),
 		answers: make(chan handshake.Message, 1),
 		settled: make(chan struct{}),
@@ -166,7 +178,14 @@ func (w *swConn) Read(b []byte) (int, error) {
 		case w.switched:
 			r := w.ring
 			w.mu.Unlock()
-			return r.Read(b)
+			n, err := r.Read(b)
+			if n > 0 || err == nil {
+				return n, nil
+			}
+			if err = w.offRing(r, err, &w.rdl, w.rnote); err != nil {
+				return 0, err
+			}
+			continue
 		case w.eof:
 			w.mu.Unlock()
 			return 0, io.EOF
@@ -229,13 +248,25 @@ func (w *swConn) Write(b []byte) (int, error) {
 	defer w.wmu.Unlock()
 	n := 0
 	for {
+		w.switchLocked()
+		if r := w.wring; r != nil {
+			k, err := r.Write(b[n:])
+			n += k
+			if err == nil {
+				return n, nil
+			}
+			if err = w.offRing(r, err, &w.wdl, w.wnote); err != nil {
+				return n, err
+			}
+			w.wring = nil
+		}
+		// Bytes a failover owes go first; a Write whose bytes the ring
+		// took returns once they went again.
+		if err := w.resendLocked(&w.wdl); err != nil {
+			return n, err
+		}
 		if n == len(b) && n > 0 {
 			return n, nil // written, whatever happened since
-		}
-		w.switchLocked()
-		if w.wring != nil {
-			k, err := w.wring.Write(b[n:])
-			return n + k, err
 		}
 		if err := w.writeErr(); err != nil {
 			return n, err
@@ -296,11 +327,11 @@ func (w *swConn) switchLocked() {
 	if w.wring != nil || w.wfin {
 		return
 	}
+	// Under mu, so that a failover sees the Switch and sendOn together.
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	r := w.ring
-	ok := r != nil && !w.closed && w.err == nil && !w.gone
-	w.mu.Unlock()
-	if !ok {
+	if r == nil || w.closed || w.err != nil || w.gone || w.moving != nil {
 		return
 	}
 	x, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Switch{Cursor: x} }, false)
@@ -308,11 +339,10 @@ func (w *swConn) switchLocked() {
 		return // the socket failed: the Write reports it
 	}
 	w.wring = r
-	w.note("send", "tcp", w.c.label.Load().transport, fmt.Sprintf("ring ready at stream byte %d", x))
-	w.mu.Lock()
+	w.switchAt = x
 	w.sendOn = true
+	w.noteLocked("send", "tcp", w.c.label.Load().transport, fmt.Sprintf("ring ready at stream byte %d", x))
 	w.settleLocked()
-	w.mu.Unlock()
 }
 
 // settleLocked closes settled once nothing will move any more: each
@@ -358,11 +388,21 @@ const maxSwitchLog = 16
 func (w *swConn) CloseWrite() error {
 	w.wmu.Lock()
 	defer w.wmu.Unlock()
-	if w.wring != nil {
-		return w.wring.CloseWrite()
+	if r := w.wring; r != nil {
+		err := r.CloseWrite()
+		if err == nil {
+			return nil
+		}
+		if err = w.offRing(r, err, &w.wdl, w.wnote); err != nil {
+			return err
+		}
+		w.wring = nil
 	}
 	if w.isClosed() {
 		return net.ErrClosed
+	}
+	if err := w.resendLocked(deadline.New()); err != nil {
+		return err
 	}
 	if w.wfin {
 		return nil
@@ -398,6 +438,10 @@ func (w *swConn) CloseRead() error {
 // Close closes the connection: the ring's orderly close if there is one,
 // then the goodbye on the bootstrap, which carries the stream cursor.
 func (w *swConn) Close() error {
+	if w.isClosed() {
+		return net.ErrClosed
+	}
+	resent := w.resendDone(closeAckTimeout)
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
@@ -422,6 +466,8 @@ func (w *swConn) Close() error {
 	var g *handshake.Goodbye
 	if failed != nil {
 		g = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(failed.Error())}
+	} else if !resent {
+		g = &handshake.Goodbye{Abort: true, Reason: "closed before the failover sent its bytes again"}
 	} else if w.linger != nil && *w.linger == 0 {
 		g = &handshake.Goodbye{Abort: true, Reason: "closed with linger 0 (abort)"}
 	}
@@ -516,7 +562,12 @@ func (w *swConn) setRing(r *stream.Conn) bool {
 	}
 	gone := w.gone
 	w.ring = r
+	failed := w.ringFailed
 	w.mu.Unlock()
+	if failed != "" {
+		// The ring failed before it was installed (TransportFailed).
+		go func() { _ = w.failover(failed) }()
+	}
 	if gone {
 		// The peer ended before the ring was installed; it sent nothing
 		// on it.
@@ -604,6 +655,13 @@ func (w *swConn) readData(n int) error {
 	w.rqCost += n + entryCost
 	wake(w.rnote)
 	for w.rqCost >= recvQueue && !w.closed && !w.rclosed {
+		if w.owe != nil && !w.owe.known {
+			// A Write may wait for the peer's Resume, behind this Data.
+			if w.rqCost >= recvQueue+resumeLag {
+				return protocolError("more than %d bytes of data without its resume", resumeLag)
+			}
+			break
+		}
 		w.parked.Store(true)
 		w.mu.Unlock()
 		select {
@@ -639,7 +697,12 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		}
 		w.mu.Lock()
 		busy := w.upgrading || w.ring != nil
+		again := w.failovers > 0 || w.moving != nil
 		mine := make(chan struct{})
+		if !busy && again {
+			w.mu.Unlock()
+			return false, w.out.send(&handshake.Decline{Code: handshake.DeclineUnavailable, Reason: "this server does not upgrade a connection again after a failover"})
+		}
 		if !busy {
 			w.upgrading = true
 			w.upDone = mine
@@ -661,6 +724,8 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		w.answers <- msg
 	case *handshake.Switch:
 		return false, w.peerSwitched(m.Cursor)
+	case *handshake.Resume:
+		return false, w.peerResumed(m.Cursor)
 	case *handshake.Fin:
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -690,7 +755,7 @@ func (w *swConn) awaiting() bool {
 func (w *swConn) peerSwitched(x uint64) error {
 	w.mu.Lock()
 	wait := w.upDone
-	agreed := w.agreed
+	agreed := w.agreed || w.staleSwitch
 	w.mu.Unlock()
 	if !agreed {
 		return protocolError("a switch without an agreed ring")
@@ -707,7 +772,18 @@ func (w *swConn) peerSwitched(x uint64) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.staleSwitch && w.ring == nil {
+		// Sent before our failover took the ring away: the peer sends
+		// the bytes after x again as Data.
+		if x != w.rcvd {
+			return protocolError("switch at stream byte %d after %d data bytes", x, w.rcvd)
+		}
+		w.staleSwitch = false
+		return nil
+	}
 	switch {
+	case !w.agreed:
+		return protocolError("a switch without an agreed ring")
 	case w.switched || w.eof:
 		return protocolError("a switch after a switch or fin")
 	case x != w.rcvd:
@@ -728,6 +804,7 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	if g.Abort {
 		return &stream.ResetError{Reason: "peer aborted: " + g.Reason}
 	}
+	w.awaitMove()
 	w.mu.Lock()
 	r := w.ring
 	switched, rcvd, eof := w.switched, w.rcvd, w.eof
@@ -738,6 +815,9 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 		return protocolError("goodbye at %d before its switch at %d", g.FinalProd, rcvd)
 	case switched:
 		ringFinal = g.FinalProd - rcvd
+		w.mu.Lock()
+		w.peerFinal = g.FinalProd // checked by a failover that may still come
+		w.mu.Unlock()
 	case g.FinalProd != rcvd:
 		return &stream.ResetError{Reason: "peer's goodbye does not match the data it sent", Err: fmt.Errorf("have %d bytes, goodbye says %d", rcvd, g.FinalProd)}
 	}
@@ -781,7 +861,8 @@ func (w *swConn) ended(err error) {
 // sending is on a ring (the end is then no goodbye: the peer vanished).
 func (w *swConn) peerClosedOnTCP() bool {
 	w.mu.Lock()
-	if w.switched {
+	if w.switched || w.awaitResume || w.moving != nil {
+		// Its bytes were on a ring, or a failover has not heard from it.
 		w.mu.Unlock()
 		return false
 	}
@@ -817,7 +898,14 @@ func (w *swConn) writeTo(dst io.Writer) (n int64, rerr, werr error) {
 		w.mu.Unlock()
 		if onRing {
 			k, rerr, werr := r.CopyTo(dst)
-			return n + k, rerr, werr
+			n += k
+			if werr != nil || rerr == nil {
+				return n, rerr, werr
+			}
+			if rerr = w.offRing(r, rerr, &w.rdl, w.rnote); rerr != nil {
+				return n, rerr, nil
+			}
+			continue
 		}
 		k, err := w.Read(buf)
 		if k > 0 {

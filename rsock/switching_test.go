@@ -360,7 +360,7 @@ func TestSwitchHostilePeer(t *testing.T) {
 		{"accept from the client", []handshake.Message{data, &handshake.Accept{Transport: handshake.TransportSim}}, nil, "without an offer"},
 		{"confirm without an accept", []handshake.Message{data, &handshake.Confirm{}}, nil, "without an accept"},
 		{"a second hello", []handshake.Message{data, &handshake.Hello{Offers: []handshake.Offer{{Transport: handshake.TransportSim}}}}, nil, "unexpected hello"},
-		{"resume", []handshake.Message{data, &handshake.Resume{Cursor: 0}}, nil, "unexpected resume"},
+		{"resume", []handshake.Message{data, &handshake.Resume{Cursor: 0}}, nil, "resume at 0 without a failover"},
 		{"truncated data frame", []handshake.Message{data}, func() []byte {
 			var hb [handshake.HeaderLen]byte
 			handshake.PutDataHeader(&hb, 100)

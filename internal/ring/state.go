@@ -159,6 +159,10 @@ func segments(cursor, n, size uint64) (a, b Seg) {
 // Prod is our producer cursor: all bytes ever written to the peer.
 func (s *State) Prod() uint64 { return s.prod }
 
+// PeerCons is the peer's consumer cursor as it announced it: our bytes
+// before it were read, the ones from it to Prod may not have been.
+func (s *State) PeerCons() uint64 { return s.peerCons }
+
 // Space is how many bytes we may write into the peer's ring now.
 func (s *State) Space() uint64 { return s.p.PeerSize - (s.prod - s.peerCons) }
 

@@ -27,10 +27,11 @@ import (
 // do not interleave their bytes; concurrent Reads each get a contiguous
 // piece of the stream.
 type Conn struct {
-	ep   *Endpoint
-	boot Bootstrap
-	peer Ring
-	opts Options
+	ep    *Endpoint
+	boot  Bootstrap
+	mover Mover // boot, if it carries the stream on after a transport failure (detach.go); else nil
+	peer  Ring
+	opts  Options
 
 	direct []byte       // the peer's ring mapped here (shm), or nil
 	inline int          // QP's MaxInline
@@ -112,6 +113,9 @@ func (e *Endpoint) Start(peer Ring, boot Bootstrap) (*Conn, error) {
 	c.rd.dl.Init()
 	c.wr.dl.Init()
 	c.peek, _ = e.cq.(verbs.Peeker)
+	if e.opts.Failover {
+		c.mover, _ = boot.(Mover)
+	}
 	if m, ok := e.qp.(verbs.RemoteMapper); ok {
 		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {
 			return nil, err

@@ -32,6 +32,9 @@ type Options struct {
 	SendDepth int           // send queue depth; 0 means 4*Credits (at least 64)
 	BusyPoll  time.Duration // how long a blocked Read or Write polls before it parks
 	Logger    *slog.Logger  // receives a record (Warn) of a connection that ends in a reset; nil: none
+	// Failover hands a transport failure to the Bootstrap, if it is a
+	// Mover, instead of resetting the Conn (detach.go).
+	Failover bool
 }
 
 // Ring describes a receive ring to the peer.

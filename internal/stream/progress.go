@@ -22,7 +22,7 @@ func (c *Conn) progressLocked() bool {
 		n, err := c.ep.cq.Poll(c.wcs[:])
 		if err != nil {
 			if c.life < lifeClosing {
-				c.failLocked(reset("polling completions", err))
+				c.transportFailedLocked(reset("polling completions", err))
 			}
 			return true
 		}
@@ -60,7 +60,7 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) event {
 	}
 	slot := int(wc.ID)
 	if slot < 0 || slot >= c.opts.Credits || wc.Len != ring.MsgLen {
-		c.failLocked(reset("bad state message", fmt.Errorf("%w: slot %d, %d bytes", ring.ErrMsgFormat, wc.ID, wc.Len)))
+		c.transportFailedLocked(reset("bad state message", fmt.Errorf("%w: slot %d, %d bytes", ring.ErrMsgFormat, wc.ID, wc.Len)))
 		return evRead | evWrite
 	}
 	buf := c.ep.slots.Bytes()[slot*slotSize : slot*slotSize+ring.MsgLen]
@@ -71,7 +71,7 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) event {
 		err = c.st.Receive(m)
 	}
 	if err != nil {
-		c.failLocked(reset("peer broke the protocol", err))
+		c.transportFailedLocked(reset("peer broke the protocol", err))
 		return evRead | evWrite
 	}
 	c.stats.MsgsRecv.Add(1)
@@ -197,6 +197,13 @@ func (c *Conn) suspectLocked(err error) {
 	}
 	c.suspect = err
 	c.loops.Add(1)
+	if c.mover != nil {
+		// A failover is cheap to undo when the peer's goodbye turns up
+		// after all (the Mover checks it against the bytes received):
+		// decide now, outside the completion handling.
+		go c.judge()
+		return
+	}
 	time.AfterFunc(suspectGrace, c.judge)
 }
 
@@ -213,7 +220,7 @@ func (c *Conn) judge() {
 	if c.life == lifePeerGone || c.st.PeerClosed() {
 		return
 	}
-	c.failLocked(c.suspect)
+	c.transportFailedLocked(c.suspect)
 }
 
 // failLocked tears the connection down with err: every blocked and later

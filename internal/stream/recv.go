@@ -51,6 +51,10 @@ type recvHalf struct {
 	stop atomic.Bool // Close or CloseRead was called: no more Reads from a lease; set under Conn.mu
 	shut bool        // CloseRead was called; guarded by Conn.mu
 	lent bool        // readable bytes are lent outside Conn.mu (a lease, a CopyTo piece): CloseRead leaves them to their holder; guarded by Conn.mu
+	// copying is the piece a CopyTo has handed to its writer, whose
+	// Write may block for as long as it likes: Detach counts it read
+	// rather than wait for rd.mu. Guarded by Conn.mu.
+	copying uint64
 
 	base  uint64 // consumer cursor (ring.State.Cons) when the lease was taken or last reported
 	lease uint64 // bytes from base lent to Reads
@@ -266,13 +270,20 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 			return n, nil, nil
 		case c.rd.dl.Expired():
 			return n, os.ErrDeadlineExceeded, nil
+		case errors.Is(c.err, ErrMoving):
+			return n, c.err, nil // the rest is Detach's
 		}
 		if avail := c.st.Readable(); avail > 0 {
 			s1, s2 := c.st.ReadSegments(min(avail, chunk))
 			c.rd.lent = true
+			c.rd.copying = s1.Len + s2.Len
 			c.mu.Unlock()
 			k, werr := writeSegs(w, mem[s1.Off:s1.Off+s1.Len], mem[s2.Off:s2.Off+s2.Len])
 			c.mu.Lock()
+			c.rd.copying = 0
+			if c.life >= lifeClosing {
+				return n + int64(k), net.ErrClosed, werr // detached meanwhile: it took the piece as read
+			}
 			err := c.returnLentLocked(uint64(k))
 			n += int64(k)
 			c.stats.BytesRead.Add(uint64(k))

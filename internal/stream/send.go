@@ -74,11 +74,13 @@ func (c *Conn) Write(b []byte) (int, error) {
 		chunk := b[written : written+int(n)]
 		c.mu.Unlock()
 		// Copy outside the lock: only this writer moves the producer cursor,
-		// and the peer has released this space.
+		// and the peer has released this space. Bytes small enough to go
+		// inline are staged too: until the peer reports them consumed,
+		// they are what a failover sends again (detach.go).
 		if c.direct != nil {
 			copy(c.direct[s1.Off:s1.Off+s1.Len], chunk)
 			copy(c.direct[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
-		} else if n > uint64(c.inline) {
+		} else {
 			st := c.ep.stage.Bytes()
 			copy(st[s1.Off:s1.Off+s1.Len], chunk)
 			copy(st[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])

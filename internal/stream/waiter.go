@@ -159,7 +159,7 @@ func (c *Conn) pollFor(e *entry) {
 		return
 	}
 	if err := c.ep.cq.Arm(); err != nil {
-		c.failLocked(reset("arming the completion queue", err))
+		c.transportFailedLocked(reset("arming the completion queue", err))
 		return
 	}
 	c.progressLocked()
@@ -211,7 +211,7 @@ func (c *Conn) idleLocked() {
 		err = c.ep.cq.ArmSolicited()
 	}
 	if err != nil {
-		c.failLocked(reset("arming the completion queue", err))
+		c.transportFailedLocked(reset("arming the completion queue", err))
 		return
 	}
 	c.progressLocked()

@@ -1,0 +1,145 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"net"
+)
+
+// Failover: moving the stream off a ring whose transport failed.
+//
+// With Options.Failover and a Bootstrap that is a Mover, a failure of the
+// transport (an error completion, a post the queue refuses, a poll or arm
+// that fails, a peer message that breaks the ring's rules) does not reset
+// the Conn. Its calls return an error that wraps ErrMoving, and the
+// Mover's TransportFailed is called once; the Mover then takes what the
+// stream still needs with Detach and carries it on elsewhere. A failure
+// after the peer's CLOSE or goodbye, during Close, or without a Mover
+// resets the Conn as before.
+
+// ErrMoving is wrapped by what a Conn's calls return once its transport
+// failed and its stream moves to another path (Options.Failover), or
+// once Detach was called. The caller carries on on that path.
+var ErrMoving = errors.New("rsock: the ring's transport failed; the stream moves on")
+
+// Mover is a Bootstrap that carries the stream on when the ring's
+// transport fails (Options.Failover).
+type Mover interface {
+	Bootstrap
+	// TransportFailed is called once, without the Conn's lock, when the
+	// transport failed with cause; the Mover calls Detach.
+	TransportFailed(cause error)
+}
+
+// Leftover is what a detached Conn hands on: the bytes of the stream that
+// only it holds.
+type Leftover struct {
+	// Unread holds the bytes the peer announced that no Read took, in
+	// order. Received is the ring's cursor after them: every byte the
+	// peer announced.
+	Unread   []byte
+	Received uint64
+	// Unacked holds the bytes the peer has not reported consumed: ring
+	// bytes [Sent-len(Unacked), Sent). Sent is our producer cursor, every
+	// byte a Write placed (announced or not).
+	Unacked []byte
+	Sent    uint64
+	// FIN reports that CloseWrite was called.
+	FIN bool
+}
+
+// movingLocked starts a failover for the transport failure err, if the
+// Conn may fail over; it reports whether it did.
+func (c *Conn) movingLocked(err error) bool {
+	if c.mover == nil || c.err != nil || c.life != lifeOpen || c.st.PeerClosed() {
+		return false
+	}
+	c.err = fmt.Errorf("%w: %w", ErrMoving, err)
+	c.wakeLocked(evRead | evWrite | evClose)
+	c.loops.Add(1)
+	go func() {
+		defer c.loops.Done()
+		c.mover.TransportFailed(err)
+	}()
+	return true
+}
+
+// transportFailedLocked handles a failure of the transport: a failover if
+// the Conn may (movingLocked), else a reset.
+func (c *Conn) transportFailedLocked(err error) {
+	if !c.movingLocked(err) {
+		c.failLocked(err)
+	}
+}
+
+// Detach ends the Conn's use of its transport and returns what the stream
+// still needs from it. Calls in progress return (an error wrapping
+// ErrMoving) and later ones fail with net.ErrClosed; Detach waits until
+// no Read, CopyTo or Write is inside the Conn, so a CopyTo blocked in its
+// writer holds it up. No final message and no goodbye are sent; the queue
+// pair and memory are released in the background. It fails with the
+// Conn's error if the Conn was reset, and with net.ErrClosed after Close
+// or a first Detach.
+func (c *Conn) Detach() (Leftover, error) {
+	c.mu.Lock()
+	switch {
+	case c.life >= lifeClosing:
+		c.mu.Unlock()
+		return Leftover{}, net.ErrClosed
+	case c.err == nil:
+		c.err = ErrMoving // the peer saw the failure first
+		c.wakeLocked(evRead | evWrite | evClose)
+	case !errors.Is(c.err, ErrMoving):
+		err := c.err
+		c.mu.Unlock()
+		return Leftover{}, err
+	}
+	c.rd.stop.Store(true) // no more Reads from a lease
+	// A CopyTo in its writer can stay there: the piece it holds counts as
+	// read. Any other reader leaves at once (it checks c.err, or copies
+	// from a lease and sees rd.stop), and a CopyTo hands its writer no
+	// new piece now.
+	copying := c.rd.copying > 0
+	c.mu.Unlock()
+	c.wr.mu.Lock()
+	defer c.wr.mu.Unlock()
+	if !copying {
+		c.rd.mu.Lock()
+		defer c.rd.mu.Unlock()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.life >= lifeClosing {
+		return Leftover{}, net.ErrClosed
+	}
+	c.progressLocked() // announcements that arrived before the failure
+	lo := Leftover{Received: c.st.PeerProd(), Sent: c.st.Prod(), FIN: c.wr.shut}
+	if from := c.st.Cons() + c.rd.taken + c.rd.copying; !c.rd.shut && from < lo.Received {
+		lo.Unread = copyOut(c.ep.ring.Bytes(), from, lo.Received)
+	}
+	if from := c.st.PeerCons(); from < lo.Sent {
+		src := c.direct
+		if src == nil {
+			src = c.ep.stage.Bytes()[:c.peer.Size]
+		}
+		lo.Unacked = copyOut(src, from, lo.Sent)
+	}
+	c.life = lifeClosed
+	close(c.done)
+	go func() {
+		c.calls.Wait()
+		c.release()
+	}()
+	return lo, nil
+}
+
+// copyOut copies ring bytes [from, to) out of mem, a ring of len(mem)
+// bytes (a power of two) with to-from at most len(mem).
+func copyOut(mem []byte, from, to uint64) []byte {
+	size := uint64(len(mem))
+	b := make([]byte, to-from)
+	off := from & (size - 1)
+	k := copy(b, mem[off:])
+	copy(b[k:], mem)
+	return b
+}

@@ -1,0 +1,339 @@
+package rsock
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	pool "github.com/libp2p/go-buffer-pool"
+
+	"github.com/rdmanet/rdmanet/internal/deadline"
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/stream"
+)
+
+// Failover (docs/protocol.md §9.8): when the ring's transport fails, a
+// switching connection moves both directions back to its bootstrap TCP
+// connection without losing, repeating or reordering a byte.
+//
+//  1. The side that sees the failure first (the ring tells it:
+//     TransportFailed), or the peer's Resume, starts it: the ring is
+//     detached (stream.Conn.Detach). What the peer announced and no Read
+//     took is queued for Read, and Resume{R} goes out, R being every
+//     byte of the peer's stream received.
+//  2. A side whose sending was on the ring keeps the bytes the peer had
+//     not reported consumed. On the peer's Resume{R} it sends them again
+//     from R as Data (from its Switch cursor, if R is before it: those
+//     bytes went on TCP), then its Fin if the ring had one, and Writes go
+//     on on TCP. Until then Writes wait.
+//
+// The connection is then a TCP connection for good (this implementation
+// does not upgrade again; a server declines a new offer).
+
+// owed is what a failover owes the peer: our ring bytes it had not
+// reported consumed, to send again from where its Resume says.
+type owed struct {
+	x     uint64 // the stream cursor at which our ring began (our Switch)
+	first uint64 // the stream cursor of data[0]
+	data  []byte
+	fin   bool          // CloseWrite on the ring: Fin follows the data
+	known bool          // the peer's Resume came; from is set
+	from  uint64        // the stream cursor to send from
+	sent  bool          // the sender's cursor was moved to from
+	done  chan struct{} // closed once sent (resendLocked)
+}
+
+func (o *owed) end() uint64 { return o.first + uint64(len(o.data)) }
+
+// TransportFailed is the ring's report of a transport failure
+// (stream.Mover): the connection fails over to TCP, in the background.
+func (w *swConn) TransportFailed(cause error) {
+	why := "the ring failed: " + causeText(cause)
+	w.mu.Lock()
+	installed := w.ring != nil
+	if !installed {
+		w.ringFailed = why // setRing fails it over once installed
+	}
+	w.mu.Unlock()
+	if installed {
+		go func() { _ = w.failover(why) }()
+	}
+}
+
+func causeText(err error) string {
+	var re *stream.ResetError
+	if errors.As(err, &re) {
+		return re.Why()
+	}
+	return err.Error()
+}
+
+// failover moves the connection off its ring (see above), once; a call
+// while another one runs waits for it. It returns an error only if the
+// connection failed instead.
+func (w *swConn) failover(cause string) error {
+	w.mu.Lock()
+	if w.moving != nil {
+		ch := w.moving
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-w.done:
+		}
+		return nil
+	}
+	r := w.ring
+	if r == nil || w.closed || w.err != nil {
+		w.mu.Unlock()
+		return nil
+	}
+	ch := make(chan struct{})
+	w.moving = ch
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.moving = nil
+		w.mu.Unlock()
+		close(ch)
+		wake(w.rnote)
+		wake(w.wnote)
+	}()
+	if !w.set.failover {
+		err := &stream.ResetError{Reason: cause + " (failover is off)"}
+		w.fail(err)
+		return err
+	}
+	lo, err := r.Detach()
+	if err != nil {
+		if !w.isClosed() {
+			w.fail(&stream.ResetError{Reason: "failing over: detaching the ring", Err: err})
+		}
+		return err
+	}
+	st := r.Stats()
+	w.bytesRead.Add(st.BytesRead.Load())
+	w.bytesWritten.Add(st.BytesWritten.Load())
+	w.writes.Add(st.Writes.Load())
+	from := w.c.label.Load().transport
+	w.mu.Lock()
+	w.ring = nil
+	w.agreed = false
+	w.stayed = true // no upgrade after a failover
+	w.awaitResume = true
+	recv := w.rcvd
+	if w.switched {
+		// The peer's bytes went on in the ring from rcvd (its Switch).
+		recv += lo.Received
+		if len(lo.Unread) > 0 && !w.rclosed && !w.closed {
+			buf := pool.Get(len(lo.Unread))
+			copy(buf, lo.Unread)
+			w.rq = append(w.rq, buf)
+			w.rqLen += len(buf)
+			w.rqCost += len(buf) + entryCost
+		}
+		w.rcvd = recv
+		w.switched = false
+		w.noteLocked("receive", from, "tcp", fmt.Sprintf("%s; stream byte %d received", cause, recv))
+	} else {
+		// The peer's Switch may still be on its way, behind the Data
+		// before it: the peer sends again from there.
+		w.staleSwitch = true
+	}
+	if w.gone && !w.eof {
+		// The peer's goodbye came while the ring failed: it ends the
+		// stream where it says, which must be what we have.
+		if w.peerFinal != recv {
+			w.mu.Unlock()
+			w.fail(&stream.ResetError{Reason: "peer's goodbye does not match the data it sent", Err: fmt.Errorf("have %d bytes, goodbye says %d", recv, w.peerFinal)})
+			return errors.New("goodbye mismatch")
+		}
+		w.eof = true
+	}
+	if w.sendOn {
+		w.sendOn = false
+		w.owe = &owed{x: w.switchAt, first: w.switchAt + lo.Sent - uint64(len(lo.Unacked)), data: lo.Unacked, fin: lo.FIN, done: make(chan struct{})}
+		w.noteLocked("send", from, "tcp", fmt.Sprintf("%s; stream byte %d sent, from %d not confirmed", cause, w.switchAt+lo.Sent, w.owe.first))
+	}
+	w.failovers++
+	w.settleLocked()
+	w.mu.Unlock()
+	to := &label{transport: "tcp", code: CodeFailedOver, fallback: true, reason: fmt.Sprintf("failed over from %s to TCP: %s", from, cause)}
+	relabel(w.c.label.Swap(to), to)
+	if err := w.out.send(&handshake.Resume{Cursor: recv}); err != nil {
+		return nil // the socket failed: the reader reports it
+	}
+	return nil
+}
+
+// peerResumed handles the peer's Resume{r}: our ring is detached (if the
+// peer saw the failure first), and what we owe is sent again from r.
+func (w *swConn) peerResumed(r uint64) error {
+	if err := w.failover("the peer's ring failed (its Resume)"); err != nil {
+		return nil // the connection failed: the reader stops on it
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.awaitResume {
+		return protocolError("resume at %d without a failover", r)
+	}
+	w.awaitResume = false
+	w.staleSwitch = false // a Switch sent before the peer's failover came before this
+	o := w.owe
+	if o == nil {
+		// Our sending stayed on TCP: every byte is on its way there.
+		if sent := w.out.cursor(); r > sent {
+			return protocolError("resume at %d after %d bytes sent", r, sent)
+		}
+		return nil
+	}
+	from := max(r, o.x) // bytes before our Switch went on TCP
+	if from < o.first || r > o.end() {
+		return protocolError("resume at %d: our ring's unconfirmed bytes are [%d, %d), it began at %d", r, o.first, o.end(), o.x)
+	}
+	o.known, o.from = true, from
+	wake(w.wnote)
+	go w.resendBg()
+	return nil
+}
+
+// resendBg sends what is owed if no Write does it first.
+func (w *swConn) resendBg() {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	_ = w.resendLocked(deadline.New())
+}
+
+// resendLocked sends what a failover owes before any new Data: it waits
+// for the peer's Resume (until dl, Close or a failure), then sends the
+// bytes from where it says, and the Fin of a ring that had one. wmu is
+// held.
+func (w *swConn) resendLocked(dl *deadline.Deadline) error {
+	for {
+		w.mu.Lock()
+		o := w.owe
+		switch {
+		case o == nil:
+			w.mu.Unlock()
+			return nil
+		case w.closed || w.err != nil || w.gone:
+			w.mu.Unlock()
+			return w.writeErr()
+		case !o.known:
+			w.mu.Unlock()
+			if dl.Expired() {
+				return os.ErrDeadlineExceeded
+			}
+			select {
+			case <-w.wnote:
+			case <-dl.Wait():
+			case <-w.done:
+			}
+			continue
+		}
+		w.mu.Unlock()
+		if !o.sent {
+			w.out.seek(o.from)
+			o.sent = true
+		}
+		if rest := o.data[o.from-o.first:]; len(rest) > 0 {
+			k, err := w.out.data(rest, dl, w.done)
+			o.from += uint64(k)
+			if err != nil {
+				return err
+			}
+		}
+		if o.fin {
+			w.wfin = true
+			if _, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Fin{Cursor: x} }, false); err != nil {
+				return err
+			}
+		}
+		w.mu.Lock()
+		w.owe = nil
+		w.sendDone = w.sendDone || o.fin
+		w.mu.Unlock()
+		close(o.done)
+		return nil
+	}
+}
+
+// offRing waits, after the ring r returned err, until the failover has
+// taken the connection off r; it returns err if err is not the ring's
+// failover (or the connection failed instead).
+func (w *swConn) offRing(r *stream.Conn, err error, dl *deadline.Deadline, note chan struct{}) error {
+	if !errors.Is(err, stream.ErrMoving) && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	for {
+		w.mu.Lock()
+		switch {
+		case w.closed:
+			w.mu.Unlock()
+			return net.ErrClosed
+		case w.err != nil:
+			err := w.err
+			w.mu.Unlock()
+			return err
+		case w.ring != r && w.moving == nil:
+			w.mu.Unlock()
+			return nil
+		case !errors.Is(err, stream.ErrMoving) && w.moving == nil:
+			w.mu.Unlock()
+			return err // the ring was closed, not moved
+		}
+		w.mu.Unlock()
+		if dl.Expired() {
+			return os.ErrDeadlineExceeded
+		}
+		select {
+		case <-note:
+		case <-dl.Wait():
+		case <-w.done:
+		}
+	}
+}
+
+// awaitMove waits for a failover in progress, if any.
+func (w *swConn) awaitMove() {
+	w.mu.Lock()
+	ch := w.moving
+	w.mu.Unlock()
+	if ch != nil {
+		select {
+		case <-ch:
+		case <-w.done:
+		}
+	}
+}
+
+// resendDone waits at most wait, from Close, for a failover in progress
+// and for the bytes it owes the peer to be sent again (resendBg does it
+// once the peer's Resume comes). It reports whether nothing is owed any
+// more: else closing now would lose those bytes.
+func (w *swConn) resendDone(wait time.Duration) bool {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		w.mu.Lock()
+		ch, o, gone := w.moving, w.owe, w.gone || w.err != nil
+		w.mu.Unlock()
+		switch {
+		case ch == nil && (o == nil || gone):
+			return true
+		case ch == nil:
+			ch = o.done
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return false
+		}
+	}
+}
+
+// resumeLag bounds the Data the reader queues beyond recvQueue while a
+// Write waits for the peer's Resume (readData): an honest peer sends its
+// Resume as soon as it reads ours.
+const resumeLag = 16 << 20

@@ -1,0 +1,450 @@
+package rsock
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/verbs/sim"
+)
+
+// byteEachWay sends a byte from c to s and one back, checking both.
+func byteEachWay(t *testing.T, c, s *Conn) {
+	t.Helper()
+	for _, p := range [][2]*Conn{{c, s}, {s, c}} {
+		_, err := p[0].Write([]byte{'x'})
+		require.NoError(t, err)
+		var one [1]byte
+		_, err = io.ReadFull(p[1], one[:])
+		require.NoError(t, err)
+		require.Equal(t, byte('x'), one[0])
+	}
+}
+
+// onRing dials ln with an upgrade at once and waits until both ends have
+// both directions on the ring.
+func onRing(t *testing.T, ln *Listener, cfg *Config) (c, s *Conn) {
+	t.Helper()
+	c, s = dialAccept(t, ln, cfg)
+	t.Cleanup(func() { c.Close(); s.Close() })
+	// A byte each way makes each side's sending switch.
+	byteEachWay(t, c, s)
+	awaitSettled(t, c, s)
+	require.Equal(t, cfg.Transports[0], TransportOf(c), c.Info().Reason)
+	require.Equal(t, cfg.Transports[0], TransportOf(s), s.Info().Reason)
+	return c, s
+}
+
+// breakRing forces x's queue pair into the error state (sim), if x is
+// still on its ring.
+func breakRing(x *Conn) {
+	if r := x.ring(); r != nil {
+		r.QP().(*sim.QP).ForceError()
+	}
+}
+
+// triggerConn calls fire once, after at bytes were written through it.
+type triggerConn struct {
+	net.Conn
+	at      int
+	written int
+	fire    func()
+	once    sync.Once
+}
+
+func (t *triggerConn) Write(b []byte) (int, error) {
+	if t.written+len(b) > t.at {
+		// Part before the point, then the failure, then the rest.
+		k := max(t.at-t.written, 0)
+		n, err := t.Conn.Write(b[:k])
+		t.written += n
+		if err != nil {
+			return n, err
+		}
+		t.once.Do(t.fire)
+		m, err := t.Conn.Write(b[k:])
+		t.written += m
+		return n + m, err
+	}
+	n, err := t.Conn.Write(b)
+	t.written += n
+	return n, err
+}
+
+// assertFailedOver checks that x moved to TCP by a failover, with the
+// moves in its switch log.
+func assertFailedOver(t *testing.T, x *Conn, from string) {
+	t.Helper()
+	info := x.Info()
+	assert.Equal(t, "tcp", info.Transport, info.Reason)
+	assert.Equal(t, CodeFailedOver, info.Code)
+	assert.True(t, info.Fallback)
+	assert.Contains(t, info.Reason, "failed over from "+from)
+	var moves int
+	for _, e := range info.Switches {
+		if e.From == from && e.To == "tcp" {
+			moves++
+			assert.False(t, e.At.IsZero())
+			assert.NotEmpty(t, e.Cause)
+		}
+	}
+	assert.Equal(t, 2, moves, "both directions moved back: %+v", info.Switches)
+}
+
+// TestFailoverHashedTransfer: a queue pair forced into error at a random
+// point of a hash-checked transfer, on either side, in one or both
+// directions; the transfer completes over TCP and both ends say so.
+func TestFailoverHashedTransfer(t *testing.T) {
+	registerSim(t)
+	sizes := []int{1, 5000, 64<<10 + 7, 1 << 20, 8 << 20}
+	if !testing.Short() {
+		sizes = append(sizes, 64<<20)
+	}
+	for i, size := range sizes {
+		for _, both := range []bool{false, true} {
+			t.Run(fmt.Sprintf("size=%d/both=%v", size, both), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(size), uint64(i)))
+				cfg := swCfg("sim", time.Nanosecond)
+				ln := listen(t, cfg)
+				c, s := onRing(t, ln, cfg)
+				victim := []*Conn{c, s}[rng.IntN(2)]
+				at := rng.IntN(size)
+				fire := func() { breakRing(victim) }
+				var wg sync.WaitGroup
+				errs := make(chan error, 4)
+				pairs := [][2]*Conn{{c, s}}
+				if both {
+					pairs = append(pairs, [2]*Conn{s, c})
+				}
+				for dir, p := range pairs {
+					seed := uint64(size*10 + dir)
+					w := &triggerConn{Conn: p[0], at: at, fire: fire}
+					if dir == 1 {
+						w.fire = func() {}
+					}
+					wg.Add(2)
+					go func() { defer wg.Done(); errs <- hashedWrite(w, size, seed) }()
+					go func() { defer wg.Done(); errs <- hashedRead(p[1], size, seed) }()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					require.NoError(t, err)
+				}
+				// Every byte is through; the failure may still be found
+				// (a transfer that ended before it reached the ring).
+				breakRing(victim)
+				byteEachWay(t, c, s)
+				assertFailedOver(t, c, "sim")
+				assertFailedOver(t, s, "sim")
+				assert.Equal(t, uint64(size+2), c.Info().BytesWritten)
+				assert.Equal(t, uint64(len(pairs)-1)*uint64(size)+2, s.Info().BytesWritten)
+			})
+		}
+	}
+}
+
+// TestFailoverWithDeadlines: the failure comes while a reader and a
+// writer keep short deadlines, retrying on timeouts, and while a second
+// reader competes for the stream; no byte is lost or repeated.
+func TestFailoverWithDeadlines(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	ln := listen(t, cfg)
+	c, s := onRing(t, ln, cfg)
+	const size = 3 << 20
+	data := streamBytes(size, 7)
+	werr := make(chan error, 1)
+	go func() {
+		w := &triggerConn{Conn: c, at: size / 3, fire: func() { breakRing(s) }}
+		for off := 0; off < size; {
+			_ = c.SetWriteDeadline(time.Now().Add(time.Millisecond))
+			n, err := w.Write(data[off:min(size, off+200_000)])
+			off += n
+			if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				werr <- err
+				return
+			}
+		}
+		werr <- nil
+	}()
+	// Two readers take turns through a lock, each with short deadlines:
+	// pieces come out in order under the lock.
+	var mu sync.Mutex
+	got := make([]byte, 0, size)
+	var wg sync.WaitGroup
+	rerrs := make(chan error, 2)
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 50_000)
+			for {
+				mu.Lock()
+				if len(got) == size {
+					mu.Unlock()
+					rerrs <- nil
+					return
+				}
+				_ = s.SetReadDeadline(time.Now().Add(time.Millisecond))
+				n, err := s.Read(buf[:min(len(buf), size-len(got))])
+				got = append(got, buf[:n]...)
+				mu.Unlock()
+				if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+					rerrs <- err
+					return
+				}
+			}
+		}()
+	}
+	require.NoError(t, <-werr)
+	wg.Wait()
+	close(rerrs)
+	for err := range rerrs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, data, got)
+	_ = s.SetReadDeadline(time.Time{})
+	_ = c.SetWriteDeadline(time.Time{})
+	byteEachWay(t, c, s)
+	assertFailedOver(t, s, "sim")
+	assertFailedOver(t, c, "sim")
+}
+
+// TestFailoverThenClose: a side that writes and closes right after its
+// ring failed still delivers every byte, then an orderly EOF; the other
+// side's writes end with a broken pipe or succeed, never with a reset.
+func TestFailoverThenClose(t *testing.T) {
+	registerSim(t)
+	for _, victim := range []string{"writer", "reader"} {
+		t.Run(victim, func(t *testing.T) {
+			cfg := swCfg("sim", time.Nanosecond)
+			ln := listen(t, cfg)
+			c, s := onRing(t, ln, cfg)
+			const size = 2 << 20
+			data := streamBytes(size, 3)
+			done := make(chan error, 1)
+			go func() {
+				b, err := io.ReadAll(s)
+				if err == nil && string(b) != string(data) {
+					err = fmt.Errorf("read %d bytes, not the %d written", len(b), size)
+				}
+				done <- err
+			}()
+			x := map[string]*Conn{"writer": c, "reader": s}[victim]
+			w := &triggerConn{Conn: c, at: size / 2, fire: func() { breakRing(x) }}
+			_, err := w.Write(data)
+			require.NoError(t, err)
+			require.NoError(t, c.Close())
+			require.NoError(t, <-done)
+			assertFailedOver(t, s, "sim")
+		})
+	}
+}
+
+// TestFailoverOff: with NoFailover, a ring failure resets the connection
+// as in version 1.
+func TestFailoverOff(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	cfg.NoFailover = true
+	ln := listen(t, cfg)
+	c, s := onRing(t, ln, cfg)
+	breakRing(c)
+	_, err := c.Read(make([]byte, 1))
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, syscall.ECONNRESET), "%v", err)
+	_, err = s.Read(make([]byte, 1))
+	assert.True(t, errors.Is(err, syscall.ECONNRESET), "%v", err)
+}
+
+// TestFailoverPeerDeath: a peer whose process dies (its TCP connection
+// reset, its queue pair gone) is a dead connection: Read fails with a
+// reset, never an EOF that would pass a cut stream for a whole one.
+func TestFailoverPeerDeath(t *testing.T) {
+	registerSim(t)
+	for i := range 5 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			cfg := swCfg("sim", time.Nanosecond)
+			ln := listen(t, cfg)
+			c, s := onRing(t, ln, cfg)
+			_, err := s.Write(make([]byte, 1000))
+			require.NoError(t, err)
+			// As the kernel ends a dead process's connections.
+			_ = s.tcp.SetLinger(0)
+			_ = s.tcp.Close()
+			_ = s.ring().QP().Close()
+			buf := make([]byte, 4096)
+			var n int
+			for err == nil {
+				var k int
+				k, err = c.Read(buf)
+				n += k
+			}
+			assert.True(t, errors.Is(err, syscall.ECONNRESET), "after %d bytes: %v", n, err)
+		})
+	}
+}
+
+// TestFailoverBadResume: a Resume whose cursor breaks the rules is a
+// clean error: beyond what was sent, or before what the peer had
+// confirmed consuming.
+func TestFailoverBadResume(t *testing.T) {
+	registerSim(t)
+	for _, tc := range []struct {
+		name   string
+		cursor func(sent uint64) uint64
+		want   string
+	}{
+		{"beyond", func(sent uint64) uint64 { return sent + 1 }, "resume at"},
+		{"before-confirmed", func(uint64) uint64 { return 0 }, "resume at 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := swCfg("sim", time.Nanosecond)
+			ln := listen(t, cfg)
+			c, s := onRing(t, ln, cfg)
+			// Bytes the server reads on the ring: it reports them consumed.
+			_, err := c.Write(make([]byte, 40_000))
+			require.NoError(t, err)
+			_, err = io.ReadFull(s, make([]byte, 40_000))
+			require.NoError(t, err)
+			// Hold the server's Resume back: its sender is locked.
+			s.w.out.mu.Lock()
+			require.NoError(t, c.w.failover("test"))
+			c.w.mu.Lock()
+			sent := c.w.owe.end()
+			c.w.mu.Unlock()
+			err = c.w.peerResumed(tc.cursor(sent))
+			s.w.out.mu.Unlock()
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// TestFailoverSecondResume: a second Resume is a protocol error that
+// resets the connection.
+func TestFailoverSecondResume(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	ln := listen(t, cfg)
+	c, s := onRing(t, ln, cfg)
+	breakRing(c)
+	byteEachWay(t, c, s) // through TCP: both Resumes were read
+	assertFailedOver(t, c, "sim")
+	require.NoError(t, s.w.out.send(&handshake.Resume{Cursor: 2}))
+	_, err := c.Read(make([]byte, 1))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "without a failover")
+}
+
+// TestFailoverNoUpgradeAgain: after a failover, the server declines a new
+// offer; the connection goes on on TCP.
+func TestFailoverNoUpgradeAgain(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	ln := listen(t, cfg)
+	c, s := onRing(t, ln, cfg)
+	breakRing(s)
+	byteEachWay(t, c, s)
+	c.w.clientUpgrade() // as a client that offers again would
+	info := c.Info()
+	last := info.Switches[len(info.Switches)-1]
+	assert.Equal(t, "tcp", last.To)
+	assert.Contains(t, last.Cause, "does not upgrade a connection again after a failover")
+	byteEachWay(t, c, s)
+	assert.Equal(t, "tcp", TransportOf(s))
+	assert.Equal(t, "tcp", TransportOf(c))
+}
+
+// TestFailoverCarriesRingBytes: the bytes a failover must carry over are
+// neither lost nor repeated: bytes the peer announced that the
+// application had not read yet (taken out of the ring), and bytes that
+// were written but never reached the peer (sent again from its Resume).
+func TestFailoverCarriesRingBytes(t *testing.T) {
+	registerSim(t)
+	for _, tc := range []struct {
+		name   string
+		break_ func(c, s *Conn)
+	}{
+		// s has not read: the bytes wait in its ring.
+		{"unread", func(c, s *Conn) { breakRing(s) }},
+		// s's queue pair holds the transfers back, and c's fails with them
+		// in flight: they never arrive.
+		{"undelivered", func(c, s *Conn) { breakRing(c) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := swCfg("sim", time.Nanosecond)
+			ln := listen(t, cfg)
+			c, s := onRing(t, ln, cfg)
+			sq := s.ring().QP().(*sim.QP)
+			if tc.name == "undelivered" {
+				sq.Stall(true)
+			}
+			data := streamBytes(100_000, 9)
+			_, err := c.Write(data[:30_000]) // within the 64 KiB ring
+			require.NoError(t, err)
+			tc.break_(c, s)
+			sq.Stall(false)
+			_, err = c.Write(data[30_000:])
+			require.NoError(t, err)
+			got := make([]byte, len(data))
+			require.NoError(t, s.SetReadDeadline(time.Now().Add(10*time.Second)))
+			_, err = io.ReadFull(s, got)
+			require.NoError(t, err)
+			require.Equal(t, data, got)
+			byteEachWay(t, c, s)
+			assertFailedOver(t, c, "sim")
+			assertFailedOver(t, s, "sim")
+		})
+	}
+}
+
+// TestFailoverEchoThroughCopyTo: an echo server (io.Copy from the
+// connection to itself: CopyTo hands the ring's bytes to the
+// connection's own Write) fails over while its writer is blocked inside
+// that copy; nothing is lost and nothing deadlocks.
+func TestFailoverEchoThroughCopyTo(t *testing.T) {
+	registerSim(t)
+	for i, victim := range []string{"server", "client", "server"} {
+		t.Run(fmt.Sprintf("%d-%s", i, victim), func(t *testing.T) {
+			cfg := swCfg("sim", time.Nanosecond)
+			ln := listen(t, cfg)
+			c, s := onRing(t, ln, cfg)
+			go func() {
+				_, _ = io.Copy(s, s)
+				_ = s.CloseWrite()
+			}()
+			const size = 4 << 20
+			x := map[string]*Conn{"server": s, "client": c}[victim]
+			w := &triggerConn{Conn: c, at: size/3 + i*1000, fire: func() { breakRing(x) }}
+			errs := make(chan error, 2)
+			go func() {
+				err := hashedWrite(w, size, 11)
+				if err == nil {
+					err = c.CloseWrite()
+				}
+				errs <- err
+			}()
+			go func() { errs <- hashedRead(c, size, 11) }()
+			require.NoError(t, <-errs)
+			require.NoError(t, <-errs)
+			n, err := c.Read(make([]byte, 1))
+			assert.Equal(t, 0, n)
+			assert.Equal(t, io.EOF, err)
+			assertFailedOver(t, c, "sim")
+			assertFailedOver(t, s, "sim")
+		})
+	}
+}
