@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -20,7 +21,7 @@ import (
 )
 
 // byteEachWay sends a byte from c to s and one back, checking both.
-func byteEachWay(t *testing.T, c, s *Conn) {
+func byteEachWay(t testing.TB, c, s *Conn) {
 	t.Helper()
 	for _, p := range [][2]*Conn{{c, s}, {s, c}} {
 		_, err := p[0].Write([]byte{'x'})
@@ -34,7 +35,7 @@ func byteEachWay(t *testing.T, c, s *Conn) {
 
 // onRing dials ln with an upgrade at once and waits until both ends have
 // both directions on the ring.
-func onRing(t *testing.T, ln *Listener, cfg *Config) (c, s *Conn) {
+func onRing(t testing.TB, ln *Listener, cfg *Config) (c, s *Conn) {
 	t.Helper()
 	c, s = dialAccept(t, ln, cfg)
 	t.Cleanup(func() { c.Close(); s.Close() })
@@ -46,11 +47,20 @@ func onRing(t *testing.T, ln *Listener, cfg *Config) (c, s *Conn) {
 	return c, s
 }
 
-// breakRing forces x's queue pair into the error state (sim), if x is
-// still on its ring.
+// breakRing forces x's queue pair into the error state (sim or ibverbs),
+// if x is still on its ring.
 func breakRing(x *Conn) {
-	if r := x.ring(); r != nil {
-		r.QP().(*sim.QP).ForceError()
+	r := x.ring()
+	if r == nil {
+		return
+	}
+	switch q := r.QP().(type) {
+	case *sim.QP:
+		q.ForceError()
+	case interface{ ForceError() error }:
+		_ = q.ForceError()
+	default:
+		panic(fmt.Sprintf("no way to break a %T", q))
 	}
 }
 
@@ -447,4 +457,38 @@ func TestFailoverEchoThroughCopyTo(t *testing.T) {
 			assertFailedOver(t, s, "sim")
 		})
 	}
+}
+
+// failoverPause breaks the ring of c or s (alternately) and times how long
+// a byte written right after takes to arrive: the failure found, the
+// Resumes exchanged and what the ring had not delivered sent again.
+func failoverPause(t testing.TB, ln *Listener, cfg *Config, n int) []time.Duration {
+	d := make([]time.Duration, 0, n)
+	for i := range n {
+		c, s := onRing(t, ln, cfg)
+		start := time.Now()
+		breakRing([]*Conn{c, s}[i%2])
+		_, err := c.Write([]byte{1})
+		require.NoError(t, err)
+		_, err = io.ReadFull(s, make([]byte, 1))
+		require.NoError(t, err)
+		d = append(d, time.Since(start))
+		require.Equal(t, CodeFailedOver, s.Info().Code)
+		c.Close()
+		s.Close()
+	}
+	slices.Sort(d)
+	return d
+}
+
+// BenchmarkFailoverPause reports the failover pause on sim (p50, p99 over
+// b.N failovers; setup excluded).
+func BenchmarkFailoverPause(b *testing.B) {
+	registerSim(b)
+	b.StopTimer()
+	cfg := swCfg("sim", time.Nanosecond)
+	d := failoverPause(b, listen(b, cfg), cfg, max(b.N, 20))
+	b.ReportMetric(float64(d[len(d)/2].Microseconds()), "p50-us")
+	b.ReportMetric(float64(d[len(d)*99/100].Microseconds()), "p99-us")
+	b.ReportMetric(0, "ns/op")
 }

@@ -456,3 +456,43 @@ func TestVerbsSwitchHashedTransfer(t *testing.T) {
 		})
 	}
 }
+
+// TestVerbsFailover forces a queue pair into the error state in the
+// middle of hash-checked transfers both ways: each completes over TCP,
+// and both ends' ConnInfo shows the moves.
+func TestVerbsFailover(t *testing.T) {
+	for i, victim := range []string{"client", "server"} {
+		t.Run(victim, func(t *testing.T) {
+			cfg := verbsRing(64<<10, 0)
+			cfg.UpgradeAfter = time.Nanosecond
+			cfg.Transports = []string{"verbs", "tcp"} // failover needs tcp
+			ln := listenVerbs(t, cfg)
+			c, s := onRing(t, ln, cfg)
+			x := map[string]*Conn{"client": c, "server": s}[victim]
+			const size = 4 << 20
+			errs := make(chan error, 4)
+			for dir, p := range [][2]*Conn{{c, s}, {s, c}} {
+				w := net.Conn(p[0])
+				if dir == 0 {
+					w = &triggerConn{Conn: p[0], at: size/3 + i*4099, fire: func() { breakRing(x) }}
+				}
+				go func() { errs <- hashedWrite(w, size, uint64(dir+10*i)) }()
+				go func() { errs <- hashedRead(p[1], size, uint64(dir+10*i)) }()
+			}
+			for range 4 {
+				require.NoError(t, <-errs)
+			}
+			byteEachWay(t, c, s)
+			assertFailedOver(t, c, "verbs")
+			assertFailedOver(t, s, "verbs")
+			t.Logf("client: %+v", c.Info().Switches)
+		})
+	}
+	t.Run("pause", func(t *testing.T) {
+		cfg := verbsRing(64<<10, 0)
+		cfg.UpgradeAfter = time.Nanosecond
+		cfg.Transports = []string{"verbs", "tcp"}
+		d := failoverPause(t, listenVerbs(t, cfg), cfg, 20)
+		t.Logf("failover pause over %d failovers: p50 %v, p90 %v, max %v", len(d), d[len(d)/2], d[len(d)*9/10], d[len(d)-1])
+	})
+}

@@ -433,6 +433,22 @@ func (q *QP) retireRecv(seq uint64) (uint64, verbs.Opcode) {
 	return id, verbs.OpRecv
 }
 
+// ForceError moves the QP to the error state, as a fault of the fabric or
+// the device would, without destroying it: outstanding and later requests
+// complete as flushed. It is for fault injection (tests, and the guest
+// suite's failover checks).
+func (q *QP) ForceError() error {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.state.Load() == qpClosed {
+		return verbs.ErrQPState
+	}
+	if e := C.rs_qp_err(q.qp); e != 0 {
+		return fmt.Errorf("ibverbs: moving the queue pair to the error state: %w", syscall.Errno(e))
+	}
+	return nil
+}
+
 // Close moves the QP to the error state, so outstanding requests complete
 // as flushed (by the device, or by the CQ where the device does not), and
 // destroys it; once it returns the device no longer touches memory
