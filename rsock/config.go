@@ -125,7 +125,9 @@ type Config struct {
 	// ring's rules), both directions move back to the connection's TCP
 	// connection without losing, repeating or reordering a byte, and the
 	// application sees no error (Info then says "failed-over" and why, and
-	// Switches lists the moves). With NoFailover, or without "tcp" in
+	// Switches lists the moves); the client upgrades again after a
+	// backoff that doubles per failover (100 ms, 200 ms, ..., at most a
+	// minute). With NoFailover, or without "tcp" in
 	// Transports, such a failure resets the connection instead. A peer
 	// process that dies is a dead connection either way. Version-1
 	// connections have no failover. Env RSOCK_NO_FAILOVER=1.

@@ -29,8 +29,9 @@ import (
 //     bytes went on TCP), then its Fin if the ring had one, and Writes go
 //     on on TCP. Until then Writes wait.
 //
-// The connection is then a TCP connection for good (this implementation
-// does not upgrade again; a server declines a new offer).
+// The client then upgrades again after a backoff that doubles with each
+// failover of the connection (reupgradeDelay), so that a flapping link
+// cannot make it thrash.
 
 // owed is what a failover owes the peer: our ring bytes it had not
 // reported consumed, to send again from where its Resume says.
@@ -49,16 +50,12 @@ func (o *owed) end() uint64 { return o.first + uint64(len(o.data)) }
 
 // TransportFailed is the ring's report of a transport failure
 // (stream.Mover): the connection fails over to TCP, in the background.
-func (w *swConn) TransportFailed(cause error) {
-	why := "the ring failed: " + causeText(cause)
+func (w *swConn) TransportFailed(r *stream.Conn, cause error) {
 	w.mu.Lock()
-	installed := w.ring != nil
-	if !installed {
-		w.ringFailed = why // setRing fails it over once installed
-	}
+	installed := w.ring == r
 	w.mu.Unlock()
-	if installed {
-		go func() { _ = w.failover(why) }()
+	if installed { // else setRing finds r.Moving() once it installs r
+		go func() { _ = w.failover("the ring failed: " + causeText(cause)) }()
 	}
 }
 
@@ -180,6 +177,7 @@ func (w *swConn) peerResumed(r uint64) error {
 	}
 	w.awaitResume = false
 	w.staleSwitch = false // a Switch sent before the peer's failover came before this
+	w.reupgradeLocked()
 	o := w.owe
 	if o == nil {
 		// Our sending stayed on TCP: every byte is on its way there.
@@ -337,3 +335,37 @@ func (w *swConn) resendDone(wait time.Duration) bool {
 // Write waits for the peer's Resume (readData): an honest peer sends its
 // Resume as soon as it reads ours.
 const resumeLag = 16 << 20
+
+// Backoff of the upgrade after a failover: the n-th failover of a
+// connection waits reupgradeBase << (n-1), at most reupgradeMax.
+var (
+	reupgradeBase = 100 * time.Millisecond
+	reupgradeMax  = time.Minute
+)
+
+// reupgradeDelay is how long the client waits, after the n-th failover of
+// a connection, before it offers a ring again.
+func reupgradeDelay(n int) time.Duration {
+	if n < 1 {
+		n = 1
+	}
+	if n > 30 || reupgradeBase<<(n-1) > reupgradeMax {
+		return reupgradeMax
+	}
+	return reupgradeBase << (n - 1)
+}
+
+// reupgradeLocked arms the client's next upgrade once a failover is over
+// on both sides (the peer's Resume came).
+func (w *swConn) reupgradeLocked() {
+	if !w.client || len(w.transports) == 0 || w.closed || w.err != nil || w.gone {
+		return
+	}
+	if w.upTimer != nil {
+		w.upTimer.Stop()
+	}
+	w.upTimer = time.AfterFunc(reupgradeDelay(w.failovers), func() {
+		w.upStarted.Store(false)
+		w.kick()
+	})
+}

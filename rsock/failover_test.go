@@ -359,23 +359,55 @@ func TestFailoverSecondResume(t *testing.T) {
 	assert.Contains(t, err.Error(), "without a failover")
 }
 
-// TestFailoverNoUpgradeAgain: after a failover, the server declines a new
-// offer; the connection goes on on TCP.
-func TestFailoverNoUpgradeAgain(t *testing.T) {
+// TestFailoverUpgradesAgain: after a failover the client offers a ring
+// again after its backoff, the stream moves back to the ring, and a
+// second failure fails over again; every byte arrives once, in order.
+func TestFailoverUpgradesAgain(t *testing.T) {
 	registerSim(t)
+	base := reupgradeBase
+	reupgradeBase = time.Millisecond
+	t.Cleanup(func() { reupgradeBase = base })
 	cfg := swCfg("sim", time.Nanosecond)
 	ln := listen(t, cfg)
 	c, s := onRing(t, ln, cfg)
-	breakRing(s)
+	for round := range 3 {
+		const size = 1 << 20
+		w := &triggerConn{Conn: c, at: size / 2, fire: func() { breakRing([]*Conn{c, s}[round%2]) }}
+		errs := make(chan error, 2)
+		go func() { errs <- hashedWrite(w, size, uint64(round)) }()
+		go func() { errs <- hashedRead(s, size, uint64(round)) }()
+		require.NoError(t, <-errs)
+		require.NoError(t, <-errs)
+		// Traffic until both ends are on the ring again (the backoff is
+		// 1, 2, then 4 ms here).
+		deadline := time.Now().Add(10 * time.Second)
+		for TransportOf(c) != "sim" || TransportOf(s) != "sim" || c.ring() == nil || s.ring() == nil {
+			require.True(t, time.Now().Before(deadline), "round %d: not on the ring again: %+v", round, c.Info())
+			byteEachWay(t, c, s)
+		}
+	}
 	byteEachWay(t, c, s)
-	c.w.clientUpgrade() // as a client that offers again would
-	info := c.Info()
-	last := info.Switches[len(info.Switches)-1]
-	assert.Equal(t, "tcp", last.To)
-	assert.Contains(t, last.Cause, "does not upgrade a connection again after a failover")
-	byteEachWay(t, c, s)
-	assert.Equal(t, "tcp", TransportOf(s))
-	assert.Equal(t, "tcp", TransportOf(c))
+	var back, forth int
+	for _, e := range c.Info().Switches {
+		switch {
+		case e.From == "sim" && e.To == "tcp":
+			back++
+		case e.From == "tcp" && e.To == "sim":
+			forth++
+		}
+	}
+	assert.Equal(t, 6, back, "%+v", c.Info().Switches)
+	assert.GreaterOrEqual(t, forth, 7, "%+v", c.Info().Switches)
+}
+
+// TestReupgradeBackoff: the wait before a new upgrade doubles with each
+// failover, up to its bound.
+func TestReupgradeBackoff(t *testing.T) {
+	assert.Equal(t, 100*time.Millisecond, reupgradeDelay(1))
+	assert.Equal(t, 200*time.Millisecond, reupgradeDelay(2))
+	assert.Equal(t, 800*time.Millisecond, reupgradeDelay(4))
+	assert.Equal(t, time.Minute, reupgradeDelay(11))
+	assert.Equal(t, time.Minute, reupgradeDelay(1000))
 }
 
 // TestFailoverCarriesRingBytes: the bytes a failover must carry over are

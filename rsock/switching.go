@@ -100,7 +100,6 @@ type swConn struct {
 	staleSwitch bool          // the peer's Switch may still come, from before the failover
 	owe         *owed         // our ring's bytes to send again once the peer's Resume comes
 	peerFinal   uint64        // the stream cursor of the peer's goodbye while on the ring
-	ringFailed  string        // the ring failed before setRing installed it
 	failovers   int
 }
 
@@ -331,8 +330,8 @@ func (w *swConn) switchLocked() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	r := w.ring
-	if r == nil || w.closed || w.err != nil || w.gone || w.moving != nil {
-		return
+	if r == nil || w.closed || w.err != nil || w.gone || w.moving != nil || w.owe != nil {
+		return // (what a failover owes goes first, on TCP)
 	}
 	x, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Switch{Cursor: x} }, false)
 	if err != nil {
@@ -562,11 +561,10 @@ func (w *swConn) setRing(r *stream.Conn) bool {
 	}
 	gone := w.gone
 	w.ring = r
-	failed := w.ringFailed
 	w.mu.Unlock()
-	if failed != "" {
-		// The ring failed before it was installed (TransportFailed).
-		go func() { _ = w.failover(failed) }()
+	if r.Moving() {
+		// It failed before it was installed (TransportFailed).
+		go func() { _ = w.failover("the ring failed as it started") }()
 	}
 	if gone {
 		// The peer ended before the ring was installed; it sent nothing
@@ -696,20 +694,15 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 			return false, protocolError("an offer to the client")
 		}
 		w.mu.Lock()
-		busy := w.upgrading || w.ring != nil
-		again := w.failovers > 0 || w.moving != nil
+		busy := w.upgrading || w.ring != nil || w.moving != nil || w.awaitResume
 		mine := make(chan struct{})
-		if !busy && again {
-			w.mu.Unlock()
-			return false, w.out.send(&handshake.Decline{Code: handshake.DeclineUnavailable, Reason: "this server does not upgrade a connection again after a failover"})
-		}
 		if !busy {
 			w.upgrading = true
 			w.upDone = mine
 		}
 		w.mu.Unlock()
 		if busy {
-			return false, protocolError("an offer while another upgrade runs or a ring exists")
+			return false, protocolError("an offer while another upgrade runs, a ring exists or a failover is not over")
 		}
 		go w.serveUpgrade(m.Offer, mine)
 	case *handshake.Confirm:

@@ -26,9 +26,18 @@ var ErrMoving = errors.New("rsock: the ring's transport failed; the stream moves
 // transport fails (Options.Failover).
 type Mover interface {
 	Bootstrap
-	// TransportFailed is called once, without the Conn's lock, when the
+	// TransportFailed is called once, without c's lock, when c's
 	// transport failed with cause; the Mover calls Detach.
-	TransportFailed(cause error)
+	TransportFailed(c *Conn, cause error)
+}
+
+// Moving reports whether the Conn's transport failed and its stream is to
+// move on (TransportFailed was or is about to be called), or Detach was
+// called.
+func (c *Conn) Moving() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return errors.Is(c.err, ErrMoving)
 }
 
 // Leftover is what a detached Conn hands on: the bytes of the stream that
@@ -59,7 +68,7 @@ func (c *Conn) movingLocked(err error) bool {
 	c.loops.Add(1)
 	go func() {
 		defer c.loops.Done()
-		c.mover.TransportFailed(err)
+		c.mover.TransportFailed(c, err)
 	}()
 	return true
 }
