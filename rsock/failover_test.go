@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/ring"
+	"github.com/rdmanet/rdmanet/internal/verbs"
 	"github.com/rdmanet/rdmanet/internal/verbs/sim"
 )
 
@@ -523,4 +525,38 @@ func BenchmarkFailoverPause(b *testing.B) {
 	b.ReportMetric(float64(d[len(d)/2].Microseconds()), "p50-us")
 	b.ReportMetric(float64(d[len(d)*99/100].Microseconds()), "p99-us")
 	b.ReportMetric(0, "ns/op")
+}
+
+// TestFailoverOnHostileRingMessage: a state message that breaks the
+// ring's rules (here a wrong sequence number, posted under the peer's
+// engine in the middle of a transfer) fails the ring over, on shm as on
+// sim; the transfer completes over TCP.
+func TestFailoverOnHostileRingMessage(t *testing.T) {
+	registerSim(t)
+	for _, tr := range []string{"sim", "shm"} {
+		t.Run(tr, func(t *testing.T) {
+			cfg := swCfg(tr, time.Nanosecond)
+			ln := listen(t, cfg)
+			c, s := onRing(t, ln, cfg)
+			const size = 1 << 20
+			var injected error
+			w := &triggerConn{Conn: s, at: size / 2, fire: func() {
+				// Not inject(): this runs on the writer's goroutine.
+				var b [ring.MsgLen]byte
+				m := ring.Msg{Seq: 7, Posted: DefaultCredits}
+				m.Marshal(b[:])
+				injected = s.ring().QP().PostSend(&verbs.SendWR{Op: verbs.OpSend, Inline: b[:], Signaled: true})
+			}}
+			errs := make(chan error, 2)
+			go func() { errs <- hashedWrite(w, size, 5) }()
+			go func() { errs <- hashedRead(c, size, 5) }()
+			require.NoError(t, <-errs)
+			require.NoError(t, <-errs)
+			require.NoError(t, injected)
+			byteEachWay(t, c, s)
+			assertFailedOver(t, c, tr)
+			assertFailedOver(t, s, tr)
+			assert.Contains(t, c.Info().Reason, "peer broke the protocol")
+		})
+	}
 }
