@@ -311,8 +311,12 @@ func (w *swConn) awaitMove() {
 // once the peer's Resume comes). It reports whether nothing is owed any
 // more: else closing now would lose those bytes.
 func (w *swConn) resendDone(wait time.Duration) bool {
-	t := time.NewTimer(wait)
-	defer t.Stop()
+	var t *time.Timer // made only if there is something to wait for
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	for {
 		w.mu.Lock()
 		ch, o, gone := w.moving, w.owe, w.gone || w.err != nil
@@ -322,6 +326,9 @@ func (w *swConn) resendDone(wait time.Duration) bool {
 			return true
 		case ch == nil:
 			ch = o.done
+		}
+		if t == nil {
+			t = time.NewTimer(wait)
 		}
 		select {
 		case <-ch:
