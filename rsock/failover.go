@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	pool "github.com/libp2p/go-buffer-pool"
@@ -109,6 +110,7 @@ func (w *swConn) failover(cause string) error {
 		}
 		return err
 	}
+	testHookDetached.run(w)
 	st := r.Stats()
 	w.bytesRead.Add(st.BytesRead.Load())
 	w.bytesWritten.Add(st.BytesWritten.Load())
@@ -152,6 +154,7 @@ func (w *swConn) failover(cause string) error {
 		w.sendOn = false
 		w.owe = &owed{x: w.switchAt, first: w.switchAt + lo.Sent - uint64(len(lo.Unacked)), data: lo.Unacked, fin: lo.FIN, done: make(chan struct{})}
 		w.noteLocked("send", from, "tcp", fmt.Sprintf("%s; stream byte %d sent, from %d not confirmed", cause, w.switchAt+lo.Sent, w.owe.first))
+		wake(w.space) // a reader parked for room reads on: the peer's Resume may be behind its Data
 	}
 	w.failovers++
 	w.settleLocked()
@@ -167,6 +170,18 @@ func (w *swConn) failover(cause string) error {
 // peerResumed handles the peer's Resume{r}: our ring is detached (if the
 // peer saw the failure first), and what we owe is sent again from r.
 func (w *swConn) peerResumed(r uint64) error {
+	w.mu.Lock()
+	wait, agreed := w.upDone, w.agreed
+	w.mu.Unlock()
+	if agreed && wait != nil {
+		// Our side of an agreed ring may still be starting (the server
+		// after Confirm{0}): fail over once it is installed.
+		select {
+		case <-wait:
+		case <-w.done:
+			return nil
+		}
+	}
 	if err := w.failover("the peer's ring failed (its Resume)"); err != nil {
 		return nil // the connection failed: the reader stops on it
 	}
@@ -188,6 +203,8 @@ func (w *swConn) peerResumed(r uint64) error {
 	}
 	from := max(r, o.x) // bytes before our Switch went on TCP
 	if from < o.first || r > o.end() {
+		// (An honest peer that called CloseRead before our Switch came
+		// consumed ring bytes it cannot count: it gets this reset too.)
 		return protocolError("resume at %d: our ring's unconfirmed bytes are [%d, %d), it began at %d", r, o.first, o.end(), o.x)
 	}
 	o.known, o.from = true, from
@@ -345,27 +362,29 @@ const resumeLag = 16 << 20
 
 // Backoff of the upgrade after a failover: the n-th failover of a
 // connection waits reupgradeBase << (n-1), at most reupgradeMax.
-var (
+const (
 	reupgradeBase = 100 * time.Millisecond
 	reupgradeMax  = time.Minute
 )
 
+// reupgradeScale divides the backoff, for tests (1 otherwise); negative:
+// no new upgrade.
+var reupgradeScale atomic.Int64
+
 // reupgradeDelay is how long the client waits, after the n-th failover of
 // a connection, before it offers a ring again.
 func reupgradeDelay(n int) time.Duration {
-	if n < 1 {
-		n = 1
+	d := reupgradeMax
+	if n = max(n, 1); n <= 30 && reupgradeBase<<(n-1) < reupgradeMax {
+		d = reupgradeBase << (n - 1)
 	}
-	if n > 30 || reupgradeBase<<(n-1) > reupgradeMax {
-		return reupgradeMax
-	}
-	return reupgradeBase << (n - 1)
+	return d / time.Duration(max(reupgradeScale.Load(), 1))
 }
 
 // reupgradeLocked arms the client's next upgrade once a failover is over
 // on both sides (the peer's Resume came).
 func (w *swConn) reupgradeLocked() {
-	if !w.client || len(w.transports) == 0 || w.closed || w.err != nil || w.gone {
+	if !w.client || len(w.transports) == 0 || w.closed || w.err != nil || w.gone || reupgradeScale.Load() < 0 {
 		return
 	}
 	if w.upTimer != nil {

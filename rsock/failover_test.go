@@ -22,6 +22,13 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs/sim"
 )
 
+// noReupgrade keeps connections on TCP after a failover for the rest of
+// the test, so that it can check where they are.
+func noReupgrade(t testing.TB) {
+	reupgradeScale.Store(-1)
+	t.Cleanup(func() { reupgradeScale.Store(1) })
+}
+
 // byteEachWay sends a byte from c to s and one back, checking both.
 func byteEachWay(t testing.TB, c, s *Conn) {
 	t.Helper()
@@ -119,6 +126,7 @@ func assertFailedOver(t *testing.T, x *Conn, from string) {
 // directions; the transfer completes over TCP and both ends say so.
 func TestFailoverHashedTransfer(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t)
 	sizes := []int{1, 5000, 64<<10 + 7, 1 << 20, 8 << 20}
 	if !testing.Short() {
 		sizes = append(sizes, 64<<20)
@@ -172,6 +180,7 @@ func TestFailoverHashedTransfer(t *testing.T) {
 // reader competes for the stream; no byte is lost or repeated.
 func TestFailoverWithDeadlines(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t)
 	cfg := swCfg("sim", time.Nanosecond)
 	ln := listen(t, cfg)
 	c, s := onRing(t, ln, cfg)
@@ -239,6 +248,7 @@ func TestFailoverWithDeadlines(t *testing.T) {
 // side's writes end with a broken pipe or succeed, never with a reset.
 func TestFailoverThenClose(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t)
 	for _, victim := range []string{"writer", "reader"} {
 		t.Run(victim, func(t *testing.T) {
 			cfg := swCfg("sim", time.Nanosecond)
@@ -269,6 +279,7 @@ func TestFailoverThenClose(t *testing.T) {
 // as in version 1.
 func TestFailoverOff(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t)
 	cfg := swCfg("sim", time.Nanosecond)
 	cfg.NoFailover = true
 	ln := listen(t, cfg)
@@ -286,6 +297,7 @@ func TestFailoverOff(t *testing.T) {
 // reset, never an EOF that would pass a cut stream for a whole one.
 func TestFailoverPeerDeath(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t)
 	for i := range 5 {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			cfg := swCfg("sim", time.Nanosecond)
@@ -314,6 +326,7 @@ func TestFailoverPeerDeath(t *testing.T) {
 // confirmed consuming.
 func TestFailoverBadResume(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t)
 	for _, tc := range []struct {
 		name   string
 		cursor func(sent uint64) uint64
@@ -349,6 +362,7 @@ func TestFailoverBadResume(t *testing.T) {
 // resets the connection.
 func TestFailoverSecondResume(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t)
 	cfg := swCfg("sim", time.Nanosecond)
 	ln := listen(t, cfg)
 	c, s := onRing(t, ln, cfg)
@@ -366,9 +380,8 @@ func TestFailoverSecondResume(t *testing.T) {
 // second failure fails over again; every byte arrives once, in order.
 func TestFailoverUpgradesAgain(t *testing.T) {
 	registerSim(t)
-	base := reupgradeBase
-	reupgradeBase = time.Millisecond
-	t.Cleanup(func() { reupgradeBase = base })
+	reupgradeScale.Store(100) // 1 ms, 2 ms, 4 ms
+	t.Cleanup(func() { reupgradeScale.Store(1) })
 	cfg := swCfg("sim", time.Nanosecond)
 	ln := listen(t, cfg)
 	c, s := onRing(t, ln, cfg)
@@ -383,7 +396,7 @@ func TestFailoverUpgradesAgain(t *testing.T) {
 		// Traffic until both ends are on the ring again (the backoff is
 		// 1, 2, then 4 ms here).
 		deadline := time.Now().Add(10 * time.Second)
-		for TransportOf(c) != "sim" || TransportOf(s) != "sim" || c.ring() == nil || s.ring() == nil {
+		for !bothDirectionsOnRing(c) || !bothDirectionsOnRing(s) {
 			require.True(t, time.Now().Before(deadline), "round %d: not on the ring again: %+v", round, c.Info())
 			byteEachWay(t, c, s)
 		}
@@ -402,6 +415,13 @@ func TestFailoverUpgradesAgain(t *testing.T) {
 	assert.GreaterOrEqual(t, forth, 7, "%+v", c.Info().Switches)
 }
 
+// bothDirectionsOnRing reports whether x sends and receives on its ring.
+func bothDirectionsOnRing(x *Conn) bool {
+	x.w.mu.Lock()
+	defer x.w.mu.Unlock()
+	return x.w.sendOn && x.w.switched && x.w.ring != nil
+}
+
 // TestReupgradeBackoff: the wait before a new upgrade doubles with each
 // failover, up to its bound.
 func TestReupgradeBackoff(t *testing.T) {
@@ -418,6 +438,7 @@ func TestReupgradeBackoff(t *testing.T) {
 // were written but never reached the peer (sent again from its Resume).
 func TestFailoverCarriesRingBytes(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t)
 	for _, tc := range []struct {
 		name   string
 		break_ func(c, s *Conn)
@@ -461,6 +482,7 @@ func TestFailoverCarriesRingBytes(t *testing.T) {
 // that copy; nothing is lost and nothing deadlocks.
 func TestFailoverEchoThroughCopyTo(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t)
 	for i, victim := range []string{"server", "client", "server"} {
 		t.Run(fmt.Sprintf("%d-%s", i, victim), func(t *testing.T) {
 			cfg := swCfg("sim", time.Nanosecond)
@@ -519,6 +541,7 @@ func failoverPause(t testing.TB, ln *Listener, cfg *Config, n int) []time.Durati
 // b.N failovers; setup excluded).
 func BenchmarkFailoverPause(b *testing.B) {
 	registerSim(b)
+	noReupgrade(b)
 	b.StopTimer()
 	cfg := swCfg("sim", time.Nanosecond)
 	d := failoverPause(b, listen(b, cfg), cfg, max(b.N, 20))
@@ -533,6 +556,7 @@ func BenchmarkFailoverPause(b *testing.B) {
 // sim; the transfer completes over TCP.
 func TestFailoverOnHostileRingMessage(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t)
 	for _, tr := range []string{"sim", "shm"} {
 		t.Run(tr, func(t *testing.T) {
 			cfg := swCfg(tr, time.Nanosecond)
@@ -559,4 +583,200 @@ func TestFailoverOnHostileRingMessage(t *testing.T) {
 			assert.Contains(t, c.Info().Reason, "peer broke the protocol")
 		})
 	}
+}
+
+// waitUntil polls cond (every millisecond, at most 10 s) for a state
+// that no channel announces.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func owes(x *Conn) bool {
+	x.w.mu.Lock()
+	defer x.w.mu.Unlock()
+	return x.w.owe != nil
+}
+
+// TestFailoverWriteEndsWithThePeer: a Write waiting for the peer's
+// Resume ends when the peer dies, aborts or says goodbye instead.
+func TestFailoverWriteEndsWithThePeer(t *testing.T) {
+	registerSim(t)
+	noReupgrade(t)
+	for _, how := range []string{"peer-dies", "peer-aborts", "peer-goodbye"} {
+		t.Run(how, func(t *testing.T) {
+			cfg := swCfg("sim", time.Nanosecond)
+			ln := listen(t, cfg)
+			c, s := onRing(t, ln, cfg)
+			s.w.out.mu.Lock() // s's Resume cannot go out
+			defer s.w.out.mu.Unlock()
+			breakRing(c)
+			waitUntil(t, "c's failover", func() bool { return owes(c) })
+			done := make(chan error, 1)
+			go func() { _, err := c.Write([]byte{1}); done <- err }()
+			switch how {
+			case "peer-dies":
+				_ = s.tcp.SetLinger(0)
+				_ = s.tcp.Close()
+			case "peer-goodbye":
+				c.w.mu.Lock()
+				final := c.w.rcvd
+				c.w.mu.Unlock()
+				_ = handshake.Write(s.tcp, &handshake.Goodbye{FinalProd: final})
+			default:
+				_ = handshake.Write(s.tcp, &handshake.Goodbye{Abort: true, Reason: "bye"})
+			}
+			select {
+			case err := <-done:
+				assert.True(t, errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE), "%v", err)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Write still blocked after the peer's end (%v)", c.w.err)
+			}
+		})
+	}
+}
+
+// TestFailoverCloseWriteDeadline: CloseWrite waiting for the peer's
+// Resume honours the write deadline.
+func TestFailoverCloseWriteDeadline(t *testing.T) {
+	registerSim(t)
+	noReupgrade(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	ln := listen(t, cfg)
+	c, s := onRing(t, ln, cfg)
+	s.w.out.mu.Lock()
+	defer s.w.out.mu.Unlock()
+	breakRing(c)
+	waitUntil(t, "c's failover", func() bool { return owes(c) })
+	require.NoError(t, c.SetWriteDeadline(time.Now().Add(100*time.Millisecond)))
+	done := make(chan error, 1)
+	go func() { done <- c.CloseWrite() }()
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	case <-time.After(10 * time.Second):
+		t.Fatal("CloseWrite still blocked long after its write deadline")
+	}
+}
+
+// TestFailoverParkedReader: a failover while our reader is parked for
+// room (the application has not read) and the peer's sending is still on
+// TCP: the peer's Resume, behind its Data, is still read.
+func TestFailoverParkedReader(t *testing.T) {
+	registerSim(t)
+	noReupgrade(t)
+	cfg := swCfg("sim", time.Hour)
+	cfg.UpgradeBytes = 1 << 40
+	ln := listen(t, cfg)
+	c, s := dialAccept(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	s.w.wmu.Lock() // a Write of s in progress: its sending stays on TCP
+	c.w.kick()
+	waitUntil(t, "rings on both ends, c sending on its", func() bool {
+		c.w.mu.Lock()
+		defer c.w.mu.Unlock()
+		return c.w.sendOn && s.ring() != nil
+	})
+	go func() { // Data c's application does not read; then it waits for room
+		_, _ = s.w.out.data(make([]byte, 32<<20), &s.w.wdl, s.w.done)
+		s.w.wmu.Unlock()
+	}()
+	waitUntil(t, "c's reader parked", func() bool { return c.w.parked.Load() })
+	go func() { _, _ = io.Copy(io.Discard, s) }()
+	breakRing(c)
+	waitUntil(t, "c's failover", func() bool { return owes(c) })
+	done := make(chan error, 1)
+	go func() { _, err := c.Write([]byte{1}); done <- err }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a 1-byte Write hangs after the failover (reader parked: %v)", c.w.parked.Load())
+	}
+}
+
+// TestFailoverGoodbyeRace: the peer's orderly goodbye, read just before
+// the ring's failover runs, still ends the stream with EOF after every
+// byte.
+func TestFailoverGoodbyeRace(t *testing.T) {
+	registerSim(t)
+	noReupgrade(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	ln := listen(t, cfg)
+	c, s := onRing(t, ln, cfg)
+	_, err := c.Write([]byte("hello"))
+	require.NoError(t, err)
+	var once sync.Once
+	testHookGoodbye.set(func(w *swConn) {
+		once.Do(func() { _ = w.failover("test: the ring failed") })
+	})
+	t.Cleanup(func() { testHookGoodbye.set(nil) })
+	require.NoError(t, c.Close())
+	require.NoError(t, s.SetReadDeadline(time.Now().Add(10*time.Second)))
+	b, err := io.ReadAll(s)
+	assert.Equal(t, "hello", string(b))
+	assert.NoError(t, err, "want EOF after the 5 bytes")
+}
+
+// TestFailoverCloseDuringDetach: Close while the failover is between
+// detaching the ring and taking the connection off it waits for it, and
+// ends the stream on TCP in order.
+func TestFailoverCloseDuringDetach(t *testing.T) {
+	registerSim(t)
+	noReupgrade(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	ln := listen(t, cfg)
+	c, s := onRing(t, ln, cfg)
+	closeErr := make(chan error, 1)
+	var once sync.Once
+	testHookDetached.set(func(w *swConn) {
+		if w != c.w {
+			return
+		}
+		once.Do(func() {
+			go func() { closeErr <- c.Close() }()
+			time.Sleep(20 * time.Millisecond) // Close meets the failover in progress
+		})
+	})
+	t.Cleanup(func() { testHookDetached.set(nil) })
+	breakRing(c)
+	require.NoError(t, <-closeErr)
+	require.NoError(t, s.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err := s.Read(make([]byte, 1))
+	assert.Equal(t, io.EOF, err)
+}
+
+// TestFailoverResumeBeforeServerRing: the client's ring fails before its
+// Switch went out and before the server installed its ring; the server's
+// reader waits for its ring, then fails over instead of resetting.
+func TestFailoverResumeBeforeServerRing(t *testing.T) {
+	registerSim(t)
+	noReupgrade(t)
+	cfg := swCfg("sim", time.Hour)
+	cfg.UpgradeBytes = 1 << 40
+	ln := listen(t, cfg)
+	c, s := dialAccept(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	byteEachWay(t, c, s)
+	release := make(chan struct{})
+	testHookServeStart.set(func(*swConn) { <-release })
+	t.Cleanup(func() { testHookServeStart.set(nil) })
+	c.w.wmu.Lock() // c's Switch is not sent
+	c.w.kick()
+	waitUntil(t, "c's ring", func() bool { return c.ring() != nil })
+	breakRing(c)
+	waitUntil(t, "c's failover", func() bool { c.w.mu.Lock(); defer c.w.mu.Unlock(); return c.w.failovers > 0 })
+	c.w.wmu.Unlock()
+	close(release)
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	require.NoError(t, s.SetDeadline(time.Now().Add(10*time.Second)))
+	byteEachWay(t, c, s)
+	assert.Equal(t, "tcp", TransportOf(s), s.Info().Reason)
 }

@@ -400,7 +400,7 @@ func (w *swConn) CloseWrite() error {
 	if w.isClosed() {
 		return net.ErrClosed
 	}
-	if err := w.resendLocked(deadline.New()); err != nil {
+	if err := w.resendLocked(&w.wdl); err != nil {
 		return err
 	}
 	if w.wfin {
@@ -437,14 +437,30 @@ func (w *swConn) CloseRead() error {
 // Close closes the connection: the ring's orderly close if there is one,
 // then the goodbye on the bootstrap, which carries the stream cursor.
 func (w *swConn) Close() error {
-	if w.isClosed() {
-		return net.ErrClosed
-	}
-	resent := w.resendDone(closeAckTimeout)
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		return net.ErrClosed
+	var resent bool
+	for {
+		if w.isClosed() {
+			return net.ErrClosed
+		}
+		resent = w.resendDone(closeAckTimeout)
+		w.mu.Lock()
+		r := w.ring
+		switch {
+		case w.closed:
+			w.mu.Unlock()
+			return net.ErrClosed
+		case w.moving != nil:
+			w.mu.Unlock()
+			w.awaitMove()
+			continue
+		case r != nil && w.err == nil && r.Moving():
+			// Its failover has not started yet: run it, so that the
+			// stream ends on TCP in order, not with the ring's abort.
+			w.mu.Unlock()
+			_ = w.failover("the ring failed")
+			continue
+		}
+		break
 	}
 	w.closed = true
 	close(w.done)
@@ -592,6 +608,7 @@ func (w *swConn) fail(err error) {
 	r := w.ring
 	w.mu.Unlock()
 	wake(w.rnote)
+	wake(w.wnote)
 	why := handshake.SanitizeReason(re.Why())
 	if r != nil {
 		r.PeerSaid(&handshake.Goodbye{Abort: true, Reason: why}, nil)
@@ -798,34 +815,55 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 		return &stream.ResetError{Reason: "peer aborted: " + g.Reason}
 	}
 	w.awaitMove()
+	// Checked and published in one section: a failover that comes after
+	// it finds the goodbye (gone, peerFinal) and checks it itself.
 	w.mu.Lock()
 	r := w.ring
-	switched, rcvd, eof := w.switched, w.rcvd, w.eof
-	w.mu.Unlock()
+	switched, rcvd := w.switched, w.rcvd
 	var ringFinal uint64
 	switch {
 	case switched && g.FinalProd < rcvd:
+		w.mu.Unlock()
 		return protocolError("goodbye at %d before its switch at %d", g.FinalProd, rcvd)
 	case switched:
 		ringFinal = g.FinalProd - rcvd
-		w.mu.Lock()
-		w.peerFinal = g.FinalProd // checked by a failover that may still come
-		w.mu.Unlock()
+		w.peerFinal = g.FinalProd
 	case g.FinalProd != rcvd:
+		w.mu.Unlock()
 		return &stream.ResetError{Reason: "peer's goodbye does not match the data it sent", Err: fmt.Errorf("have %d bytes, goodbye says %d", rcvd, g.FinalProd)}
+	default:
+		w.eof = true
 	}
+	w.gone = true
+	w.settleLocked()
+	w.mu.Unlock()
+	testHookGoodbye.run(w)
 	if r != nil {
 		r.PeerSaid(&handshake.Goodbye{FinalProd: ringFinal}, nil)
 	}
-	w.mu.Lock()
-	w.gone = true
-	if !switched && !eof {
-		w.eof = true
-	}
-	w.settleLocked()
-	w.mu.Unlock()
 	wake(w.rnote)
+	wake(w.wnote)
 	return nil
+}
+
+// Test hooks: run where a race with a failover is widest.
+var testHookGoodbye, testHookDetached, testHookServeStart hook
+
+// hook is a function tests set to run at a point of the code.
+type hook struct{ f atomic.Pointer[func(*swConn)] }
+
+func (h *hook) set(f func(*swConn)) {
+	if f == nil {
+		h.f.Store(nil)
+		return
+	}
+	h.f.Store(&f)
+}
+
+func (h *hook) run(w *swConn) {
+	if f := h.f.Load(); f != nil {
+		(*f)(w)
+	}
 }
 
 // ended handles the end of the bootstrap: after Close, nothing; else a
@@ -864,6 +902,7 @@ func (w *swConn) peerClosedOnTCP() bool {
 	r := w.ring
 	w.mu.Unlock()
 	wake(w.rnote)
+	wake(w.wnote)
 	if r != nil {
 		r.PeerSaid(&handshake.Goodbye{}, nil) // its ring carried nothing
 	}

@@ -302,6 +302,7 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		w.fail(&stream.ResetError{Reason: name + " side exchange", Err: err})
 		return
 	}
+	testHookServeStart.run(w)
 	r, err := ep.Start(streamRing(o.Ring), w)
 	if err != nil {
 		ep.Close()

@@ -461,6 +461,7 @@ func TestVerbsSwitchHashedTransfer(t *testing.T) {
 // middle of hash-checked transfers both ways: each completes over TCP,
 // and both ends' ConnInfo shows the moves.
 func TestVerbsFailover(t *testing.T) {
+	noReupgrade(t)
 	for i, victim := range []string{"client", "server"} {
 		t.Run(victim, func(t *testing.T) {
 			cfg := verbsRing(64<<10, 0)

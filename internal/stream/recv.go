@@ -106,6 +106,8 @@ func (c *Conn) awaitLeaseLocked(zero bool) error {
 			return io.EOF
 		case c.rd.dl.Expired():
 			return os.ErrDeadlineExceeded
+		case errors.Is(c.err, ErrMoving):
+			return c.err // what is readable is Detach's now
 		}
 		if err := c.syncLeaseLocked(); err != nil || c.rd.lease > 0 {
 			return err
