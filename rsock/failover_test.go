@@ -121,6 +121,32 @@ func assertFailedOver(t *testing.T, x *Conn, from string) {
 	assert.Equal(t, 2, moves, "both directions moved back: %+v", info.Switches)
 }
 
+// simOnRing connects two ends on a sim ring (onRing).
+func simOnRing(t testing.TB) (c, s *Conn) {
+	t.Helper()
+	cfg := swCfg("sim", time.Nanosecond)
+	return onRing(t, listen(t, cfg), cfg)
+}
+
+// simOnTCP connects two ends that stay on TCP until the test kicks the
+// client's upgrade (c.w.kick).
+func simOnTCP(t *testing.T) (c, s *Conn) {
+	cfg := swCfg("sim", time.Hour)
+	cfg.UpgradeBytes = 1 << 40
+	c, s = dialAccept(t, listen(t, cfg), cfg)
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c, s
+}
+
+// bothFailedOver moves a byte each way, then checks that both ends failed
+// over from the ring transport from.
+func bothFailedOver(t *testing.T, c, s *Conn, from string) {
+	t.Helper()
+	byteEachWay(t, c, s)
+	assertFailedOver(t, c, from)
+	assertFailedOver(t, s, from)
+}
+
 // TestFailoverHashedTransfer: a queue pair forced into error at a random
 // point of a hash-checked transfer, on either side, in one or both
 // directions; the transfer completes over TCP and both ends say so.
@@ -135,9 +161,7 @@ func TestFailoverHashedTransfer(t *testing.T) {
 		for _, both := range []bool{false, true} {
 			t.Run(fmt.Sprintf("size=%d/both=%v", size, both), func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(size), uint64(i)))
-				cfg := swCfg("sim", time.Nanosecond)
-				ln := listen(t, cfg)
-				c, s := onRing(t, ln, cfg)
+				c, s := simOnRing(t)
 				victim := []*Conn{c, s}[rng.IntN(2)]
 				at := rng.IntN(size)
 				fire := func() { breakRing(victim) }
@@ -165,9 +189,7 @@ func TestFailoverHashedTransfer(t *testing.T) {
 				// Every byte is through; the failure may still be found
 				// (a transfer that ended before it reached the ring).
 				breakRing(victim)
-				byteEachWay(t, c, s)
-				assertFailedOver(t, c, "sim")
-				assertFailedOver(t, s, "sim")
+				bothFailedOver(t, c, s, "sim")
 				assert.Equal(t, uint64(size+2), c.Info().BytesWritten)
 				assert.Equal(t, uint64(len(pairs)-1)*uint64(size)+2, s.Info().BytesWritten)
 			})
@@ -181,9 +203,7 @@ func TestFailoverHashedTransfer(t *testing.T) {
 func TestFailoverWithDeadlines(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)
-	cfg := swCfg("sim", time.Nanosecond)
-	ln := listen(t, cfg)
-	c, s := onRing(t, ln, cfg)
+	c, s := simOnRing(t)
 	const size = 3 << 20
 	data := streamBytes(size, 7)
 	werr := make(chan error, 1)
@@ -238,9 +258,7 @@ func TestFailoverWithDeadlines(t *testing.T) {
 	require.Equal(t, data, got)
 	_ = s.SetReadDeadline(time.Time{})
 	_ = c.SetWriteDeadline(time.Time{})
-	byteEachWay(t, c, s)
-	assertFailedOver(t, s, "sim")
-	assertFailedOver(t, c, "sim")
+	bothFailedOver(t, c, s, "sim")
 }
 
 // TestFailoverThenClose: a side that writes and closes right after its
@@ -251,9 +269,7 @@ func TestFailoverThenClose(t *testing.T) {
 	noReupgrade(t)
 	for _, victim := range []string{"writer", "reader"} {
 		t.Run(victim, func(t *testing.T) {
-			cfg := swCfg("sim", time.Nanosecond)
-			ln := listen(t, cfg)
-			c, s := onRing(t, ln, cfg)
+			c, s := simOnRing(t)
 			const size = 2 << 20
 			data := streamBytes(size, 3)
 			done := make(chan error, 1)
@@ -300,9 +316,7 @@ func TestFailoverPeerDeath(t *testing.T) {
 	noReupgrade(t)
 	for i := range 5 {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
-			cfg := swCfg("sim", time.Nanosecond)
-			ln := listen(t, cfg)
-			c, s := onRing(t, ln, cfg)
+			c, s := simOnRing(t)
 			_, err := s.Write(make([]byte, 1000))
 			require.NoError(t, err)
 			// As the kernel ends a dead process's connections.
@@ -336,9 +350,7 @@ func TestFailoverBadResume(t *testing.T) {
 		{"before-confirmed", func(uint64) uint64 { return 0 }, "resume at 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := swCfg("sim", time.Nanosecond)
-			ln := listen(t, cfg)
-			c, s := onRing(t, ln, cfg)
+			c, s := simOnRing(t)
 			// Bytes the server reads on the ring: it reports them consumed.
 			_, err := c.Write(make([]byte, 40_000))
 			require.NoError(t, err)
@@ -363,9 +375,7 @@ func TestFailoverBadResume(t *testing.T) {
 func TestFailoverSecondResume(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)
-	cfg := swCfg("sim", time.Nanosecond)
-	ln := listen(t, cfg)
-	c, s := onRing(t, ln, cfg)
+	c, s := simOnRing(t)
 	breakRing(c)
 	byteEachWay(t, c, s) // through TCP: both Resumes were read
 	assertFailedOver(t, c, "sim")
@@ -382,9 +392,7 @@ func TestFailoverUpgradesAgain(t *testing.T) {
 	registerSim(t)
 	reupgradeScale.Store(100) // 1 ms, 2 ms, 4 ms
 	t.Cleanup(func() { reupgradeScale.Store(1) })
-	cfg := swCfg("sim", time.Nanosecond)
-	ln := listen(t, cfg)
-	c, s := onRing(t, ln, cfg)
+	c, s := simOnRing(t)
 	for round := range 3 {
 		const size = 1 << 20
 		w := &triggerConn{Conn: c, at: size / 2, fire: func() { breakRing([]*Conn{c, s}[round%2]) }}
@@ -450,9 +458,7 @@ func TestFailoverCarriesRingBytes(t *testing.T) {
 		{"undelivered", func(c, s *Conn) { breakRing(c) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := swCfg("sim", time.Nanosecond)
-			ln := listen(t, cfg)
-			c, s := onRing(t, ln, cfg)
+			c, s := simOnRing(t)
 			sq := s.ring().QP().(*sim.QP)
 			if tc.name == "undelivered" {
 				sq.Stall(true)
@@ -469,9 +475,7 @@ func TestFailoverCarriesRingBytes(t *testing.T) {
 			_, err = io.ReadFull(s, got)
 			require.NoError(t, err)
 			require.Equal(t, data, got)
-			byteEachWay(t, c, s)
-			assertFailedOver(t, c, "sim")
-			assertFailedOver(t, s, "sim")
+			bothFailedOver(t, c, s, "sim")
 		})
 	}
 }
@@ -485,9 +489,7 @@ func TestFailoverEchoThroughCopyTo(t *testing.T) {
 	noReupgrade(t)
 	for i, victim := range []string{"server", "client", "server"} {
 		t.Run(fmt.Sprintf("%d-%s", i, victim), func(t *testing.T) {
-			cfg := swCfg("sim", time.Nanosecond)
-			ln := listen(t, cfg)
-			c, s := onRing(t, ln, cfg)
+			c, s := simOnRing(t)
 			go func() {
 				_, _ = io.Copy(s, s)
 				_ = s.CloseWrite()
@@ -610,9 +612,7 @@ func TestFailoverWriteEndsWithThePeer(t *testing.T) {
 	noReupgrade(t)
 	for _, how := range []string{"peer-dies", "peer-aborts", "peer-goodbye"} {
 		t.Run(how, func(t *testing.T) {
-			cfg := swCfg("sim", time.Nanosecond)
-			ln := listen(t, cfg)
-			c, s := onRing(t, ln, cfg)
+			c, s := simOnRing(t)
 			s.w.out.mu.Lock() // s's Resume cannot go out
 			defer s.w.out.mu.Unlock()
 			breakRing(c)
@@ -646,9 +646,7 @@ func TestFailoverWriteEndsWithThePeer(t *testing.T) {
 func TestFailoverCloseWriteDeadline(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)
-	cfg := swCfg("sim", time.Nanosecond)
-	ln := listen(t, cfg)
-	c, s := onRing(t, ln, cfg)
+	c, s := simOnRing(t)
 	s.w.out.mu.Lock()
 	defer s.w.out.mu.Unlock()
 	breakRing(c)
@@ -670,12 +668,7 @@ func TestFailoverCloseWriteDeadline(t *testing.T) {
 func TestFailoverParkedReader(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)
-	cfg := swCfg("sim", time.Hour)
-	cfg.UpgradeBytes = 1 << 40
-	ln := listen(t, cfg)
-	c, s := dialAccept(t, ln, cfg)
-	defer c.Close()
-	defer s.Close()
+	c, s := simOnTCP(t)
 	s.w.wmu.Lock() // a Write of s in progress: its sending stays on TCP
 	c.w.kick()
 	waitUntil(t, "rings on both ends, c sending on its", func() bool {
@@ -707,9 +700,7 @@ func TestFailoverParkedReader(t *testing.T) {
 func TestFailoverGoodbyeRace(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)
-	cfg := swCfg("sim", time.Nanosecond)
-	ln := listen(t, cfg)
-	c, s := onRing(t, ln, cfg)
+	c, s := simOnRing(t)
 	_, err := c.Write([]byte("hello"))
 	require.NoError(t, err)
 	var once sync.Once
@@ -730,9 +721,7 @@ func TestFailoverGoodbyeRace(t *testing.T) {
 func TestFailoverCloseDuringDetach(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)
-	cfg := swCfg("sim", time.Nanosecond)
-	ln := listen(t, cfg)
-	c, s := onRing(t, ln, cfg)
+	c, s := simOnRing(t)
 	closeErr := make(chan error, 1)
 	var once sync.Once
 	testHookDetached.set(func(w *swConn) {
@@ -758,12 +747,7 @@ func TestFailoverCloseDuringDetach(t *testing.T) {
 func TestFailoverResumeBeforeServerRing(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)
-	cfg := swCfg("sim", time.Hour)
-	cfg.UpgradeBytes = 1 << 40
-	ln := listen(t, cfg)
-	c, s := dialAccept(t, ln, cfg)
-	defer c.Close()
-	defer s.Close()
+	c, s := simOnTCP(t)
 	byteEachWay(t, c, s)
 	release := make(chan struct{})
 	testHookServeStart.set(func(*swConn) { <-release })
