@@ -119,7 +119,7 @@ func (w *swConn) failover(cause string) error {
 	w.mu.Lock()
 	w.ring = nil
 	w.agreed = false
-	w.stayed = true // no upgrade after a failover
+	w.stayed = true // settled: the first upgrade is over (a new one may follow)
 	w.awaitResume = true
 	recv := w.rcvd
 	if w.switched {
@@ -194,8 +194,9 @@ func (w *swConn) peerResumed(r uint64) error {
 	w.staleSwitch = false // a Switch sent before the peer's failover came before this
 	w.reupgradeLocked()
 	o := w.owe
-	if o == nil {
-		// Our sending stayed on TCP: every byte is on its way there.
+	if o == nil || o.known {
+		// Our sending stayed on TCP (what an earlier failover owes, if
+		// anything, is being sent again there): every byte is on its way.
 		if sent := w.out.cursor(); r > sent {
 			return protocolError("resume at %d after %d bytes sent", r, sent)
 		}
@@ -213,11 +214,14 @@ func (w *swConn) peerResumed(r uint64) error {
 	return nil
 }
 
-// resendBg sends what is owed if no Write does it first.
+// resendBg sends what is owed if no Write does it first. It keeps to the
+// write deadline, as a Write would (a Write waiting for wmu behind it
+// must not wait past its deadline); setting the deadline again starts it
+// anew.
 func (w *swConn) resendBg() {
 	w.wmu.Lock()
 	defer w.wmu.Unlock()
-	_ = w.resendLocked(deadline.New())
+	_ = w.resendLocked(&w.wdl)
 }
 
 // resendLocked sends what a failover owes before any new Data: it waits

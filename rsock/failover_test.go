@@ -764,3 +764,45 @@ func TestFailoverResumeBeforeServerRing(t *testing.T) {
 	byteEachWay(t, c, s)
 	assert.Equal(t, "tcp", TransportOf(s), s.Info().Reason)
 }
+
+// TestFailoverSecondResumeDuringResend: a second failover while the bytes
+// the first one owes are still being sent again (our sending never moved
+// to the second ring): the peer's new Resume must not move where that
+// resend stands.
+func TestFailoverSecondResumeDuringResend(t *testing.T) {
+	registerSim(t)
+	noReupgrade(t)
+	c, s := simOnTCP(t)
+	byteEachWay(t, c, s)
+	// The state after the first failover and the peer's Resume: c owes
+	// data from x, and sends it again.
+	data := streamBytes(8_000_000, 3)
+	c.w.mu.Lock()
+	x := c.w.out.cursor()
+	c.w.owe = &owed{x: x, first: x, data: data, known: true, from: x, done: make(chan struct{})}
+	c.w.mu.Unlock()
+	go c.w.resendBg() // as the peer's first Resume started it
+	// A Write with a deadline sends them; s does not read, so it waits for
+	// room with part of them queued.
+	require.NoError(t, c.SetWriteDeadline(time.Now().Add(time.Second)))
+	werr := make(chan error, 1)
+	go func() { _, err := c.Write([]byte("after")); werr <- err }()
+	waitUntil(t, "s's reader parked", func() bool { return s.w.parked.Load() })
+	// The second failover: c's sending was on TCP, so it owes nothing new;
+	// then s's Resume, at what s has received so far.
+	s.w.mu.Lock()
+	r2 := s.w.rcvd
+	s.w.mu.Unlock()
+	c.w.mu.Lock()
+	c.w.awaitResume = true
+	c.w.mu.Unlock()
+	require.NoError(t, c.w.peerResumed(r2))
+	err := <-werr
+	require.True(t, err == nil || errors.Is(err, os.ErrDeadlineExceeded), "%v", err)
+	require.NoError(t, c.SetWriteDeadline(time.Time{}))
+	got := make([]byte, len(data))
+	require.NoError(t, s.SetReadDeadline(time.Now().Add(20*time.Second)))
+	n, err := io.ReadFull(s, got)
+	require.NoError(t, err, "read %d of %d owed bytes", n, len(data))
+	require.Equal(t, data, got)
+}

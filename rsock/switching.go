@@ -538,6 +538,9 @@ func (w *swConn) setDeadline(t time.Time, read, write bool) error {
 		if w.ring != nil {
 			_ = w.ring.SetWriteDeadline(t)
 		}
+		if w.owe != nil && w.owe.known {
+			go w.resendBg() // it may have stopped at the old deadline
+		}
 	}
 	wake(w.rnote)
 	return nil
