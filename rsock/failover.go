@@ -161,9 +161,7 @@ func (w *swConn) failover(cause string) error {
 	w.mu.Unlock()
 	to := &label{transport: "tcp", code: CodeFailedOver, fallback: true, reason: fmt.Sprintf("failed over from %s to TCP: %s", from, cause)}
 	relabel(w.c.label.Swap(to), to)
-	if err := w.out.send(&handshake.Resume{Cursor: recv}); err != nil {
-		return nil // the socket failed: the reader reports it
-	}
+	_ = w.out.send(&handshake.Resume{Cursor: recv}) // if the socket failed, the reader reports it
 	return nil
 }
 
@@ -192,7 +190,6 @@ func (w *swConn) peerResumed(r uint64) error {
 	}
 	w.awaitResume = false
 	w.staleSwitch = false // a Switch sent before the peer's failover came before this
-	w.reupgradeLocked()
 	o := w.owe
 	if o == nil || o.known {
 		// Our sending stayed on TCP (what an earlier failover owes, if
@@ -200,6 +197,7 @@ func (w *swConn) peerResumed(r uint64) error {
 		if sent := w.out.cursor(); r > sent {
 			return protocolError("resume at %d after %d bytes sent", r, sent)
 		}
+		w.reupgradeLocked()
 		return nil
 	}
 	from := max(r, o.x) // bytes before our Switch went on TCP
@@ -211,6 +209,7 @@ func (w *swConn) peerResumed(r uint64) error {
 	o.known, o.from = true, from
 	wake(w.wnote)
 	go w.resendBg()
+	w.reupgradeLocked()
 	return nil
 }
 
