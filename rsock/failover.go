@@ -359,9 +359,11 @@ func (w *swConn) resendDone(wait time.Duration) bool {
 }
 
 // resumeLag bounds the Data the reader queues beyond recvQueue while a
-// Write waits for the peer's Resume (readData): an honest peer sends its
-// Resume as soon as it reads ours.
-const resumeLag = 16 << 20
+// Write waits for the peer's Resume (readData). An honest peer sends its
+// Resume as soon as it reads ours, and queues no new Data while its
+// failover runs (Write), so what comes before it is about what its send
+// queue and the two sockets' buffers held.
+const resumeLag = 64 << 20
 
 // Backoff of the upgrade after a failover: the n-th failover of a
 // connection waits reupgradeBase << (n-1), at most reupgradeMax.

@@ -276,6 +276,9 @@ func (w *swConn) Write(b []byte) (int, error) {
 		if w.wdl.Expired() {
 			return n, os.ErrDeadlineExceeded
 		}
+		// No new Data while a failover runs: the peer may be waiting for
+		// our Resume behind it (resumeLag).
+		w.awaitMove()
 		// A chunk at a time, so that a long Write moves to the ring as
 		// soon as it is ready.
 		end := min(len(b), n+handshake.MaxData)
