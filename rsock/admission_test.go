@@ -206,21 +206,30 @@ func TestWaitingSetEvictsTheOldest(t *testing.T) {
 	assert.Empty(t, w.bySrc)
 }
 
+// takeSetups takes every endpoint-setup place of ln, as handshakes in
+// progress would; release gives them back.
+func takeSetups(ln *Listener) (release func()) {
+	for range maxSetups {
+		ln.setups <- struct{}{}
+	}
+	return func() {
+		for range maxSetups {
+			<-ln.setups
+		}
+	}
+}
+
 // TestBusyListenerDeclines: with every setup place taken, a hello is
 // declined with a reason, and the client continues on TCP: visibly, and
 // not remembered as a plain server.
 func TestBusyListenerDeclines(t *testing.T) {
 	cfg := &Config{Transports: []string{"shm", "tcp"}}
 	ln := listen(t, cfg)
-	for range maxSetups {
-		ln.setups <- struct{}{}
-	}
+	release := takeSetups(ln)
 	c, s := pipe(t, ln, cfg)
 	defer c.Close()
 	defer s.Close()
-	for range maxSetups {
-		<-ln.setups
-	}
+	release()
 	info := c.Info()
 	assert.Equal(t, "tcp", info.Transport)
 	assert.True(t, info.Fallback)

@@ -587,18 +587,6 @@ func TestFailoverOnHostileRingMessage(t *testing.T) {
 	}
 }
 
-// waitUntil polls cond (every millisecond, at most 10 s) for a state
-// that no channel announces.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func owes(x *Conn) bool {
 	x.w.mu.Lock()
 	defer x.w.mu.Unlock()
@@ -616,7 +604,7 @@ func TestFailoverWriteEndsWithThePeer(t *testing.T) {
 			s.w.out.mu.Lock() // s's Resume cannot go out
 			defer s.w.out.mu.Unlock()
 			breakRing(c)
-			waitUntil(t, "c's failover", func() bool { return owes(c) })
+			require.Eventually(t, func() bool { return owes(c) }, 10*time.Second, time.Millisecond, "c's failover")
 			done := make(chan error, 1)
 			go func() { _, err := c.Write([]byte{1}); done <- err }()
 			switch how {
@@ -650,7 +638,7 @@ func TestFailoverCloseWriteDeadline(t *testing.T) {
 	s.w.out.mu.Lock()
 	defer s.w.out.mu.Unlock()
 	breakRing(c)
-	waitUntil(t, "c's failover", func() bool { return owes(c) })
+	require.Eventually(t, func() bool { return owes(c) }, 10*time.Second, time.Millisecond, "c's failover")
 	require.NoError(t, c.SetWriteDeadline(time.Now().Add(100*time.Millisecond)))
 	done := make(chan error, 1)
 	go func() { done <- c.CloseWrite() }()
@@ -671,19 +659,19 @@ func TestFailoverParkedReader(t *testing.T) {
 	c, s := simOnTCP(t)
 	s.w.wmu.Lock() // a Write of s in progress: its sending stays on TCP
 	c.w.kick()
-	waitUntil(t, "rings on both ends, c sending on its", func() bool {
+	require.Eventually(t, func() bool {
 		c.w.mu.Lock()
 		defer c.w.mu.Unlock()
 		return c.w.sendOn && s.ring() != nil
-	})
+	}, 10*time.Second, time.Millisecond, "rings on both ends, c sending on its")
 	go func() { // Data c's application does not read; then it waits for room
 		_, _ = s.w.out.data(make([]byte, 32<<20), &s.w.wdl, s.w.done)
 		s.w.wmu.Unlock()
 	}()
-	waitUntil(t, "c's reader parked", func() bool { return c.w.parked.Load() })
+	require.Eventually(t, func() bool { return c.w.parked.Load() }, 10*time.Second, time.Millisecond, "c's reader parked")
 	go func() { _, _ = io.Copy(io.Discard, s) }()
 	breakRing(c)
-	waitUntil(t, "c's failover", func() bool { return owes(c) })
+	require.Eventually(t, func() bool { return owes(c) }, 10*time.Second, time.Millisecond, "c's failover")
 	done := make(chan error, 1)
 	go func() { _, err := c.Write([]byte{1}); done <- err }()
 	select {
@@ -754,9 +742,9 @@ func TestFailoverResumeBeforeServerRing(t *testing.T) {
 	t.Cleanup(func() { testHookServeStart.set(nil) })
 	c.w.wmu.Lock() // c's Switch is not sent
 	c.w.kick()
-	waitUntil(t, "c's ring", func() bool { return c.ring() != nil })
+	require.Eventually(t, func() bool { return c.ring() != nil }, 10*time.Second, time.Millisecond, "c's ring")
 	breakRing(c)
-	waitUntil(t, "c's failover", func() bool { c.w.mu.Lock(); defer c.w.mu.Unlock(); return c.w.failovers > 0 })
+	require.Eventually(t, func() bool { c.w.mu.Lock(); defer c.w.mu.Unlock(); return c.w.failovers > 0 }, 10*time.Second, time.Millisecond, "c's failover")
 	c.w.wmu.Unlock()
 	close(release)
 	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
@@ -787,7 +775,7 @@ func TestFailoverSecondResumeDuringResend(t *testing.T) {
 	require.NoError(t, c.SetWriteDeadline(time.Now().Add(time.Second)))
 	werr := make(chan error, 1)
 	go func() { _, err := c.Write([]byte("after")); werr <- err }()
-	waitUntil(t, "s's reader parked", func() bool { return s.w.parked.Load() })
+	require.Eventually(t, func() bool { return s.w.parked.Load() }, 10*time.Second, time.Millisecond, "s's reader parked")
 	// The second failover: c's sending was on TCP, so it owes nothing new;
 	// then s's Resume, at what s has received so far.
 	s.w.mu.Lock()

@@ -294,15 +294,11 @@ func TestSwitchBusyServerDeclines(t *testing.T) {
 	registerSim(t)
 	cfg := swCfg("sim", time.Nanosecond)
 	ln := listen(t, cfg)
-	for range maxSetups {
-		ln.setups <- struct{}{}
-	}
+	release := takeSetups(ln)
 	c, s := pipe(t, ln, cfg)
 	defer c.Close()
 	defer s.Close()
-	for range maxSetups {
-		<-ln.setups
-	}
+	release()
 	info := c.Info()
 	assert.Equal(t, "tcp", info.Transport)
 	assert.True(t, info.Fallback)
@@ -494,9 +490,7 @@ func TestSwitchWithoutTCP(t *testing.T) {
 	registerSim(t)
 	cfg := &Config{Transports: []string{"sim"}, RingSize: 64 << 10, UpgradeAfter: time.Nanosecond}
 	ln := listen(t, cfg)
-	for range maxSetups {
-		ln.setups <- struct{}{}
-	}
+	release := takeSetups(ln)
 	c, s := dialAccept(t, ln, cfg)
 	defer c.Close()
 	defer s.Close()
@@ -506,9 +500,7 @@ func TestSwitchWithoutTCP(t *testing.T) {
 	assert.ErrorIs(t, err, syscall.ECONNRESET)
 	assert.Contains(t, err.Error(), "TCP fallback is not allowed")
 	assert.Contains(t, err.Error(), "server busy")
-	for range maxSetups {
-		<-ln.setups
-	}
+	release()
 
 	shmOnly := listen(t, &Config{Transports: []string{"shm"}})
 	d := Dialer{Config: cfg, Timeout: 10 * time.Second}
