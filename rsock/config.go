@@ -95,6 +95,21 @@ type Config struct {
 	// RSOCK_VERBS_CM=1.
 	ConnectionManager bool
 
+	// EndpointPool is how many closed verbs endpoints each RDMA device
+	// keeps for reuse: a protection domain with its registered receive
+	// ring, staging buffer and state-message buffers, so that the next
+	// connection on the device skips registering memory (most of a verbs
+	// connection's setup). A pooled endpoint's memory stays registered
+	// (pinned) and is zeroed before reuse; its queue pair is never
+	// reused. A registration the host refuses for lack of lockable memory
+	// frees the pool first. Negative: no pool. Env RSOCK_ENDPOINT_POOL.
+	// Default DefaultEndpointPool.
+	EndpointPool int
+	// EndpointPoolIdle is how long a pooled endpoint is kept unused before
+	// it is freed. Env RSOCK_ENDPOINT_POOL_IDLE. Default
+	// DefaultEndpointPoolIdle.
+	EndpointPoolIdle time.Duration
+
 	// UpgradeAfter is the upgrade policy of a dialed connection. A
 	// connection starts on its TCP connection, usable as soon as the
 	// server has answered (one round trip, however long a ring takes to
@@ -162,6 +177,11 @@ const (
 	// its ring.
 	DefaultUpgradeAfter = -1
 	DefaultUpgradeBytes = 64 << 10
+	// DefaultEndpointPool and DefaultEndpointPoolIdle bound the verbs
+	// endpoint pool (EndpointPool): at the default ring a pooled
+	// endpoint holds about 2 MiB of pinned memory.
+	DefaultEndpointPool     = 16
+	DefaultEndpointPoolIdle = 10 * time.Second
 )
 
 // DefaultTransports is the transport order when none is configured.
@@ -186,6 +206,8 @@ type settings struct {
 	port          int
 	gidIndex      int // -1: automatic
 	viaCM         bool
+	pool          int // 0: no endpoint pool
+	poolIdle      time.Duration
 	log           *slog.Logger
 }
 
@@ -279,6 +301,7 @@ func (c *Config) resolve() (*settings, error) {
 		{"ProbeTimeout", cfg.ProbeTimeout, "RSOCK_PROBE_TIMEOUT", DefaultProbeTimeout, &s.probe},
 		{"ProbeCacheTTL", cfg.ProbeCacheTTL, "RSOCK_PROBE_CACHE_TTL", DefaultProbeCacheTTL, &s.probeCacheTTL},
 		{"UpgradeAfter", cfg.UpgradeAfter, "RSOCK_UPGRADE_AFTER", DefaultUpgradeAfter, &s.upgradeAfter},
+		{"EndpointPoolIdle", cfg.EndpointPoolIdle, "RSOCK_ENDPOINT_POOL_IDLE", DefaultEndpointPoolIdle, &s.poolIdle},
 	}
 	for _, d := range durs {
 		if *d.dst, err = durField(d.field, d.v, d.env, d.def); err != nil {
@@ -298,13 +321,17 @@ func (c *Config) resolve() (*settings, error) {
 		}
 	}
 	s.failover = !noFailover && s.fallback
+	if s.pool, err = intField("EndpointPool", cfg.EndpointPool, "RSOCK_ENDPOINT_POOL", DefaultEndpointPool, strconv.Atoi); err != nil {
+		return nil, err
+	}
+	s.pool = max(s.pool, 0)
 	if s.upgradeBytes <= 0 {
 		return nil, &ConfigError{Field: "UpgradeBytes", Value: strconv.Itoa(s.upgradeBytes), Err: fmt.Errorf("must be positive")}
 	}
 	for _, d := range []struct {
 		field string
 		v     time.Duration
-	}{{"HandshakeTimeout", s.handshake}, {"SniffTimeout", s.sniff}, {"ProbeTimeout", s.probe}} {
+	}{{"HandshakeTimeout", s.handshake}, {"SniffTimeout", s.sniff}, {"ProbeTimeout", s.probe}, {"EndpointPoolIdle", s.poolIdle}} {
 		if d.v <= 0 {
 			return nil, &ConfigError{Field: d.field, Value: d.v.String(), Err: fmt.Errorf("must be positive")}
 		}

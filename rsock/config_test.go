@@ -63,3 +63,44 @@ func TestConnectionManagerSetting(t *testing.T) {
 		t.Fatalf("RSOCK_VERBS_CM=maybe: %v, want a ConfigError naming it", err)
 	}
 }
+
+// EndpointPool and EndpointPoolIdle: the defaults, the environment, the
+// fields; a negative pool is none; they reach the verbs provider's
+// options; a pool idle time that is not positive, or a pool size that is
+// not a number, is a ConfigError.
+func TestEndpointPoolSetting(t *testing.T) {
+	for _, tc := range []struct {
+		envSize, envIdle string
+		size             int
+		idle             time.Duration
+		wantSize         int
+		wantIdle         time.Duration
+	}{
+		{"", "", 0, 0, DefaultEndpointPool, DefaultEndpointPoolIdle},
+		{"4", "1s", 0, 0, 4, time.Second},
+		{"-1", "", 0, 0, 0, DefaultEndpointPoolIdle},
+		{"4", "1s", -1, time.Minute, 0, time.Minute},
+		{"", "", 2, time.Millisecond, 2, time.Millisecond},
+	} {
+		t.Setenv("RSOCK_ENDPOINT_POOL", tc.envSize)
+		t.Setenv("RSOCK_ENDPOINT_POOL_IDLE", tc.envIdle)
+		s, err := (&Config{EndpointPool: tc.size, EndpointPoolIdle: tc.idle}).resolve()
+		if err != nil {
+			t.Fatalf("%+v: %v", tc, err)
+		}
+		o := s.openOptions(&net.TCPConn{})
+		if o.Pool != tc.wantSize || o.PoolIdle != tc.wantIdle {
+			t.Errorf("%+v: pool %d for %v, want %d for %v", tc, o.Pool, o.PoolIdle, tc.wantSize, tc.wantIdle)
+		}
+	}
+	for _, bad := range [][2]string{{"RSOCK_ENDPOINT_POOL", "many"}, {"RSOCK_ENDPOINT_POOL_IDLE", "0"}, {"RSOCK_ENDPOINT_POOL_IDLE", "soon"}} {
+		t.Setenv("RSOCK_ENDPOINT_POOL", "")
+		t.Setenv("RSOCK_ENDPOINT_POOL_IDLE", "")
+		t.Setenv(bad[0], bad[1])
+		_, err := (&Config{}).resolve()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field == "" {
+			t.Errorf("%s=%s: %v, want a ConfigError", bad[0], bad[1], err)
+		}
+	}
+}

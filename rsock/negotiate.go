@@ -40,7 +40,7 @@ func (s *settings) streamOptions() stream.Options {
 }
 
 func (s *settings) openOptions(raw net.Conn) verbs.OpenOptions {
-	return verbs.OpenOptions{LocalAddr: raw.LocalAddr(), RemoteAddr: raw.RemoteAddr(), Device: s.device, Port: s.port, GIDIndex: s.gidIndex, ConnectionManager: s.viaCM}
+	return verbs.OpenOptions{LocalAddr: raw.LocalAddr(), RemoteAddr: raw.RemoteAddr(), Device: s.device, Port: s.port, GIDIndex: s.gidIndex, ConnectionManager: s.viaCM, Pool: s.pool, PoolIdle: s.poolIdle}
 }
 
 // newEndpoint prepares an endpoint of the named transport for raw.

@@ -50,6 +50,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 )
 
 // Access says who may write a memory region.
@@ -320,6 +321,13 @@ type OpenOptions struct {
 	// follow the kernel's routes (VLANs, bonds, InfiniBand path records).
 	// The passive side follows the active side's choice.
 	ConnectionManager bool
+	// Pool and PoolIdle bound the provider's pool of closed devices kept
+	// for reuse with the memory they registered (ibverbs: protection
+	// domains and their regions), per RDMA device: at most Pool of them,
+	// each for at most PoolIdle. Zero Pool: no pooling. Providers that
+	// pool nothing ignore them.
+	Pool     int
+	PoolIdle time.Duration
 }
 
 // Provider opens devices of one transport kind.

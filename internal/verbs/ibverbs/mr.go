@@ -22,6 +22,8 @@ type MR struct {
 	dev    *Device
 	mr     *C.struct_rs_mr
 	buf    []byte
+	size   int   // as asked for
+	flags  C.int // access flags
 	lkey   uint32
 	rkey   uint32 // zero unless remote-writable
 	closed atomic.Bool
@@ -40,21 +42,42 @@ func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if access&verbs.AccessRemoteWrite != 0 {
 		flags |= C.RS_ACCESS_REMOTE_WRITE
 	}
+	if m := d.spareMR(size, flags); m != nil {
+		return m, nil
+	}
+	m, e, err := d.register(size, flags)
+	if err != nil && outOfMemory(e) {
+		// Pooled regions count against RLIMIT_MEMLOCK too: give them
+		// back and try once more.
+		d.dc.drainPool()
+		d.freeSpares()
+		m, _, err = d.register(size, flags)
+	}
+	if err != nil {
+		d.dropLive()
+		return nil, err
+	}
+	return m, nil
+}
+
+// register allocates and registers a new region; e is the errno of a
+// failed registration.
+func (d *Device) register(size int, flags C.int) (*MR, C.int, error) {
 	buf, err := verbs.AllocMem(size)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var e C.int
 	mr := C.rs_reg_mr(d.pd, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), flags, &e)
 	if mr == nil {
 		_ = verbs.FreeMem(buf)
-		return nil, fmt.Errorf("ibverbs: register %d bytes: %w (RLIMIT_MEMLOCK may be too low)", size, errnoErr("reg MR", e))
+		return nil, e, fmt.Errorf("ibverbs: register %d bytes: %w (RLIMIT_MEMLOCK may be too low)", size, errnoErr("reg MR", e))
 	}
-	m := &MR{dev: d, mr: mr, buf: buf, lkey: uint32(mr.lkey)}
-	if access&verbs.AccessRemoteWrite != 0 {
+	m := &MR{dev: d, mr: mr, buf: buf, size: size, flags: flags, lkey: uint32(mr.lkey)}
+	if flags&C.RS_ACCESS_REMOTE_WRITE != 0 {
 		m.rkey = uint32(mr.rkey)
 	}
-	return m, nil
+	return m, 0, nil
 }
 
 // Bytes is the region's memory.
@@ -66,11 +89,25 @@ func (m *MR) Addr() uint64 { return uint64(uintptr(unsafe.Pointer(&m.buf[0]))) }
 // RKey is the remote key (zero unless remote-writable).
 func (m *MR) RKey() uint32 { return m.rkey }
 
-// Close deregisters the region and unmaps its memory.
+// Close deregisters the region and unmaps its memory, or, on a Device that
+// pools (pool.go), zeroes it and keeps it for the Device's next AllocMR of
+// the same size and access.
 func (m *MR) Close() error {
 	if m.closed.Swap(true) {
 		return nil
 	}
+	if m.dev.keepMR(m) {
+		return nil
+	}
+	if err := m.free(); err != nil {
+		return err
+	}
+	m.dev.dropLive()
+	return nil
+}
+
+// free deregisters the region and unmaps its memory.
+func (m *MR) free() error {
 	if e := C.rs_dereg_mr(m.mr); e != 0 {
 		// Still registered: the device may write into it, so it is
 		// never unmapped.

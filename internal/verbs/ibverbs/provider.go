@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
@@ -66,6 +67,7 @@ type devCtx struct {
 	qps  map[*C.struct_rs_qp]*QP // for attributing asynchronous errors
 	cqs  map[*C.struct_rs_cq]*CQ // for attributing overruns
 	dead error                   // set on IBV_EVENT_DEVICE_FATAL
+	pool pdPool                  // closed Devices kept for reuse (pool.go)
 }
 
 // openContext returns the process's opened context of dev, opening it on
@@ -177,6 +179,7 @@ func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 		for _, qp := range qps {
 			qp.markDead(name)
 		}
+		dc.drainPool()
 	}
 }
 
@@ -192,6 +195,13 @@ type Device struct {
 	lid    uint16
 	mtu    uint8 // the port's active MTU (enum ibv_mtu)
 	closed atomic.Bool
+
+	pool      int           // OpenOptions.Pool (pool.go)
+	poolIdle  time.Duration // OpenOptions.PoolIdle
+	mu        sync.Mutex
+	spare     []*MR // regions closed in this Device's life, kept for reuse, zeroed
+	inherited []*MR // spares of the pooled PD's earlier life, not (yet) reused
+	live      int   // open regions and QPs: the PD is pooled only at 0
 }
 
 // Open picks the device, port and GID for the connection (see
@@ -241,6 +251,10 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if d.t.roce && d.gid == [16]byte{} {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d GID %d is empty", verbs.ErrUnavailable, t.dev, t.port, t.gidIndex)
 	}
+	d.pool, d.poolIdle = o.Pool, o.PoolIdle
+	if d.pd, d.inherited = dc.takePD(); d.pd != nil {
+		return d, nil
+	}
 	var e C.int
 	if d.pd = C.rs_alloc_pd(dc.ctx, &e); d.pd == nil {
 		return nil, errnoErr("alloc PD on "+t.dev, e)
@@ -256,15 +270,37 @@ func (d *Device) String() string {
 	return fmt.Sprintf("%s port %d GID %d", d.t.dev, d.t.port, d.t.gidIndex)
 }
 
-// Close deallocates the protection domain. Close QPs, CQs and MRs first.
+// Close deallocates the protection domain, or pools it with its spare
+// regions (pool.go) when the Device pools and nothing of it is left open.
+// Close QPs, CQs and MRs first.
 func (d *Device) Close() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
-	if e := C.rs_dealloc_pd(d.pd); e != 0 {
-		return errnoErr("dealloc PD", e)
+	d.mu.Lock()
+	spare, unused, live := d.spare, d.inherited, d.live
+	d.spare, d.inherited = nil, nil
+	d.mu.Unlock()
+	// Only the regions of this life go back to the pool: a region a
+	// connection of another ring size left is not kept forever.
+	for _, m := range unused {
+		_ = m.free()
 	}
-	return nil
+	if live == 0 && d.dc.putPD(d.pd, spare, d.pool, d.poolIdle) {
+		return nil
+	}
+	return freePD(d.pd, spare)
+}
+
+// freeSpares frees d's spare regions.
+func (d *Device) freeSpares() {
+	d.mu.Lock()
+	spare := append(d.spare, d.inherited...)
+	d.spare, d.inherited = nil, nil
+	d.mu.Unlock()
+	for _, m := range spare {
+		_ = m.free()
+	}
 }
 
 func (d *Device) check() error {

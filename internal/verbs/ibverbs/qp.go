@@ -126,6 +126,7 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 	if qpp == nil {
 		return nil, errnoErr(fmt.Sprintf("create RC QP (send %d, recv %d)", attr.SendDepth, attr.RecvDepth), e)
 	}
+	d.addLive() // until destroy
 	q := &QP{
 		dev: d, cq: cq, qp: qpp, qpn: uint32(qpp.qp_num), psn: rand.Uint32N(1 << 24),
 		inline: int(cap.max_inline_data), maxInline: attr.MaxInline,
@@ -140,7 +141,9 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 		q.slot = (attr.MaxInline + 63) &^ 63
 		m, err := d.AllocMR(q.slot*attr.SendDepth, verbs.AccessLocalWrite)
 		if err != nil {
-			C.rs_destroy_qp(qpp)
+			if C.rs_destroy_qp(qpp) == 0 {
+				d.dropLive()
+			}
 			return nil, fmt.Errorf("ibverbs: inline bounce buffer: %w", err)
 		}
 		q.bounce = m.(*MR)
@@ -488,6 +491,8 @@ func (q *QP) destroy() error {
 	var err error
 	if e := C.rs_destroy_qp(q.qp); e != 0 {
 		err = errnoErr("destroy QP", e)
+	} else {
+		q.dev.dropLive()
 	}
 	if q.bounce != nil && err == nil {
 		err = q.bounce.Close()

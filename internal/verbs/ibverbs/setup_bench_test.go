@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
@@ -101,6 +102,50 @@ func BenchmarkSetup(b *testing.B) {
 					b.Fatal(err)
 				}
 				_ = mr.Close()
+			}
+		})
+	}
+	// One side's endpoint as rsock makes it at the default ring, made
+	// and closed per op: device, CQ, QP, ring (1 MiB, remote-writable),
+	// state-message buffers (4 KiB) and staging (1 MiB), without and with
+	// the pool of protection domains.
+	for _, pool := range []int{0, 4} {
+		b.Run(fmt.Sprintf("Endpoint/pool=%d", pool), func(b *testing.B) {
+			o := o
+			o.Pool, o.PoolIdle = pool, time.Minute
+			defer ibverbs.DrainPools()
+			for range b.N {
+				d, err := p.Open(o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				cq, err := d.NewCQ(320, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				qp, err := d.NewQP(verbs.QPAttr{CQ: cq, SendDepth: 256, RecvDepth: 64, MaxInline: 32})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var mrs []verbs.MR
+				for _, r := range []struct {
+					size   int
+					access verbs.Access
+				}{{1 << 20, verbs.AccessLocalWrite | verbs.AccessRemoteWrite}, {4 << 10, verbs.AccessLocalWrite}, {1 << 20, verbs.AccessLocalWrite}} {
+					mr, err := d.AllocMR(r.size, r.access)
+					if err != nil {
+						b.Fatal(err)
+					}
+					mrs = append(mrs, mr)
+				}
+				_ = qp.Close()
+				_ = cq.Close()
+				for _, mr := range mrs {
+					_ = mr.Close()
+				}
+				if err := d.Close(); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}
