@@ -148,6 +148,85 @@ func (s sysfs) readGIDs(dev string, port int) []gidEntry {
 	return out
 }
 
+// targetTTL is how long a selected target serves later connections from
+// the same local IP with the same overrides unchecked. Past it, a RoCE
+// target found by its RoCE v2 GID is checked by reading that one GID
+// entry again; any other is selected anew. Selecting reads a file or
+// directory per device, port and GID entry: in the Soft-RoCE guest that
+// was a quarter of each side's CPU in a connection's setup (BENCHMARKS.md).
+// A variable for tests.
+var targetTTL = time.Second
+
+var targets struct {
+	mu sync.Mutex
+	m  map[targetKey]cachedTarget
+}
+
+type targetKey struct {
+	root           string
+	ip             netip.Addr
+	dev            string
+	port, gidIndex int
+}
+
+type cachedTarget struct {
+	t       target
+	byGIDv2 bool // found as the RoCE v2 GID entry holding the IP
+	checked time.Time
+}
+
+// cachedTarget is selectTarget, with its result remembered (targetTTL).
+func (s sysfs) cachedTarget(local net.Addr, dev string, port, gidIndex int) (target, error) {
+	ip, err := localIP(local)
+	if err != nil || gidIndex >= 0 {
+		return s.selectTarget(local, dev, port, gidIndex)
+	}
+	key := targetKey{root: s.root, ip: ip, dev: dev, port: port, gidIndex: gidIndex}
+	targets.mu.Lock()
+	c, ok := targets.m[key]
+	targets.mu.Unlock()
+	switch {
+	case ok && time.Since(c.checked) < targetTTL:
+		return c.t, nil
+	case ok && c.byGIDv2 && s.holdsV2(c.t, ip):
+		c.checked = time.Now()
+	default:
+		t, err := s.selectTarget(local, dev, port, gidIndex)
+		if err != nil {
+			return t, err
+		}
+		c = cachedTarget{t: t, checked: time.Now()}
+		if t.roce {
+			for _, g := range s.gids(t.dev, t.port) {
+				c.byGIDv2 = c.byGIDv2 || (g.index == t.gidIndex && g.typ == "RoCE v2")
+			}
+		}
+	}
+	targets.mu.Lock()
+	if targets.m == nil || len(targets.m) >= 1024 {
+		targets.m = map[targetKey]cachedTarget{} // bounded: a miss costs one selection
+	}
+	targets.m[key] = c
+	targets.mu.Unlock()
+	return c.t, nil
+}
+
+// holdsV2 reports whether t's GID entry still holds ip as a RoCE v2 GID
+// (nothing can be preferred to it).
+func (s sysfs) holdsV2(t target, ip netip.Addr) bool {
+	p, i := strconv.Itoa(t.port), strconv.Itoa(t.gidIndex)
+	v, err := s.read("class", "infiniband", t.dev, "ports", p, "gids", i)
+	if err != nil {
+		return false
+	}
+	g, err := netip.ParseAddr(v)
+	if err != nil || g != netip.AddrFrom16(ip.As16()) {
+		return false
+	}
+	typ, _ := s.read("class", "infiniband", t.dev, "ports", p, "gid_attrs", "types", i)
+	return typ == "RoCE v2"
+}
+
 // errNoDevice wraps the reasons no device fits; it is reported as the
 // provider being unavailable for this connection.
 var errNoDevice = errors.New("no RDMA device fits")

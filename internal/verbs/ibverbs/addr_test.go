@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // fakeSysfs builds a sysfs tree: files maps paths under root to contents.
@@ -151,4 +152,62 @@ func TestSelectTargetIWARP(t *testing.T) {
 	if _, err = s.selectTarget(tcp("10.0.1.1"), "", 0, -1); !errors.Is(err, errNoDevice) || !strings.Contains(err.Error(), "siw0 is iWARP") {
 		t.Fatalf("no connection manager: %v, want siw0 declined", err)
 	}
+}
+
+// TestCachedTarget: a selected target serves later connections from the
+// same IP unchecked for targetTTL; past it, a RoCE v2 target is checked by
+// its own GID entry, and selected anew once that entry no longer holds
+// the IP.
+func TestCachedTarget(t *testing.T) {
+	files := map[string]string{}
+	roceDev(files, "rxe0", "1", map[string][2]string{
+		"1": {"0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2"},
+		"2": {"0000:0000:0000:0000:0000:ffff:0a00:0001", "IB/RoCE v1"},
+	})
+	s := fakeSysfs(t, files)
+	defer func(ttl time.Duration) { targetTTL = ttl }(targetTTL)
+	targetTTL = time.Hour
+	got, err := s.cachedTarget(tcp("10.0.0.1"), "", 0, -1)
+	if err != nil || got.gidIndex != 1 {
+		t.Fatalf("first selection: %+v, %v; want GID 1", got, err)
+	}
+	// The v2 entry moves to another address.
+	gid1 := filepath.Join(s.root, "class/infiniband/rxe0/ports/1/gids/1")
+	if err := os.WriteFile(gid1, []byte("0000:0000:0000:0000:0000:ffff:0a00:0009\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.cachedTarget(tcp("10.0.0.1"), "", 0, -1); got.gidIndex != 1 {
+		t.Errorf("within the TTL: %+v, want the cached GID 1", got)
+	}
+	targetTTL = 0
+	forgetGIDTables() // the GID table's own cache would hide the changes
+	if got, err := s.cachedTarget(tcp("10.0.0.1"), "", 0, -1); err != nil || got.gidIndex != 2 {
+		t.Errorf("past the TTL, the entry changed: %+v, %v; want GID 2 (v1)", got, err)
+	}
+	// A v1 target is selected anew each time past the TTL: GID 1 holds
+	// the IP as v2 again, and wins.
+	if err := os.WriteFile(gid1, []byte("0000:0000:0000:0000:0000:ffff:0a00:0001\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	forgetGIDTables()
+	if got, err := s.cachedTarget(tcp("10.0.0.1"), "", 0, -1); err != nil || got.gidIndex != 1 {
+		t.Errorf("v1 reselected: %+v, %v; want GID 1 (v2)", got, err)
+	}
+	// The address leaves the port: an error, not the cached target.
+	for _, i := range []string{"1", "2"} {
+		if err := os.WriteFile(filepath.Join(s.root, "class/infiniband/rxe0/ports/1/gids", i), []byte("0000:0000:0000:0000:0000:0000:0000:0000\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forgetGIDTables()
+	if _, err := s.cachedTarget(tcp("10.0.0.1"), "", 0, -1); !errors.Is(err, errNoDevice) {
+		t.Errorf("address gone: %v, want errNoDevice", err)
+	}
+}
+
+// forgetGIDTables empties the GID table cache.
+func forgetGIDTables() {
+	gidTables.mu.Lock()
+	gidTables.m = nil
+	gidTables.mu.Unlock()
 }

@@ -213,7 +213,7 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if err := load(); err != nil {
 		return nil, err
 	}
-	t, err := p.sys.selectTarget(o.LocalAddr, o.Device, o.Port, o.GIDIndex)
+	t, err := p.sys.cachedTarget(o.LocalAddr, o.Device, o.Port, o.GIDIndex)
 	if err != nil {
 		return nil, fmt.Errorf("%w: ibverbs: %v", verbs.ErrUnavailable, err)
 	}
