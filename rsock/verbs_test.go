@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -531,4 +532,53 @@ func TestVerbsEndpointPool(t *testing.T) {
 			hashedBothWays(t, c, s, 100<<10, 2)
 		})
 	}
+}
+
+// TestVerbsThousandConnections opens 1,000 verbs connections at once (both
+// ends in this process, at a 16 KiB ring so that they fit the guest's
+// memory), checks that each carries a byte each way, and reports the
+// process's fds, OS threads, goroutines and pinned bytes per connection.
+func TestVerbsThousandConnections(t *testing.T) {
+	const n = 1000
+	// Per connection, both ends here: two sockets, and two CQs, each with
+	// a completion channel and the dup the netpoller waits on.
+	lim, err := raiseNofile(8*n + 512)
+	require.NoError(t, err, "RLIMIT_NOFILE %d", lim.Cur)
+	cfg := verbsRing(16<<10, 0)
+	ln := listenVerbs(t, cfg)
+	before := collectStats()
+	goroutines := runtime.NumGoroutine()
+	pairs := make([][2]*Conn, 0, n)
+	t.Cleanup(func() {
+		for _, p := range pairs {
+			p[0].Close()
+			p[1].Close()
+		}
+	})
+	start := time.Now()
+	for i := range n {
+		c, s, err := verbsPipe(t, ln, cfg)
+		require.NoError(t, err, "connection %d", i)
+		pairs = append(pairs, [2]*Conn{c, s})
+	}
+	t.Logf("%d connections set up one at a time in %v", n, time.Since(start).Round(time.Millisecond))
+	after := collectStats()
+	var pinned int64
+	one := make([]byte, 1)
+	for i, p := range pairs {
+		for _, dir := range [][2]*Conn{{p[0], p[1]}, {p[1], p[0]}} {
+			one[0] = byte(i)
+			_, err := dir[0].Write(one)
+			require.NoError(t, err)
+			_, err = io.ReadFull(dir[1], one)
+			require.NoError(t, err)
+			require.Equal(t, byte(i), one[0])
+		}
+		pinned += p[0].Info().Registered + p[1].Info().Registered
+	}
+	per := func(k string) float64 { return float64(after[k]-before[k]) / n }
+	t.Logf("%d verbs connections open (both ends here): fds %d -> %d (%.2f per connection, %.2f sockets), OS threads %d -> %d, goroutines %d -> %d (%.1f per connection), pinned %d KiB per end at a 16 KiB ring",
+		n, before["fds"], after["fds"], per("fds"), per("fd_socket"), before["threads"], after["threads"],
+		goroutines, runtime.NumGoroutine(), float64(runtime.NumGoroutine()-goroutines)/n, pinned/(2*n)>>10)
+	assert.Less(t, after["threads"], 100, "parked connections hold no OS thread")
 }

@@ -119,7 +119,10 @@ tally() { # the summary line of a run.sh log, and its results per device
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 ts=$(date +%s)
-GO="$GO" bash test/softroce/run.sh "${one[@]}" 2>&1 | tee "$log"
+# 2 GiB: TestVerbsThousandConnections holds 2,000 queue pairs at once; rxe
+# maps about 210 KiB of queue memory per QP and CQ into the process, and
+# the race detector doubles the heap (1 GiB ran out of memory).
+SOFTROCE_MEM="${SOFTROCE_MEM:-2048}" GO="$GO" bash test/softroce/run.sh "${one[@]}" 2>&1 | tee "$log"
 tally "$log"
 stage "one guest" "$ts"
 
