@@ -9,10 +9,8 @@ import "C"
 
 import (
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -24,21 +22,18 @@ const pollBatch = 32
 // (ibv_ack_cq_events takes a lock; all are acknowledged before destroy).
 const ackBatch = 64
 
-// CQ is a completion queue with its own completion channel. It implements
-// verbs.CQ. The channel's fd is non-blocking and its duplicate sits in the
-// Go netpoller: one goroutine per CQ (events) parks there, not an OS
-// thread, and turns the channel's events into calls of notify.
+// CQ is a completion queue. It implements verbs.CQ. Its events come
+// through a completion channel it shares with other CQs of its device
+// context (compChannel), so a CQ costs no file descriptor or goroutine of
+// its own.
 type CQ struct {
 	dev    *Device
 	cq     *C.struct_rs_cq
-	ch     *C.struct_rs_comp_channel
-	file   *os.File // duplicate of the channel fd; closing it ends events
-	rc     syscall.RawConn
+	cc     *compChannel
 	notify func()
 	armed  atomic.Bool // an Arm in effect: the next event calls notify
 	closed atomic.Bool
 	failed atomic.Pointer[error] // set once the CQ or its channel failed (fail)
-	done   chan struct{}         // closed when events has returned
 
 	// mu serialises Poll (the wc array) and Arm, and guards qps.
 	mu  sync.Mutex
@@ -48,7 +43,7 @@ type CQ struct {
 	// work Poll may have to flush itself (flushDead).
 	dead atomic.Int32
 
-	unacked C.uint // events read and not acknowledged; events' own until it returns
+	unacked C.uint // events read and not acknowledged; guarded by cc.mu
 }
 
 // NewCQ creates a completion queue of at least depth entries whose
@@ -60,33 +55,22 @@ func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	if depth <= 0 {
 		return nil, fmt.Errorf("ibverbs: CQ depth %d", depth)
 	}
-	var e C.int
-	ch := C.rs_create_channel(d.dc.ctx, &e)
-	if ch == nil {
-		return nil, errnoErr("create completion channel", e)
-	}
-	q := &CQ{dev: d, ch: ch, notify: notify, done: make(chan struct{}), qps: map[uint32]*QP{}}
-	fail := func(err error) (verbs.CQ, error) {
-		if q.file != nil {
-			q.file.Close()
-		}
-		if q.cq != nil {
-			C.rs_destroy_cq(q.cq)
-		}
-		C.rs_destroy_channel(ch)
+	cc, err := d.dc.channel()
+	if err != nil {
 		return nil, err
 	}
-	var err error
-	if q.file, q.rc, err = pollable(ch.fd, "completion channel"); err != nil {
-		return fail(err)
+	q := &CQ{dev: d, cc: cc, notify: notify, qps: map[uint32]*QP{}}
+	var e C.int
+	if q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, &e); q.cq == nil {
+		return nil, errnoErr(fmt.Sprintf("create CQ of %d entries", depth), e)
 	}
-	if q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), ch, &e); q.cq == nil {
-		return fail(errnoErr(fmt.Sprintf("create CQ of %d entries", depth), e))
+	if err := cc.add(q); err != nil {
+		C.rs_destroy_cq(q.cq)
+		return nil, err
 	}
 	d.dc.mu.Lock()
 	d.dc.cqs[q.cq] = q
 	d.dc.mu.Unlock()
-	go q.events()
 	return q, nil
 }
 
@@ -251,36 +235,6 @@ func (q *CQ) arm(solicitedOnly C.int) error {
 // withdrawn: its event, if it comes, is dropped.
 func (q *CQ) Disarm() { q.armed.Store(false) }
 
-// events reads the completion channel, parked in the Go netpoller, until
-// Close closes its file. Each event calls notify if an Arm is in effect;
-// every event read is acknowledged, in batches and at Close, before
-// ibv_destroy_cq, which otherwise waits forever.
-func (q *CQ) events() {
-	defer close(q.done)
-	_ = q.rc.Read(func(uintptr) bool {
-		for {
-			switch e := C.rs_get_cq_event(q.ch); {
-			case e == C.int(syscall.EAGAIN):
-				return false // park until the channel is readable again
-			case e == C.int(syscall.EINTR):
-				continue
-			case e != 0:
-				// No event can come any more: Poll and Arm report it.
-				q.fail(errnoErr("read completion channel", e))
-				return true
-			}
-			q.unacked++
-			if q.unacked >= ackBatch {
-				C.rs_ack_cq_events(q.cq, q.unacked)
-				q.unacked = 0
-			}
-			if q.armed.Swap(false) && !q.closed.Load() {
-				q.notify()
-			}
-		}
-	})
-}
-
 // fail records a failure of the CQ (an overrun, its channel unreadable):
 // Poll and Arm return err from now on, and an armed notification fires,
 // so that the waiting caller polls and learns it (verbs.CQ). Taking mu
@@ -294,8 +248,8 @@ func (q *CQ) fail(err error) {
 	}
 }
 
-// Close destroys the CQ and its channel. Close the QPs first. notify is
-// not called once it returned.
+// Close destroys the CQ. Close the QPs first. notify is not called once
+// it returned.
 func (q *CQ) Close() error {
 	if q.closed.Swap(true) {
 		return nil
@@ -303,22 +257,20 @@ func (q *CQ) Close() error {
 	q.dev.dc.mu.Lock()
 	delete(q.dev.dc.cqs, q.cq)
 	q.dev.dc.mu.Unlock()
-	q.file.Close() // ends events
-	<-q.done
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.unacked > 0 {
-		C.rs_ack_cq_events(q.cq, q.unacked)
-		q.unacked = 0
+	n := q.cc.remove(q) // waits out a notify in progress
+	q.mu.Lock() // waits out a Poll or Arm in progress; later ones see closed
+	if n > 0 {
+		C.rs_ack_cq_events(q.cq, n)
 	}
-	var err error
+	q.mu.Unlock()
+	// ibv_destroy_cq waits until every event read for this CQ is
+	// acknowledged: a completion event the channel's reader took and the
+	// asynchronous event of an overrun (devCtx.handle calls fail, which
+	// takes mu, before it acknowledges). So no lock of ours is held here.
 	if e := C.rs_destroy_cq(q.cq); e != 0 {
-		err = errnoErr("destroy CQ", e)
+		return errnoErr("destroy CQ", e)
 	}
-	if e := C.rs_destroy_channel(q.ch); e != 0 && err == nil {
-		err = errnoErr("destroy completion channel", e)
-	}
-	return err
+	return nil
 }
 
 func (q *CQ) attach(qp *QP) {

@@ -68,6 +68,9 @@ type devCtx struct {
 	cqs  map[*C.struct_rs_cq]*CQ // for attributing overruns
 	dead error                   // set on IBV_EVENT_DEVICE_FATAL
 	pool pdPool                  // closed Devices kept for reuse (pool.go)
+
+	chans    []*compChannel // completion channels shared by CQs (channel.go)
+	nextChan int
 }
 
 // openContext returns the process's opened context of dev, opening it on

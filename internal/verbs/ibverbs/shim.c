@@ -182,14 +182,13 @@ struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_chann
 
 int rs_destroy_cq(struct rs_cq *cq) { return ibv.destroy_cq(cq); }
 
-// rs_get_cq_event reads one event from a non-blocking channel: 0, or
-// EAGAIN when there is none, or another errno.
-int rs_get_cq_event(struct rs_comp_channel *ch)
+// rs_get_cq_event reads one event from a non-blocking channel into *cq: 0,
+// or EAGAIN when there is none, or another errno.
+int rs_get_cq_event(struct rs_comp_channel *ch, struct rs_cq **cq)
 {
-	struct rs_cq *cq;
 	void *cq_context;
 	errno = 0;
-	if (ibv.get_cq_event(ch, &cq, &cq_context) == 0)
+	if (ibv.get_cq_event(ch, cq, &cq_context) == 0)
 		return 0;
 	return errno_or(EIO);
 }

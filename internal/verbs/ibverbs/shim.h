@@ -337,7 +337,7 @@ struct rs_comp_channel *rs_create_channel(struct rs_context *ctx, int *err);
 int rs_destroy_channel(struct rs_comp_channel *ch);
 struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_channel *ch, int *err);
 int rs_destroy_cq(struct rs_cq *cq);
-int rs_get_cq_event(struct rs_comp_channel *ch);
+int rs_get_cq_event(struct rs_comp_channel *ch, struct rs_cq **cq);
 void rs_ack_cq_events(struct rs_cq *cq, unsigned int n);
 int rs_req_notify_cq(struct rs_cq *cq, int solicited_only);
 int rs_poll_cq(struct rs_cq *cq, int n, struct rs_wc *wc);

@@ -1,0 +1,150 @@
+//go:build cgo && linux
+
+package ibverbs
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+)
+
+// compChannel is a completion channel shared by CQs of one device
+// context. Its fd is non-blocking and its duplicate sits in the Go
+// netpoller: one goroutine per channel parks there (not an OS thread),
+// reads the events, each naming its CQ, and calls the CQ's notify if an
+// Arm is in effect. A context has at most maxChannels of them, made as
+// CQs need them and then shared round-robin, so that a connection costs
+// no descriptor or goroutine for its completions (one per CQ before: a
+// channel and its dup), while the events of many connections are not all
+// read by one goroutine.
+type compChannel struct {
+	ch   *C.struct_rs_comp_channel
+	file *os.File // duplicate of the channel fd
+	rc   syscall.RawConn
+
+	mu  sync.Mutex
+	cqs map[*C.struct_rs_cq]*CQ
+	err error // the channel failed: it takes no more CQs
+}
+
+// maxChannels bounds a device context's completion channels.
+var maxChannels = min(runtime.GOMAXPROCS(0), 8)
+
+// channel returns a completion channel of the context for a new CQ.
+func (dc *devCtx) channel() (*compChannel, error) {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	i := dc.nextChan % maxChannels
+	dc.nextChan++
+	if i < len(dc.chans) {
+		cc := dc.chans[i]
+		cc.mu.Lock()
+		failed := cc.err != nil
+		cc.mu.Unlock()
+		if !failed {
+			return cc, nil
+		}
+	}
+	var e C.int
+	ch := C.rs_create_channel(dc.ctx, &e)
+	if ch == nil {
+		return nil, errnoErr("create completion channel", e)
+	}
+	cc := &compChannel{ch: ch, cqs: map[*C.struct_rs_cq]*CQ{}}
+	var err error
+	if cc.file, cc.rc, err = pollable(ch.fd, "completion channel"); err != nil {
+		C.rs_destroy_channel(ch)
+		return nil, err
+	}
+	if i < len(dc.chans) {
+		dc.chans[i] = cc // the failed one is left to its CQs
+	} else {
+		dc.chans = append(dc.chans, cc)
+	}
+	go cc.events()
+	return cc, nil
+}
+
+// add makes the channel deliver q's events.
+func (cc *compChannel) add(q *CQ) error {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.err != nil {
+		return cc.err
+	}
+	cc.cqs[q.cq] = q
+	return nil
+}
+
+// remove stops the channel delivering q's events and returns how many it
+// read and did not acknowledge. Once it returns, q's notify is not called
+// from here again.
+func (cc *compChannel) remove(q *CQ) C.uint {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	delete(cc.cqs, q.cq)
+	n := q.unacked
+	q.unacked = 0
+	return n
+}
+
+// events reads the channel, parked in the Go netpoller, for the life of
+// the process or until the channel fails. Each event calls its CQ's notify
+// if an Arm is in effect, under cc.mu, so that CQ.Close, which takes cc.mu,
+// waits out a notify in progress. Every event read is acknowledged, in
+// batches per CQ and at its Close, before ibv_destroy_cq, which otherwise
+// waits forever; one of a CQ already removed is acknowledged at once.
+func (cc *compChannel) events() {
+	_ = cc.rc.Read(func(uintptr) bool {
+		for {
+			var cqp *C.struct_rs_cq
+			switch e := C.rs_get_cq_event(cc.ch, &cqp); {
+			case e == C.int(syscall.EAGAIN):
+				return false // park until the channel is readable again
+			case e == C.int(syscall.EINTR):
+				continue
+			case e != 0:
+				cc.fail(errnoErr("read completion channel", e))
+				return true
+			}
+			cc.mu.Lock()
+			q := cc.cqs[cqp]
+			if q == nil {
+				cc.mu.Unlock()
+				C.rs_ack_cq_events(cqp, 1) // its Close is waiting for it
+				continue
+			}
+			q.unacked++
+			if q.unacked >= ackBatch {
+				C.rs_ack_cq_events(cqp, q.unacked)
+				q.unacked = 0
+			}
+			if q.armed.Swap(false) && !q.closed.Load() {
+				q.notify()
+			}
+			cc.mu.Unlock()
+		}
+	})
+}
+
+// fail records that no event can come any more: every CQ of the channel
+// fails (Poll and Arm report it), and new CQs get another channel.
+func (cc *compChannel) fail(err error) {
+	cc.mu.Lock()
+	cc.err = fmt.Errorf("ibverbs: completion channel: %w", err)
+	qs := make([]*CQ, 0, len(cc.cqs))
+	for _, q := range cc.cqs {
+		qs = append(qs, q)
+	}
+	cc.mu.Unlock()
+	for _, q := range qs {
+		q.fail(err)
+	}
+}
