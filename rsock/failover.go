@@ -160,7 +160,7 @@ func (w *swConn) failover(cause string) error {
 	w.settleLocked()
 	w.mu.Unlock()
 	to := &label{transport: "tcp", code: CodeFailedOver, fallback: true, reason: fmt.Sprintf("failed over from %s to TCP: %s", from, cause)}
-	relabel(w.c.label.Swap(to), to)
+	w.c.relabel(to)
 	_ = w.out.send(&handshake.Resume{Cursor: recv}) // if the socket failed, the reader reports it
 	return nil
 }

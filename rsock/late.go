@@ -55,7 +55,7 @@ func (c *Conn) rescueLateHello() error {
 	}
 	c.setPrefixLocked(nil)
 	to := &label{transport: "tcp", code: CodeDeclined, fallback: true, reason: "declined: " + why}
-	relabel(c.label.Swap(to), to)
+	c.relabel(to)
 	return nil
 }
 

@@ -129,16 +129,19 @@ func (c *Conn) register() {
 	}
 }
 
-// unregister removes c (at its first Close).
+// unregister removes c (at its first Close). The shard's lock orders it
+// with relabel: c's open count leaves the transport it is counted under.
 func (c *Conn) unregister() {
 	sh := &registry.shards[c.shard]
 	sh.mu.Lock()
 	_, ok := sh.conns[c]
 	delete(sh.conns, c)
-	sh.mu.Unlock()
 	tr := c.label.Load().transport
 	if n := registry.open[tr]; ok && n != nil {
 		n.Add(-1)
+	}
+	sh.mu.Unlock()
+	if ok && registry.closedBytes[tr] != nil {
 		info := c.Info()
 		registry.closedBytes[tr].Add(int64(info.BytesRead + info.BytesWritten))
 	}
@@ -155,16 +158,28 @@ func Bytes() map[string]int64 {
 	return out
 }
 
-// relabel moves c's counts from label from to to (a late hello's rescue).
-func relabel(from, to *label) {
-	if from.transport != to.transport {
-		registry.open[from.transport].Add(-1)
-		registry.open[to.transport].Add(1)
-		registry.opened[from.transport].Add(-1)
-		registry.opened[to.transport].Add(1)
+// relabel gives c, registered, the label to, and moves its counts: a late
+// hello's rescue, an upgrade, an upgrade that did not happen, a failover.
+// Under the shard's lock, as unregister: a connection that was
+// unregistered meanwhile (closed) keeps its open count where unregister
+// took it from.
+func (c *Conn) relabel(to *label) {
+	sh := &registry.shards[c.shard]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	from := c.label.Swap(to)
+	_, open := sh.conns[c]
+	move := func(m map[string]*atomic.Int64, from, to string) {
+		if a, b := m[from], m[to]; a != nil && b != nil && from != to {
+			a.Add(-1)
+			b.Add(1)
+		}
 	}
-	registry.byCode[from.code].Add(-1)
-	registry.byCode[to.code].Add(1)
+	if open {
+		move(registry.open, from.transport, to.transport)
+	}
+	move(registry.opened, from.transport, to.transport)
+	move(registry.byCode, from.code, to.code)
 	if from.fallback != to.fallback {
 		d := int64(1)
 		if from.fallback {

@@ -222,3 +222,27 @@ func TestRegisteredBytes(t *testing.T) {
 	defer ts.Close()
 	assert.Zero(t, tc.Info().Registered)
 }
+
+// TestRelabelAfterClose: an upgrade or failover that relabels a
+// connection after its Close leaves the open counts where Close took
+// them; relabel and unregister racing (under the race detector) leave
+// every open count as it was.
+func TestRelabelAfterClose(t *testing.T) {
+	before := Totals()
+	c := newConn("tcp", label{transport: "tcp", code: CodeTCPOnly})
+	c.register()
+	c.unregister()
+	c.relabel(&label{transport: "shm", code: CodeAgreed})
+	assert.Equal(t, before.Open, Totals().Open)
+
+	var wg sync.WaitGroup
+	for range 200 {
+		c := newConn("tcp", label{transport: "tcp", code: CodeTCPOnly})
+		c.register()
+		wg.Add(2)
+		go func() { defer wg.Done(); c.relabel(&label{transport: "shm", code: CodeAgreed}) }()
+		go func() { defer wg.Done(); c.unregister() }()
+	}
+	wg.Wait()
+	assert.Equal(t, before.Open, Totals().Open)
+}

@@ -106,7 +106,7 @@ func (w *swConn) stayOnTCP(code, reason string) {
 	}
 	w.note("", "tcp", "tcp", reason)
 	to := &label{transport: "tcp", code: code, fallback: true, reason: reason}
-	relabel(w.c.label.Swap(to), to)
+	w.c.relabel(to)
 	w.mu.Lock()
 	w.stayed = true
 	w.settleLocked()
@@ -116,7 +116,7 @@ func (w *swConn) stayOnTCP(code, reason string) {
 // upgraded relabels the connection once its ring is running.
 func (w *swConn) upgraded(name string) {
 	to := &label{transport: name, code: CodeAgreed, reason: name + " agreed (upgraded from TCP)"}
-	relabel(w.c.label.Swap(to), to)
+	w.c.relabel(to)
 }
 
 // clientUpgrade offers the first transport the server takes, in our order
