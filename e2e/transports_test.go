@@ -200,8 +200,16 @@ func forEachTransport(t *testing.T, fn func(t *testing.T, tc transportCase)) {
 }
 
 // checkTransport returns an error unless rsock says c (or the conn it
-// wraps) runs over want.
+// wraps) runs over want once its transport has settled (rsock.Settled:
+// a connection on the switching protocol starts on TCP and upgrades by
+// its policy).
 func checkTransport(c net.Conn, want string) error {
+	select {
+	case <-rsock.Settled(c):
+	case <-time.After(settleTimeout):
+		info, _ := rsock.InfoOf(c)
+		return fmt.Errorf("connection %s -> %s: the transport did not settle within %v (on %q, reason %q)", c.LocalAddr(), c.RemoteAddr(), settleTimeout, info.Transport, info.Reason)
+	}
 	got := rsock.TransportOf(c)
 	if got == want {
 		return nil
@@ -209,6 +217,9 @@ func checkTransport(c net.Conn, want string) error {
 	info, _ := rsock.InfoOf(c)
 	return fmt.Errorf("connection %s -> %s runs over %q (reason %q), want %q", c.LocalAddr(), c.RemoteAddr(), got, info.Reason, want)
 }
+
+// settleTimeout bounds the wait for a connection's upgrade.
+const settleTimeout = time.Minute
 
 // listen returns an rsock listener for the transport on a free port of
 // its host, closed at the end of the test.

@@ -170,6 +170,32 @@ func InfoOf(c net.Conn) (ConnInfo, bool) {
 	return ConnInfo{}, false
 }
 
+// Settled returns a channel that is closed once c's transport has settled
+// (c, or the conn it wraps, see TransportOf). It is closed already for a
+// connection that cannot change transport: version 1, plain TCP, a
+// fallback, or a connection rsock did not make. On the switching protocol
+// (Config.UpgradeAfter) it closes once the first upgrade has run its
+// course: both directions on the ring, or the upgrade declined or failed
+// (Info says why), or the connection ended. A dialed connection's upgrade
+// starts by its policy; a listener's end waits for its client's, so a
+// client that never upgrades leaves it open until the connection ends.
+// TransportOf may be read at any time; wait for Settled first where the
+// final transport matters (a deployment check, a test). A failover and the
+// upgrade after it do not reopen it.
+func Settled(c net.Conn) <-chan struct{} {
+	if rc := unwrap(c); rc != nil && rc.w != nil {
+		return rc.w.settled
+	}
+	return closedChan
+}
+
+// closedChan is a closed channel.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
 func unwrap(c net.Conn) *Conn {
 	for range 8 {
 		switch v := c.(type) {

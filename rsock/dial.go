@@ -94,7 +94,7 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 	defer cancel()
 	_ = tc.SetDeadline(time.Now().Add(s.handshake))
 	stop := context.AfterFunc(hctx, func() { _ = tc.SetDeadline(aLongTimeAgo) })
-	c, err := s.dialHandshake(hctx, network, tc)
+	c, err := s.dialHandshake(hctx, network, key, tc)
 	if !stop() {
 		// The context ended while the handshake ran: whatever it
 		// produced is void.
@@ -141,6 +141,7 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 type probeCache struct {
 	mu      sync.Mutex
 	entries map[string]probeEntry
+	need    int // probes in a row that make a verdict; 0: probeStrikes
 }
 
 type probeEntry struct {
@@ -157,6 +158,18 @@ const maxProbeCache = 4096
 
 var plainServers = &probeCache{entries: map[string]probeEntry{}}
 
+// v1Servers remembers addresses whose servers answered a switching hello
+// as version-1 servers do (a Decline): an answer, so one makes the
+// verdict. Dials there use the version-1 handshake, which gets them a ring.
+var v1Servers = &probeCache{entries: map[string]probeEntry{}, need: 1}
+
+func (p *probeCache) strikes() int {
+	if p.need > 0 {
+		return p.need
+	}
+	return probeStrikes
+}
+
 // known reports whether key is a remembered plain server.
 func (p *probeCache) known(key string) bool {
 	p.mu.Lock()
@@ -166,7 +179,7 @@ func (p *probeCache) known(key string) bool {
 		delete(p.entries, key)
 		return false
 	}
-	return ok && e.strikes >= probeStrikes
+	return ok && e.strikes >= p.strikes()
 }
 
 // add records one probe that found a plain server at key, and reports
@@ -192,7 +205,7 @@ func (p *probeCache) add(key string, ttl time.Duration) bool {
 	e.strikes++
 	e.expires = now.Add(ttl)
 	p.entries[key] = e
-	return e.strikes == probeStrikes
+	return e.strikes == p.strikes()
 }
 
 // forget drops what is known about key (a handshake there succeeded).

@@ -317,7 +317,7 @@ func (e *notRsockError) Error() string { return "server does not speak rsock: " 
 // dialHandshake runs the client side on raw. It returns the Conn, or a
 // *notRsockError when the server turned out not to speak rsock (raw is then
 // closed and the caller dials again plainly), or another error (raw closed).
-func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.TCPConn) (*Conn, error) {
+func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *net.TCPConn) (*Conn, error) {
 	var why reasons
 	var names []string
 	for _, name := range s.transports {
@@ -333,8 +333,8 @@ func (s *settings) dialHandshake(ctx context.Context, network string, raw *net.T
 	if len(names) == 0 {
 		return s.nothingToOffer(network, raw, why)
 	}
-	if s.upgradeAfter >= 0 {
-		return s.dialSwitch(ctx, network, raw, names)
+	if s.upgradeAfter >= 0 && !(s.probeCacheTTL > 0 && v1Servers.known(key)) {
+		return s.dialSwitch(ctx, network, key, raw, names)
 	}
 	// The magic goes out at once, so the listener classifies us as an
 	// rsock client however long preparing the endpoints takes.
@@ -477,7 +477,7 @@ func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.
 // dialSwitch is the client's handshake on the switching protocol: magic
 // and Hello in one write, no endpoint prepared; a switching server's
 // Upgrade makes a Conn on TCP that upgrades later (upgrade.go).
-func (s *settings) dialSwitch(ctx context.Context, network string, raw *net.TCPConn, names []string) (*Conn, error) {
+func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net.TCPConn, names []string) (*Conn, error) {
 	hello := switchHello(names)
 	frame, err := handshake.Append(nil, hello)
 	if err == nil {
@@ -510,7 +510,13 @@ func (s *settings) dialSwitch(ctx context.Context, network string, raw *net.TCPC
 		}
 		return s.switchConn(network, raw, nil, ts, reason), nil
 	case *handshake.Decline:
-		return s.declined(network, raw, m) // a version-1 server declines offers without rings
+		// A version-1 server declines offers without rings (a switching
+		// one answers Upgrade): later dials use the version-1 handshake.
+		if m.Code != handshake.DeclineVersion && s.probeCacheTTL > 0 {
+			v1Servers.add(key, s.probeCacheTTL)
+			m.Reason += fmt.Sprintf(" (a version-1 server: dials to it in the next %v use the version-1 handshake)", s.probeCacheTTL)
+		}
+		return s.declined(network, raw, m)
 	case *handshake.Hello:
 		raw.Close()
 		return nil, &notRsockError{"it echoed the hello"}

@@ -256,22 +256,42 @@ func TestSwitchCloseRacesUpgrade(t *testing.T) {
 
 // TestSwitchClientToVersion1Server: a switching client and a server that
 // answers as version 1 does (it declines offers without rings): the
-// connection runs on TCP, saying why.
+// connection runs on TCP, saying why, and the client remembers the
+// server, so that its next dial uses the version-1 handshake and gets the
+// ring; without the cache (ProbeCacheTTL < 0) every dial stays on TCP.
 func TestSwitchClientToVersion1Server(t *testing.T) {
 	registerSim(t)
-	cfg := swCfg("sim", time.Nanosecond)
-	ln := listen(t, cfg)
-	ln.s.noSwitch = true
-	c, s := pipe(t, ln, cfg)
-	defer c.Close()
-	defer s.Close()
-	assert.Nil(t, c.w)
-	info := c.Info()
-	assert.Equal(t, "tcp", info.Transport)
-	assert.True(t, info.Fallback)
-	assert.Contains(t, info.Reason, "server declined")
-	go func() { _, _ = io.Copy(s, s) }()
-	echoTrip(t, c, "over tcp")
+	for _, ttl := range []time.Duration{time.Minute, -1} {
+		t.Run(fmt.Sprintf("ttl=%v", ttl), func(t *testing.T) {
+			cfg := swCfg("sim", time.Nanosecond)
+			cfg.ProbeCacheTTL = ttl
+			ln := listen(t, cfg)
+			ln.s.noSwitch = true
+			t.Cleanup(func() { v1Servers.forget("tcp " + ln.Addr().String()) })
+			c, s := pipe(t, ln, cfg)
+			defer c.Close()
+			defer s.Close()
+			assert.Nil(t, c.w)
+			info := c.Info()
+			assert.Equal(t, "tcp", info.Transport)
+			assert.True(t, info.Fallback)
+			assert.Contains(t, info.Reason, "server declined")
+			go func() { _, _ = io.Copy(s, s) }()
+			echoTrip(t, c, "over tcp")
+
+			c2, s2 := pipe(t, ln, cfg)
+			defer c2.Close()
+			defer s2.Close()
+			assert.Nil(t, c2.w, "no switching")
+			if ttl > 0 {
+				assert.Contains(t, info.Reason, "version-1 server")
+				assert.Equal(t, "sim", TransportOf(c2), c2.Info().Reason)
+				assert.Equal(t, "sim", TransportOf(s2))
+			} else {
+				assert.Equal(t, "tcp", TransportOf(c2))
+			}
+		})
+	}
 }
 
 // TestSwitchVersion1ClientToSwitchingServer: a version-1 client gets its
@@ -657,4 +677,54 @@ func TestSwitchTinyFramesAreBounded(t *testing.T) {
 		require.Equal(t, byte(i), b, "byte %d", i)
 	}
 	require.NoError(t, <-werr)
+}
+
+// TestSettled: Settled is closed at once for connections that cannot
+// change transport (not rsock's, version 1); on the switching protocol it
+// closes once the upgrade ran (the transport then is the ring's), or when
+// the connection ends before any upgrade.
+func TestSettled(t *testing.T) {
+	registerSim(t)
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	assert.True(t, closed(Settled(a)), "not an rsock conn")
+
+	v1 := swCfg("sim", -1)
+	c, s := pipe(t, listen(t, v1), v1)
+	assert.True(t, closed(Settled(c)))
+	assert.True(t, closed(Settled(s)))
+	c.Close()
+	s.Close()
+
+	now := swCfg("sim", time.Nanosecond)
+	ln := listen(t, now)
+	d := Dialer{Config: now, Timeout: 10 * time.Second}
+	cc, err := d.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer cc.Close()
+	select {
+	case <-Settled(cc):
+	case <-time.After(time.Minute):
+		t.Fatalf("no upgrade within a minute: %+v", cc.(*Conn).Info())
+	}
+	assert.Equal(t, "sim", TransportOf(cc))
+
+	later := swCfg("sim", time.Hour)
+	later.UpgradeBytes = 1 << 30
+	ln2 := listen(t, later)
+	d2 := Dialer{Config: later, Timeout: 10 * time.Second}
+	lc, err := d2.Dial("tcp", ln2.Addr().String())
+	require.NoError(t, err)
+	assert.False(t, closed(Settled(lc)), "on TCP until an upgrade an hour away")
+	lc.Close()
+	assert.True(t, closed(Settled(lc)), "the connection ended")
 }
