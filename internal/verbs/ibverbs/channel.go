@@ -9,8 +9,10 @@ import "C"
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 )
@@ -139,10 +141,7 @@ func (cc *compChannel) events() {
 func (cc *compChannel) fail(err error) {
 	cc.mu.Lock()
 	cc.err = fmt.Errorf("ibverbs: completion channel: %w", err)
-	qs := make([]*CQ, 0, len(cc.cqs))
-	for _, q := range cc.cqs {
-		qs = append(qs, q)
-	}
+	qs := slices.Collect(maps.Values(cc.cqs))
 	cc.mu.Unlock()
 	for _, q := range qs {
 		q.fail(err)

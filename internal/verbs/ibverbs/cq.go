@@ -258,7 +258,7 @@ func (q *CQ) Close() error {
 	delete(q.dev.dc.cqs, q.cq)
 	q.dev.dc.mu.Unlock()
 	n := q.cc.remove(q) // waits out a notify in progress
-	q.mu.Lock() // waits out a Poll or Arm in progress; later ones see closed
+	q.mu.Lock()         // waits out a Poll or Arm in progress; later ones see closed
 	if n > 0 {
 		C.rs_ack_cq_events(q.cq, n)
 	}

@@ -11,8 +11,10 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -174,10 +176,7 @@ func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 	case C.RS_EVENT_DEVICE_FATAL:
 		dc.mu.Lock()
 		dc.dead = fmt.Errorf("%w: ibverbs: device %s: %s", verbs.ErrUnavailable, dc.name, name)
-		qps := make([]*QP, 0, len(dc.qps))
-		for _, qp := range dc.qps {
-			qps = append(qps, qp)
-		}
+		qps := slices.Collect(maps.Values(dc.qps))
 		dc.mu.Unlock()
 		for _, qp := range qps {
 			qp.markDead(name)
