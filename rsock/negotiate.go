@@ -510,9 +510,11 @@ func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net
 		}
 		return s.switchConn(network, raw, nil, ts, reason), nil
 	case *handshake.Decline:
-		// A version-1 server declines offers without rings (a switching
-		// one answers Upgrade): later dials use the version-1 handshake.
-		if m.Code != handshake.DeclineVersion && s.probeCacheTTL > 0 {
+		// A version-1 server declines offers without rings as
+		// unavailable (a switching one answers Upgrade, and declines a
+		// hello only for policy or no common transport): later dials use
+		// the version-1 handshake.
+		if m.Code == handshake.DeclineUnavailable && s.probeCacheTTL > 0 {
 			v1Servers.add(key, s.probeCacheTTL)
 			m.Reason += fmt.Sprintf(" (a version-1 server: dials to it in the next %v use the version-1 handshake)", s.probeCacheTTL)
 		}

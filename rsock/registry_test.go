@@ -121,7 +121,8 @@ func TestConnectionsSnapshot(t *testing.T) {
 // race detector in make test); afterwards nothing of theirs is left.
 func TestSnapshotsWhileConnectionsComeAndGo(t *testing.T) {
 	const total, workers = 1000, 4
-	cfg := &Config{Transports: []string{"shm", "tcp"}}
+	// Version 1: every connection is on shm from Dial to Close.
+	cfg := &Config{Transports: []string{"shm", "tcp"}, UpgradeAfter: -1}
 	ln := listen(t, cfg)
 	go echoAccepted(ln)
 	before := Totals()

@@ -1488,6 +1488,7 @@ func TestShmPastTheMappingBudget(t *testing.T) {
 	h := startSvc(t, "RSOCK_TRANSPORTS=shm,tcp")
 	cfg := testCfg(0, 0)
 	cfg.Transports = []string{"shm", "tcp"}
+	cfg.UpgradeAfter = -1 // version 1: the ring, or the reason, from Dial on
 	l0, h0 := localStats(), must2(h.stats(t))
 	limHere, errHere := raiseNofile(uint64(l0["fds"] + want + margin))
 	curThere, _, errThere := h.raiseNofile(t, uint64(h0["fds"]+want+margin))

@@ -42,7 +42,12 @@ func withFaults(t *testing.T, f sim.Faults) {
 	t.Cleanup(func() { simProv.SetFaults(sim.Faults{}) })
 }
 
-func simCfg() *Config { return &Config{Transports: []string{"sim", "tcp"}, RingSize: 64 << 10} }
+// simCfg is the configuration of the sim tests of the version-1
+// handshake: the ring from Dial on, and no failover (a ring failure resets
+// the connection). The switching protocol's have swCfg.
+func simCfg() *Config {
+	return &Config{Transports: []string{"sim", "tcp"}, RingSize: 64 << 10, UpgradeAfter: -1}
+}
 
 func simPipe(t testing.TB, cfg *Config) (client, server *Conn) {
 	t.Helper()
@@ -417,7 +422,11 @@ func TestHostileHellosDoNotHurtListener(t *testing.T) {
 	c, err := d.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
 	defer c.Close()
-	assert.Equal(t, "sim", TransportOf(c))
+	select {
+	case <-Settled(c):
+	case <-time.After(time.Second):
+	}
+	assert.Equal(t, "sim", TransportOf(c), c.(*Conn).Info().Reason)
 	assert.Less(t, time.Since(start), time.Second, "a good client waited behind hostile ones")
 	wg.Wait()
 	// Accept never failed, and is still serving.

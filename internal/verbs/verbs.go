@@ -215,7 +215,10 @@ type MR interface {
 	// may allow later ones (RC hardware does, shm does not: it passes the
 	// regions in its connection exchange).
 	RKey() uint32
-	// Close deregisters the region and frees its memory.
+	// Close deregisters the region and frees its memory, or keeps it
+	// for a later AllocMR of the same device (ibverbs pools them, zeroed).
+	// Nothing may use the region, its Bytes or its keys once Close has
+	// started: the memory may belong to another region by then.
 	Close() error
 }
 

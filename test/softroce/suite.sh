@@ -63,14 +63,14 @@ doctor='rsockperf doctor >/tmp/doctor.out 2>&1; rc=$?; cat /tmp/doctor.out; [ "$
 one=(
 	--bin "$bin/ibverbs.test" --bin "$bin/rsock.test" --bin "$bin/e2e.test" --bin "$bin/rsockperf"
 	--test doctor="$doctor"
-	--test-timeout 320 --timeout 900
+	--test-timeout 470 --timeout 1500
 )
 for dev in rxe0 siw0; do
 	env=
 	[ "$dev" = siw0 ] && env="$siw "
 	one+=(
 		--test "ibverbs.$dev=${env}ibverbs.test -test.count=1 -test.timeout 150s -test.v"
-		--test "rsock.$dev=${env}rsock.test -test.count=1 -test.timeout 300s -test.v -test.run Verbs"
+		--test "rsock.$dev=${env}rsock.test -test.count=1 -test.timeout 450s -test.v -test.run Verbs"
 		--test "e2e.$dev=${env}RSOCK_E2E_TRANSPORTS=verbs e2e.test -test.count=1 -test.timeout 200s -test.v -test.skip \"^TestCurl\""
 		--test "rsockperf.$dev=${env}$perf"
 	)

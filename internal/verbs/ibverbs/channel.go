@@ -21,8 +21,8 @@ import (
 // context. Its fd is non-blocking and its duplicate sits in the Go
 // netpoller: one goroutine per channel parks there (not an OS thread),
 // reads the events, each naming its CQ, and calls the CQ's notify if an
-// Arm is in effect. A context has at most maxChannels of them, made as
-// CQs need them and then shared round-robin, so that a connection costs
+// Arm is in effect. A context has maxChannels of them, made when it is
+// opened and handed to CQs round-robin, so that a connection costs
 // no descriptor or goroutine for its completions (one per CQ before: a
 // channel and its dup), while the events of many connections are not all
 // read by one goroutine.
@@ -39,21 +39,53 @@ type compChannel struct {
 // maxChannels bounds a device context's completion channels.
 var maxChannels = min(runtime.GOMAXPROCS(0), 8)
 
-// channel returns a completion channel of the context for a new CQ.
+// startChannels makes the context's completion channels, when it is
+// opened: they live, as it does, for the life of the process.
+func (dc *devCtx) startChannels() error {
+	for range maxChannels {
+		cc, err := dc.newChannel()
+		if err != nil {
+			return err
+		}
+		dc.chans = append(dc.chans, cc)
+	}
+	return nil
+}
+
+// stopChannels ends the channels of a context that failed to open (no CQ
+// uses them): closing the file ends the reader, then the channel goes.
+func (dc *devCtx) stopChannels() {
+	for _, cc := range dc.chans {
+		cc.file.Close()
+		C.rs_destroy_channel(cc.ch)
+	}
+	dc.chans = nil
+}
+
+// channel returns a completion channel of the context for a new CQ, round
+// robin; one that failed is replaced.
 func (dc *devCtx) channel() (*compChannel, error) {
 	dc.mu.Lock()
 	defer dc.mu.Unlock()
-	i := dc.nextChan % maxChannels
+	i := dc.nextChan % len(dc.chans)
 	dc.nextChan++
-	if i < len(dc.chans) {
-		cc := dc.chans[i]
-		cc.mu.Lock()
-		failed := cc.err != nil
-		cc.mu.Unlock()
-		if !failed {
-			return cc, nil
-		}
+	cc := dc.chans[i]
+	cc.mu.Lock()
+	failed := cc.err != nil
+	cc.mu.Unlock()
+	if !failed {
+		return cc, nil
 	}
+	cc, err := dc.newChannel()
+	if err != nil {
+		return nil, err
+	}
+	dc.chans[i] = cc // the failed one is left to its CQs
+	return cc, nil
+}
+
+// newChannel makes a completion channel and starts its reader.
+func (dc *devCtx) newChannel() (*compChannel, error) {
 	var e C.int
 	ch := C.rs_create_channel(dc.ctx, &e)
 	if ch == nil {
@@ -64,11 +96,6 @@ func (dc *devCtx) channel() (*compChannel, error) {
 	if cc.file, cc.rc, err = pollable(ch.fd, "completion channel"); err != nil {
 		C.rs_destroy_channel(ch)
 		return nil, err
-	}
-	if i < len(dc.chans) {
-		dc.chans[i] = cc // the failed one is left to its CQs
-	} else {
-		dc.chans = append(dc.chans, cc)
 	}
 	go cc.events()
 	return cc, nil

@@ -61,7 +61,12 @@ func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	}
 	q := &CQ{dev: d, cc: cc, notify: notify, qps: map[uint32]*QP{}}
 	var e C.int
-	if q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, &e); q.cq == nil {
+	q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, &e)
+	if q.cq == nil && outOfMemory(e) {
+		DrainPools() // pooled regions count against RLIMIT_MEMLOCK
+		q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, &e)
+	}
+	if q.cq == nil {
 		return nil, errnoErr(fmt.Sprintf("create CQ of %d entries", depth), e)
 	}
 	if err := cc.add(q); err != nil {

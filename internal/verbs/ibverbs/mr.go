@@ -42,14 +42,14 @@ func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if access&verbs.AccessRemoteWrite != 0 {
 		flags |= C.RS_ACCESS_REMOTE_WRITE
 	}
-	if m := d.spareMR(size, flags); m != nil {
-		return m, nil
+	if m, err := d.spareMR(size, flags); m != nil || err != nil {
+		return m, err
 	}
 	m, e, err := d.register(size, flags)
 	if err != nil && outOfMemory(e) {
 		// Pooled regions count against RLIMIT_MEMLOCK too: give them
 		// back and try once more.
-		d.dc.drainPool()
+		DrainPools()
 		d.freeSpares()
 		m, _, err = d.register(size, flags)
 	}

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
 // The pool of protection domains.
@@ -219,41 +221,59 @@ func freePD(pd *C.struct_rs_pd, spare []*MR) error {
 
 // spareMR takes a spare region of size bytes and flags from d, or nil. It
 // counts the region in d.live (or, when it returns nil, the one the caller
-// registers, or calls dropLive for).
-func (d *Device) spareMR(size int, flags C.int) *MR {
+// registers, or calls dropLive for), unless d is closed: checked under
+// d.mu, so that nothing is made in a protection domain already pooled.
+func (d *Device) spareMR(size int, flags C.int) (*MR, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.closed.Load() {
+		return nil, verbs.ErrClosed
+	}
 	d.live++
 	for _, list := range []*[]*MR{&d.spare, &d.inherited} {
 		for i, m := range *list {
 			if m.size == size && m.flags == flags {
 				*list = append((*list)[:i], (*list)[i+1:]...)
-				return &MR{dev: d, mr: m.mr, buf: m.buf, size: size, flags: flags, lkey: m.lkey, rkey: m.rkey}
+				return &MR{dev: d, mr: m.mr, buf: m.buf, size: size, flags: flags, lkey: m.lkey, rkey: m.rkey}, nil
 			}
 		}
 	}
+	return nil, nil
+}
+
+// addLive counts a QP about to be made in d (dropLive undoes it if that
+// fails), unless d is closed.
+func (d *Device) addLive() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed.Load() {
+		return verbs.ErrClosed
+	}
+	d.live++
 	return nil
 }
 
-// addLive counts a new QP of d.
-func (d *Device) addLive() {
-	d.mu.Lock()
-	d.live++
-	d.mu.Unlock()
-}
-
-// dropLive counts a QP or region of d gone (or, after spareMR, one that
-// failed to register).
+// dropLive counts a QP or region of d gone (or, after spareMR or addLive,
+// one that was not made). The last one of a Device closed while they were
+// open frees its protection domain (Close could not).
 func (d *Device) dropLive() {
 	d.mu.Lock()
 	d.live--
+	orphan := d.orphan && d.live == 0
+	spare := d.spare
+	if orphan {
+		d.spare, d.orphan = nil, false
+	}
 	d.mu.Unlock()
+	if orphan {
+		_ = freePD(d.pd, spare)
+	}
 }
 
 // keepMR zeroes a closed region and keeps it among d's spares, unless d
 // does not pool or is closed: it reports whether it kept it.
 func (d *Device) keepMR(m *MR) bool {
-	if d.pool <= 0 {
+	if d.pool <= 0 || m.size > maxPooledRegion {
 		return false
 	}
 	clear(m.buf)
@@ -266,6 +286,11 @@ func (d *Device) keepMR(m *MR) bool {
 	d.live--
 	return true
 }
+
+// maxPooledRegion is the largest region a pool keeps: past it (a ring of
+// 32 MiB or more) a region is freed at Close, so that the pool's pinned
+// memory stays bounded by its count times a few tens of MiB.
+const maxPooledRegion = 32 << 20
 
 // outOfMemory reports whether a registration failed for lack of lockable
 // memory.

@@ -169,3 +169,19 @@ func TestPoolKeepsOnlyLastLife(t *testing.T) {
 	assert.Equal(t, int64(8<<10), ibverbs.Pooled().IdleBytes, "only the region of the last life")
 	ibverbs.DrainPools()
 }
+
+// TestPoolClosedDevice: a Device closed with a region still open is not
+// pooled (Close says so, and the region's Close frees the domain later),
+// and a closed Device makes nothing more: no region, no QP, so nothing
+// can land in a domain that went to the pool.
+func TestPoolClosedDevice(t *testing.T) {
+	d, _ := pooledOpen(t, 2, time.Minute)
+	m, err := d.AllocMR(4096, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	assert.Error(t, d.Close(), "a region is still open")
+	assert.Zero(t, ibverbs.Pooled().Idle)
+	require.NoError(t, m.Close())
+	assert.Zero(t, ibverbs.Pooled().Idle)
+	_, err = d.AllocMR(4096, verbs.AccessLocalWrite)
+	assert.ErrorIs(t, err, verbs.ErrClosed)
+}

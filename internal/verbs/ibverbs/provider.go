@@ -94,7 +94,13 @@ func openContext(dev string) (*devCtx, error) {
 		return nil, fmt.Errorf("%w: ibverbs: open device %s: %v", verbs.ErrUnavailable, dev, syscall.Errno(e))
 	}
 	dc := &devCtx{name: dev, ctx: ctx, qps: map[*C.struct_rs_qp]*QP{}, cqs: map[*C.struct_rs_cq]*CQ{}}
+	if err := dc.startChannels(); err != nil {
+		dc.stopChannels()
+		C.rs_close(ctx)
+		return nil, err
+	}
 	if err := dc.startAsync(); err != nil {
+		dc.stopChannels()
 		C.rs_close(ctx)
 		return nil, err
 	}
@@ -204,6 +210,7 @@ type Device struct {
 	spare     []*MR // regions closed in this Device's life, kept for reuse, zeroed
 	inherited []*MR // spares of the pooled PD's earlier life, not (yet) reused
 	live      int   // open regions and QPs: the PD is pooled only at 0
+	orphan    bool  // closed with live > 0: the last dropLive frees the PD
 }
 
 // Open picks the device, port and GID for the connection (see
@@ -288,7 +295,16 @@ func (d *Device) Close() error {
 	for _, m := range unused {
 		_ = m.free()
 	}
-	if live == 0 && d.dc.putPD(d.pd, spare, d.pool, d.poolIdle) {
+	if live > 0 {
+		// Against the contract: the last of them frees the domain
+		// (dropLive), with whatever regions are spare by then.
+		d.mu.Lock()
+		d.orphan = true
+		d.spare = append(d.spare, spare...)
+		d.mu.Unlock()
+		return fmt.Errorf("ibverbs: device closed with %d queue pairs and regions open; freed when they close", live)
+	}
+	if d.dc.putPD(d.pd, spare, d.pool, d.poolIdle) {
 		return nil
 	}
 	return freePD(d.pd, spare)

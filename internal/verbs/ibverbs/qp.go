@@ -115,8 +115,15 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 		max_recv_sge:    1,
 		max_inline_data: C.uint32_t(attr.MaxInline),
 	}
+	if err := d.addLive(); err != nil { // until destroy
+		return nil, err
+	}
 	var e C.int
 	qpp := C.rs_create_qp(d.pd, cq.cq, &cap, &e)
+	if qpp == nil && outOfMemory(e) {
+		DrainPools() // pooled regions count against RLIMIT_MEMLOCK
+		qpp = C.rs_create_qp(d.pd, cq.cq, &cap, &e)
+	}
 	if qpp == nil && attr.MaxInline > 0 {
 		// Some devices refuse any inline size they cannot do: ask for
 		// none and carry inline data through registered bounce slots.
@@ -124,9 +131,9 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 		qpp = C.rs_create_qp(d.pd, cq.cq, &cap, &e)
 	}
 	if qpp == nil {
+		d.dropLive()
 		return nil, errnoErr(fmt.Sprintf("create RC QP (send %d, recv %d)", attr.SendDepth, attr.RecvDepth), e)
 	}
-	d.addLive() // until destroy
 	q := &QP{
 		dev: d, cq: cq, qp: qpp, qpn: uint32(qpp.qp_num), psn: rand.Uint32N(1 << 24),
 		inline: int(cap.max_inline_data), maxInline: attr.MaxInline,
