@@ -185,6 +185,11 @@ func claimRegistration(secret []byte, link bool) *QP {
 	return q
 }
 
+// testHookLinkRefused, if set, runs in serveRendezvous once a link whose
+// secret was claimed has been refused (tests: the genuine peer connects
+// while it runs).
+var testHookLinkRefused atomic.Pointer[func()]
+
 func refuse(c *net.UnixConn, cred *unix.Ucred, why string) {
 	_ = c.Close()
 	rv.refused.Add(1)
@@ -327,12 +332,18 @@ func serveRendezvous(p pendingConn) {
 		err = l.sendDoorbell(c, appendHeader(nil, msgLinked))
 	}
 	if err != nil {
+		// The secret may set up a link again, from the moment the peer
+		// can learn of this refusal: a genuine peer that connects as
+		// soon as the forged link is refused must find it free.
+		rv.mu.Lock()
+		q.rvLinked = false
+		rv.mu.Unlock()
 		_ = writeMsg(c, appendRefuse(0, err.Error()), nil)
 		l.drop() // frees the link, closing c
 		refuse(c, cred, err.Error())
-		rv.mu.Lock()
-		q.rvLinked = false // the secret may set up a link again
-		rv.mu.Unlock()
+		if h := testHookLinkRefused.Load(); h != nil {
+			(*h)()
+		}
 		return
 	}
 	_ = c.SetDeadline(time.Time{})

@@ -313,6 +313,16 @@ func TestRendezvousBadExchange(t *testing.T) {
 	for _, tc := range doorbells {
 		t.Run("Link"+tc.name, func(t *testing.T) {
 			run(t, func(t *testing.T, ctx context.Context, a, b *end, c *net.UnixConn, p *peerInfo) {
+				// The refusing goroutine waits after the refusal until
+				// the genuine peer has connected: the secret must be
+				// free for it by the time the refusal is visible.
+				release := make(chan struct{})
+				hold := func() { <-release }
+				testHookLinkRefused.Store(&hold)
+				defer func() {
+					testHookLinkRefused.Store(nil)
+					close(release)
+				}()
 				fds := tc.fds(t)
 				err := writeMsg(c, append(appendHeader(nil, msgConnect), p.secret[:]...), fds)
 				closeFDs(fds)
