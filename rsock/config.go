@@ -124,11 +124,10 @@ type Config struct {
 	// older than the switching protocol is remembered and dialed so). A
 	// listener answers both kinds of client whatever its own setting.
 	// Settled tells when a connection's upgrade has run its course.
-	// Without "tcp" in Transports the default is the version-1 handshake;
-	// a switching connection set so runs on TCP only until its upgrade:
-	// one that fails resets it, and a listener with no transport in
-	// common refuses the client. Env RSOCK_UPGRADE_AFTER. Default
-	// DefaultUpgradeAfter.
+	// Without "tcp" in Transports a switching connection runs on TCP
+	// only until its upgrade: one that fails resets it, and a listener
+	// with no transport in common refuses the client. Env
+	// RSOCK_UPGRADE_AFTER. Default DefaultUpgradeAfter.
 	UpgradeAfter time.Duration
 
 	// UpgradeBytes is the byte count of the upgrade policy (see
@@ -211,15 +210,6 @@ type settings struct {
 	pool          int // 0: no endpoint pool
 	poolIdle      time.Duration
 	log           *slog.Logger
-}
-
-// defaultUpgradeAfter is UpgradeAfter's default: DefaultUpgradeAfter, or
-// the version-1 handshake where TCP is not allowed.
-func defaultUpgradeAfter(fallback bool) time.Duration {
-	if !fallback {
-		return -1
-	}
-	return DefaultUpgradeAfter
 }
 
 // ConfigError reports a bad Config field or RSOCK_* variable.
@@ -311,7 +301,7 @@ func (c *Config) resolve() (*settings, error) {
 		{"SniffTimeout", cfg.SniffTimeout, "RSOCK_SNIFF_TIMEOUT", DefaultSniffTimeout, &s.sniff},
 		{"ProbeTimeout", cfg.ProbeTimeout, "RSOCK_PROBE_TIMEOUT", DefaultProbeTimeout, &s.probe},
 		{"ProbeCacheTTL", cfg.ProbeCacheTTL, "RSOCK_PROBE_CACHE_TTL", DefaultProbeCacheTTL, &s.probeCacheTTL},
-		{"UpgradeAfter", cfg.UpgradeAfter, "RSOCK_UPGRADE_AFTER", defaultUpgradeAfter(s.fallback), &s.upgradeAfter},
+		{"UpgradeAfter", cfg.UpgradeAfter, "RSOCK_UPGRADE_AFTER", DefaultUpgradeAfter, &s.upgradeAfter},
 		{"EndpointPoolIdle", cfg.EndpointPoolIdle, "RSOCK_ENDPOINT_POOL_IDLE", DefaultEndpointPoolIdle, &s.poolIdle},
 	}
 	for _, d := range durs {

@@ -152,9 +152,8 @@ func (s sysfs) readGIDs(dev string, port int) []gidEntry {
 // the same local IP with the same overrides unchecked. Past it, a RoCE
 // target found by its RoCE v2 GID is checked by reading that one GID
 // entry again; any other is selected anew. Selecting reads a file or
-// directory per device, port and GID entry: in the Soft-RoCE guest that
-// was a quarter of each side's CPU in a connection's setup (BENCHMARKS.md).
-// A variable for tests.
+// directory per device, port and GID entry (its cost: BENCHMARKS.md). A
+// variable for tests.
 var targetTTL = time.Second
 
 var targets struct {

@@ -22,10 +22,9 @@ import (
 // netpoller: one goroutine per channel parks there (not an OS thread),
 // reads the events, each naming its CQ, and calls the CQ's notify if an
 // Arm is in effect. A context has maxChannels of them, made when it is
-// opened and handed to CQs round-robin, so that a connection costs
-// no descriptor or goroutine for its completions (one per CQ before: a
-// channel and its dup), while the events of many connections are not all
-// read by one goroutine.
+// opened and handed to CQs round-robin, so that a connection costs no
+// descriptor or goroutine for its completions, while the events of many
+// connections are not all read by one goroutine.
 type compChannel struct {
 	ch   *C.struct_rs_comp_channel
 	file *os.File // duplicate of the channel fd
@@ -36,7 +35,7 @@ type compChannel struct {
 	err error // the channel failed: it takes no more CQs
 }
 
-// maxChannels bounds a device context's completion channels.
+// maxChannels is the number of a device context's completion channels.
 var maxChannels = min(runtime.GOMAXPROCS(0), 8)
 
 // startChannels makes the context's completion channels, when it is

@@ -9,6 +9,8 @@ import "C"
 
 import (
 	"errors"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -19,8 +21,7 @@ import (
 // The pool of protection domains.
 //
 // Registering memory is most of what a verbs connection costs to set up
-// (BENCHMARKS.md: the ring and the staging buffer are two thirds of a
-// side's work on Soft-RoCE). So a Device that is closed with nothing of its
+// (BENCHMARKS.md). So a Device that is closed with nothing of its
 // own left open (every QP and region closed) goes, with the regions it
 // registered, to its device context's pool: at most OpenOptions.Pool of
 // them per context, each for at most OpenOptions.PoolIdle. The next Open
@@ -38,9 +39,11 @@ import (
 //   - Only this process's connections share a pool, and only on one device.
 //
 // Pool exhaustion is never an error: past the bound a Device is freed as
-// before, and an Open that finds the pool empty allocates. A registration
-// that the host refuses for lack of lockable memory frees the context's
-// pool and tries once more.
+// before, and an Open that finds the pool empty allocates. A region, CQ or
+// QP that the host refuses for lack of lockable memory frees every pool of
+// the process (DrainPools) and is tried once more. Regions over
+// maxPooledRegion are not kept, and a Device with anything of it still
+// open is not pooled.
 
 // pdEntry is a pooled protection domain with its spare regions.
 type pdEntry struct {
@@ -92,11 +95,7 @@ func Pooled() PoolStats {
 func openedContexts() []*devCtx {
 	contexts.mu.Lock()
 	defer contexts.mu.Unlock()
-	dcs := make([]*devCtx, 0, len(contexts.ctxs))
-	for _, dc := range contexts.ctxs {
-		dcs = append(dcs, dc)
-	}
-	return dcs
+	return slices.Collect(maps.Values(contexts.ctxs))
 }
 
 // DrainPools frees every pooled protection domain of the process.

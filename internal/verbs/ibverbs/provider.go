@@ -288,7 +288,15 @@ func (d *Device) Close() error {
 	}
 	d.mu.Lock()
 	spare, unused, live := d.spare, d.inherited, d.live
-	d.spare, d.inherited = nil, nil
+	d.inherited = nil
+	if live > 0 {
+		// Against the contract: the last of them frees the domain
+		// (dropLive), with the regions spare by then. Decided under the
+		// same lock as dropLive's count, so that it cannot be missed.
+		d.orphan = true
+	} else {
+		d.spare = nil
+	}
 	d.mu.Unlock()
 	// Only the regions of this life go back to the pool: a region a
 	// connection of another ring size left is not kept forever.
@@ -296,12 +304,6 @@ func (d *Device) Close() error {
 		_ = m.free()
 	}
 	if live > 0 {
-		// Against the contract: the last of them frees the domain
-		// (dropLive), with whatever regions are spare by then.
-		d.mu.Lock()
-		d.orphan = true
-		d.spare = append(d.spare, spare...)
-		d.mu.Unlock()
 		return fmt.Errorf("ibverbs: device closed with %d queue pairs and regions open; freed when they close", live)
 	}
 	if d.dc.putPD(d.pd, spare, d.pool, d.poolIdle) {
