@@ -132,6 +132,7 @@ func BenchmarkDialAccept(b *testing.B) {
 		{"rsock-tcp", &Config{Transports: []string{"shm", "tcp"}, ProbeCacheTTL: -1}}, // the server allows tcp only
 		{"rsock-shm", &Config{Transports: []string{"shm"}}},
 		{"rsock-shm-switching", &Config{Transports: []string{"shm"}, UpgradeAfter: time.Millisecond}},
+		{"rsock-default", nil}, // switching, verbs,shm,tcp (shm here)
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			lcfg := tc.cfg

@@ -124,10 +124,12 @@ type Config struct {
 	// older than the switching protocol is remembered and dialed so). A
 	// listener answers both kinds of client whatever its own setting.
 	// Settled tells when a connection's upgrade has run its course.
-	// Without "tcp" in Transports a switching connection runs on TCP
-	// only until its upgrade: one that fails resets it, and a listener
-	// with no transport in common refuses the client. Env
-	// RSOCK_UPGRADE_AFTER. Default DefaultUpgradeAfter.
+	// Without "tcp" in Transports the default is the version-1 handshake
+	// (a connection that may not run on TCP gets its ring before Dial
+	// returns); a switching connection set so explicitly runs on TCP only
+	// until its upgrade: one that fails resets it, and a listener with no
+	// transport in common refuses the client. Env RSOCK_UPGRADE_AFTER.
+	// Default DefaultUpgradeAfter.
 	UpgradeAfter time.Duration
 
 	// UpgradeBytes is the byte count of the upgrade policy (see
@@ -172,11 +174,10 @@ const (
 	// 0.18x to 0.26x.
 	DefaultBusyPoll = 20 * time.Microsecond
 	// DefaultUpgradeAfter and DefaultUpgradeBytes are the upgrade
-	// policy's defaults. The switching protocol is opt-in for now
-	// (DefaultUpgradeAfter is negative: the version-1 handshake); with it,
-	// a connection that lives past UpgradeAfter, or moves 64 KiB, gets
-	// its ring.
-	DefaultUpgradeAfter = -1
+	// policy's defaults: a connection that lives past a millisecond, or
+	// moves 64 KiB, gets its ring (the choice is measured in
+	// BENCHMARKS.md).
+	DefaultUpgradeAfter = time.Millisecond
 	DefaultUpgradeBytes = 64 << 10
 	// DefaultEndpointPool and DefaultEndpointPoolIdle bound the verbs
 	// endpoint pool (EndpointPool): at the default ring a pooled
@@ -210,6 +211,15 @@ type settings struct {
 	pool          int // 0: no endpoint pool
 	poolIdle      time.Duration
 	log           *slog.Logger
+}
+
+// defaultUpgradeAfter is UpgradeAfter's default: DefaultUpgradeAfter, or
+// the version-1 handshake where TCP is not allowed.
+func defaultUpgradeAfter(fallback bool) time.Duration {
+	if !fallback {
+		return -1
+	}
+	return DefaultUpgradeAfter
 }
 
 // ConfigError reports a bad Config field or RSOCK_* variable.
@@ -301,7 +311,7 @@ func (c *Config) resolve() (*settings, error) {
 		{"SniffTimeout", cfg.SniffTimeout, "RSOCK_SNIFF_TIMEOUT", DefaultSniffTimeout, &s.sniff},
 		{"ProbeTimeout", cfg.ProbeTimeout, "RSOCK_PROBE_TIMEOUT", DefaultProbeTimeout, &s.probe},
 		{"ProbeCacheTTL", cfg.ProbeCacheTTL, "RSOCK_PROBE_CACHE_TTL", DefaultProbeCacheTTL, &s.probeCacheTTL},
-		{"UpgradeAfter", cfg.UpgradeAfter, "RSOCK_UPGRADE_AFTER", DefaultUpgradeAfter, &s.upgradeAfter},
+		{"UpgradeAfter", cfg.UpgradeAfter, "RSOCK_UPGRADE_AFTER", defaultUpgradeAfter(s.fallback), &s.upgradeAfter},
 		{"EndpointPoolIdle", cfg.EndpointPoolIdle, "RSOCK_ENDPOINT_POOL_IDLE", DefaultEndpointPoolIdle, &s.poolIdle},
 	}
 	for _, d := range durs {

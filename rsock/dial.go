@@ -26,10 +26,16 @@ type Dialer struct {
 }
 
 // Dial connects to the address on the named network, as net.Dial does.
-// The network must be "tcp", "tcp4" or "tcp6". The result is a *Conn: over
-// verbs or shm when the server agrees, otherwise over TCP (unless the
-// Config forbids it), with the reason in its ConnInfo. A server that does
-// not speak rsock is detected and dialled again with plain TCP.
+// The network must be "tcp", "tcp4" or "tcp6". The result is a *Conn. By
+// default it returns once the server has answered the hello (one round
+// trip), with the connection carrying data over TCP; its ring (verbs or
+// shm, when the server agrees) is set up in the background by the upgrade
+// policy (Config.UpgradeAfter), and Settled says when that is done. With
+// the version-1 handshake (UpgradeAfter negative, or no "tcp" in
+// Transports) it returns with the ring already in place. Where no ring
+// can be had the connection stays on TCP (unless the Config forbids it),
+// with the reason in its ConnInfo. A server that does not speak rsock is
+// detected and dialled again with plain TCP.
 func Dial(network, address string) (net.Conn, error) {
 	var d Dialer
 	return d.DialContext(context.Background(), network, address)

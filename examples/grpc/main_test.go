@@ -44,7 +44,7 @@ func TestDemoOverShmByDefault(t *testing.T) {
 	require.NoError(t, runDemo(context.Background(), &out, log.New(io.Discard, "", 0)))
 	s := out.String()
 	assert.Contains(t, s, "unary:            64 KiB up, 64 KiB down, byte-exact (server side over shm)")
-	assert.Contains(t, s, "over shm (shm agreed)")
+	assert.Contains(t, s, "the connection now over shm (shm agreed")
 	assert.NotContains(t, s, "this run used TCP")
 }
 
@@ -58,8 +58,9 @@ func TestDemoOverSim(t *testing.T) {
 	t.Log(s)
 	assert.Contains(t, s, "unary:            64 KiB up, 64 KiB down, byte-exact (server side over sim)")
 	assert.Contains(t, s, "bidi:             16 echoes from 1 B to 32 KiB (server side over sim)")
-	assert.Contains(t, s, "over sim (sim agreed)")
-	assert.NotContains(t, s, "over tcp")
+	assert.Contains(t, s, "now over sim (sim agreed")
+	assert.NotContains(t, s, "now over tcp")
+	assert.NotContains(t, s, "this run used TCP")
 	assert.NotContains(t, s, "fallback")
 }
 

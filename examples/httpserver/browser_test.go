@@ -46,6 +46,7 @@ func TestDebugPageInABrowser(t *testing.T) {
 		c, err := d.Dial("tcp", ln.Addr().String())
 		require.NoError(t, err)
 		defer c.Close()
+		require.NoError(t, awaitSettled(c, 10*time.Second))
 		_, err = c.Write([]byte("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"))
 		require.NoError(t, err)
 		want = append(want, rsock.TransportOf(c))

@@ -107,20 +107,39 @@ func runDemo(out io.Writer, logger *log.Logger, cmd *exec.Cmd) error {
 	fmt.Fprintf(out, "rsock demo: stock net/http server on rsock.Listen at %s (process %d)\n", addr, cmd.Process.Pid)
 
 	var conns []string
-	var first rsock.ConnInfo
+	var dialed []net.Conn
+	var dialedAt time.Time
 	client := NewClient(nil, func(addr string, c net.Conn) {
 		info, _ := rsock.InfoOf(c)
-		if len(conns) == 0 {
-			first = info
-		}
 		msg := fmt.Sprintf("client: connected to %s over %s (%s)", addr, info.Transport, info.Reason)
 		logger.Print(msg)
 		conns = append(conns, msg)
+		if len(dialed) == 0 {
+			dialedAt = time.Now()
+		}
+		dialed = append(dialed, c)
 	})
 	defer client.CloseIdleConnections()
 
 	body, err := getString(client, base+"/hello")
 	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "GET /hello -> %s", body)
+	if len(dialed) == 0 {
+		return fmt.Errorf("the client dialed no connection")
+	}
+	// A connection starts on TCP and moves to its ring in the background
+	// once it has lived a millisecond (rsock's upgrade): wait for that,
+	// and ask again.
+	if err := awaitSettled(dialed[0], 10*time.Second); err != nil {
+		return err
+	}
+	first, _ := rsock.InfoOf(dialed[0])
+	if sw := upgradeOf(first, dialedAt); sw != "" {
+		fmt.Fprintf(out, "%s\n", sw)
+	}
+	if body, err = getString(client, base+"/hello"); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "GET /hello -> %s", body)
@@ -155,11 +174,41 @@ func runDemo(out io.Writer, logger *log.Logger, cmd *exec.Cmd) error {
 		n, rounds, first.Transport, r.Round(100*time.Nanosecond), p.Round(100*time.Nanosecond), float64(r)/float64(p))
 
 	fmt.Fprintln(out, "connections:")
-	for _, c := range conns {
+	for i, c := range conns {
 		fmt.Fprintf(out, "  %s\n", c)
+		if info, _ := rsock.InfoOf(dialed[i]); info.Transport != "" {
+			fmt.Fprintf(out, "    now over %s (%s)\n", info.Transport, info.Reason)
+		}
 	}
 	if first.Transport == "tcp" {
 		fmt.Fprintln(out, "note: this run used TCP, not an accelerated transport; the reason is above.")
 	}
 	return nil
+}
+
+// awaitSettled waits until c's transport has settled (rsock.Settled), for
+// at most d.
+func awaitSettled(c net.Conn, d time.Duration) error {
+	select {
+	case <-rsock.Settled(c):
+		return nil
+	case <-time.After(d):
+		return fmt.Errorf("the connection's transport did not settle in %v", d)
+	}
+}
+
+// upgradeOf describes the upgrade in info's switch history: when (after
+// dialed) and where each direction moved from TCP to the ring, or "" if
+// none did.
+func upgradeOf(info rsock.ConnInfo, dialed time.Time) string {
+	var parts []string
+	for _, sw := range info.Switches {
+		if sw.From == "tcp" && sw.To != "tcp" {
+			parts = append(parts, fmt.Sprintf("%s %s->%s %v after Dial (%s)", sw.Direction, sw.From, sw.To, sw.At.Sub(dialed).Round(10*time.Microsecond), sw.Cause))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "upgrade: " + strings.Join(parts, ", ")
 }

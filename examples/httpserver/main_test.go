@@ -2,16 +2,19 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -39,7 +42,8 @@ func TestDemoOverShmByDefault(t *testing.T) {
 	require.NoError(t, runDemo(&out, log.New(io.Discard, "", 0), demoServerCmd()))
 	s := out.String()
 	assert.Contains(t, s, "hello from rsock over shm")
-	assert.Contains(t, s, "over shm (shm agreed)")
+	assert.Contains(t, s, "now over shm (shm agreed")
+	assert.Contains(t, s, "upgrade: send tcp->shm")
 	assert.Contains(t, s, "rsock over shm")
 	assert.Contains(t, s, "plain TCP")
 	assert.Contains(t, s, "between two processes")
@@ -79,7 +83,7 @@ func TestDebugPage(t *testing.T) {
 	srv := &http.Server{Handler: Handler()}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
-	client := &http.Client{Transport: &http.Transport{DialContext: (&rsock.Dialer{}).DialContext}}
+	client := &http.Client{Transport: &http.Transport{DialContext: settledDial}}
 	defer client.CloseIdleConnections()
 	resp, err := client.Get("http://" + ln.Addr().String() + "/debug/rsock?format=json")
 	require.NoError(t, err)
@@ -92,4 +96,18 @@ func TestDebugPage(t *testing.T) {
 		transports[c.Transport]++
 	}
 	assert.GreaterOrEqual(t, transports["shm"], 2, "the request's connection, both ends: %v", transports)
+}
+
+// settledDial dials with rsock and returns the connection once its
+// transport has settled (its upgrade to a ring done, or refused).
+func settledDial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&rsock.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := awaitSettled(c, 10*time.Second); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }

@@ -145,7 +145,18 @@ func Run(w io.Writer, o Options) int {
 			fmt.Fprintf(w, "  FAILED: %v\n", err)
 			status = 1
 		} else {
+			// A switching connection starts on TCP and takes its ring in
+			// the background: report where it settles.
+			at := rsock.TransportOf(c)
+			select {
+			case <-rsock.Settled(c):
+			case <-time.After(o.Timeout):
+				fmt.Fprintf(w, "  still upgrading after %v\n", o.Timeout)
+			}
 			info, _ := rsock.InfoOf(c)
+			if at != info.Transport {
+				fmt.Fprintf(w, "  transport %s at Dial, upgraded\n", at)
+			}
 			fmt.Fprintf(w, "  transport %s (code %s): %s\n", info.Transport, info.Code, info.Reason)
 			c.Close()
 		}

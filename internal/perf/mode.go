@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -141,6 +142,35 @@ func (d Dialer) DialContext(ctx context.Context, addr string) (net.Conn, error) 
 // Dial is DialContext without a context.
 func (d Dialer) Dial(addr string) (net.Conn, error) {
 	return d.DialContext(context.Background(), addr)
+}
+
+// AwaitTransport waits until c's transport has settled (rsock.Settled: a
+// switching connection starts on TCP and takes its ring in the
+// background), for at most until deadline (none if zero) or ctx's end, and
+// then returns a *MismatchError unless c is carried by m's transport.
+func AwaitTransport(ctx context.Context, c net.Conn, m Mode, deadline time.Time) error {
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		tm := time.NewTimer(time.Until(deadline))
+		defer tm.Stop()
+		timeout = tm.C
+	}
+	select {
+	case <-rsock.Settled(c):
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timeout:
+		return fmt.Errorf("the connection's transport did not settle by its deadline: %w", os.ErrDeadlineExceeded)
+	}
+	if got := rsock.TransportOf(c); got != m.Transport {
+		info, _ := rsock.InfoOf(c)
+		want := m.Transport
+		if want == "" {
+			want = "plain TCP"
+		}
+		return &MismatchError{Want: want, Got: got, Reason: info.Reason}
+	}
+	return nil
 }
 
 // CheckTransport returns a *MismatchError unless c is carried by m's

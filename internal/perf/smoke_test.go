@@ -173,3 +173,27 @@ func TestWrongTransportFails(t *testing.T) {
 	_, err = Connect(context.Background(), Plain, ss.Info().PerfAddr)
 	assert.Error(t, err)
 }
+
+// TestAwaitTransport: a switching connection is checked once it has
+// settled: on its ring when the mode's transport is what it upgraded to,
+// a mismatch otherwise; a plain connection only matches plain.
+func TestAwaitTransport(t *testing.T) {
+	ss, err := StartServer(Mode{Transport: "shm"}, "127.0.0.1:0", 0, 0)
+	require.NoError(t, err)
+	defer ss.Close()
+	d := Dialer{Mode: Mode{Transport: "shm"}}
+	c, err := d.Dial(ss.Info().PerfAddr)
+	require.NoError(t, err)
+	defer c.Close()
+	deadline := time.Now().Add(time.Minute)
+	require.NoError(t, AwaitTransport(context.Background(), c, Mode{Transport: "shm"}, deadline))
+	var mm *MismatchError
+	require.ErrorAs(t, AwaitTransport(context.Background(), c, Mode{Transport: "verbs"}, deadline), &mm)
+	assert.Equal(t, "shm", mm.Got)
+
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	assert.NoError(t, AwaitTransport(context.Background(), a, Plain, deadline))
+	require.ErrorAs(t, AwaitTransport(context.Background(), a, Mode{Transport: "shm"}, deadline), &mm)
+}

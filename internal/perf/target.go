@@ -79,7 +79,8 @@ func (t *Target) Close() {
 }
 
 // open dials the perf listener and sends the header of op, with a
-// deadline that bounds the whole workload on this connection.
+// deadline that bounds the whole workload on this connection, and returns
+// the connection once it runs on the mode's transport.
 func (t *Target) open(ctx context.Context, op byte, param uint64, deadline time.Time) (net.Conn, error) {
 	c, err := t.Dial.DialContext(ctx, t.Info.PerfAddr)
 	if err != nil {
@@ -89,6 +90,12 @@ func (t *Target) open(ctx context.Context, op byte, param uint64, deadline time.
 		_ = c.SetDeadline(deadline)
 	}
 	if _, err := c.Write(header{Op: op, Param: param}.marshal()); err != nil {
+		c.Close()
+		return nil, err
+	}
+	// The workloads that open connections this way measure them long
+	// after setup: on the ring, once a switching connection has it.
+	if err := AwaitTransport(ctx, c, t.Mode, deadline); err != nil {
 		c.Close()
 		return nil, err
 	}

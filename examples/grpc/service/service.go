@@ -251,11 +251,15 @@ func Sum(b []byte) string {
 // TransportFromContext.
 type Info struct {
 	credentials.CommonAuthInfo
-	// Transport is what rsock.TransportOf says of the connection: "verbs",
-	// "shm" or "tcp", or "" for a connection rsock did not make.
+	// Transport is what rsock.TransportOf said of the connection at its
+	// handshake: "verbs", "shm" or "tcp", or "" for a connection rsock did
+	// not make. A connection that starts on TCP may move to a ring later
+	// (rsock's upgrade); TransportFromContext says where it is now.
 	Transport string
 	// Reason is rsock's reason for the transport (ConnInfo.Reason).
 	Reason string
+
+	conn net.Conn
 }
 
 // AuthType implements credentials.AuthInfo.
@@ -264,11 +268,15 @@ func (Info) AuthType() string { return "insecure" }
 // ValidateAuthority allows any :authority, as insecure credentials do.
 func (Info) ValidateAuthority(string) error { return nil }
 
-// TransportFromContext returns the rsock transport of the connection that
-// carries the call in ctx (a handler's context), or "" if it is not known.
+// TransportFromContext returns the rsock transport that carries the
+// connection of the call in ctx (a handler's context) now, or "" if it is
+// not known.
 func TransportFromContext(ctx context.Context) string {
 	if p, ok := peer.FromContext(ctx); ok {
 		if info, ok := p.AuthInfo.(Info); ok {
+			if info.conn != nil {
+				return rsock.TransportOf(info.conn)
+			}
 			return info.Transport
 		}
 	}
@@ -290,7 +298,7 @@ type creds struct {
 func infoOf(c net.Conn) Info {
 	info := Info{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}
 	if ci, ok := rsock.InfoOf(c); ok {
-		info.Transport, info.Reason = ci.Transport, ci.Reason
+		info.Transport, info.Reason, info.conn = ci.Transport, ci.Reason, c
 	} else {
 		info.Reason = "not an rsock connection"
 	}
