@@ -179,8 +179,11 @@ func InfoOf(c net.Conn) (ConnInfo, bool) {
 // (Info says why), or the connection ended. A dialed connection's upgrade
 // starts by its policy; a listener's end waits for its client's, so a
 // client that never upgrades leaves it open until the connection ends.
-// TransportOf may be read at any time; wait for Settled first where the
-// final transport matters (a deployment check, a test). A failover and the
+// The upgrade's frames travel on the TCP connection behind the data, so
+// while the peer writes, an end that does not read (past rsock's 256 KiB
+// of queued data) holds its own upgrade back. TransportOf may be read at
+// any time; wait for Settled first where the final transport matters (a
+// deployment check, a test), before asking the peer to send. A failover and the
 // upgrade after it do not reopen it.
 func Settled(c net.Conn) <-chan struct{} {
 	if rc := unwrap(c); rc != nil && rc.w != nil {

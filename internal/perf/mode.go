@@ -45,6 +45,19 @@ func (m Mode) config() *rsock.Config {
 	return &rsock.Config{Transports: []string{m.Transport}, BusyPoll: m.BusyPoll}
 }
 
+// dialConfig is the client's Config: the mode's transport with TCP beside
+// it, so that the client runs rsock's default policy (the switching
+// protocol: on TCP until the upgrade; RSOCK_UPGRADE_AFTER=-1ns selects the
+// version-1 handshake). A connection that ends up on TCP all the same is
+// caught by CheckTransport and AwaitTransport, never measured as the mode.
+func (m Mode) dialConfig() *rsock.Config {
+	cfg := m.config()
+	if m.Transport != "tcp" {
+		cfg.Transports = append(cfg.Transports, "tcp")
+	}
+	return cfg
+}
+
 // ParseTransports parses a comma-separated transport list ("all" means
 // every known transport).
 func ParseTransports(s string) ([]string, error) {
@@ -126,7 +139,7 @@ func (d Dialer) DialContext(ctx context.Context, addr string) (net.Conn, error) 
 		nd := net.Dialer{Timeout: to}
 		c, err = nd.DialContext(ctx, "tcp", addr)
 	} else {
-		rd := rsock.Dialer{Timeout: to, Config: d.Mode.config()}
+		rd := rsock.Dialer{Timeout: to, Config: d.Mode.dialConfig()}
 		c, err = rd.DialContext(ctx, "tcp", addr)
 	}
 	if err != nil {

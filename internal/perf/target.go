@@ -28,6 +28,12 @@ func Connect(ctx context.Context, m Mode, perfAddr string) (*Target, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Available means a connection gets the mode's transport, not just
+	// that the server would try it.
+	if err := AwaitTransport(ctx, c, m, time.Now().Add(30*time.Second)); err != nil {
+		c.Close()
+		return nil, err
+	}
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := c.Write(header{Op: opInfo}.marshal()); err != nil {
 		c.Close()
@@ -89,13 +95,17 @@ func (t *Target) open(ctx context.Context, op byte, param uint64, deadline time.
 	if !deadline.IsZero() {
 		_ = c.SetDeadline(deadline)
 	}
-	if _, err := c.Write(header{Op: op, Param: param}.marshal()); err != nil {
+	// The workloads that open connections this way measure them long
+	// after setup: on the ring, once a switching connection has it. The
+	// wait comes before the header, which starts the server's side of the
+	// workload: a server that writes at once would otherwise fill the
+	// connection while it waits, and hold the upgrade's frames behind
+	// that data.
+	if err := AwaitTransport(ctx, c, t.Mode, deadline); err != nil {
 		c.Close()
 		return nil, err
 	}
-	// The workloads that open connections this way measure them long
-	// after setup: on the ring, once a switching connection has it.
-	if err := AwaitTransport(ctx, c, t.Mode, deadline); err != nil {
+	if _, err := c.Write(header{Op: op, Param: param}.marshal()); err != nil {
 		c.Close()
 		return nil, err
 	}
