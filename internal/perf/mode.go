@@ -175,21 +175,19 @@ func AwaitTransport(ctx context.Context, c net.Conn, m Mode, deadline time.Time)
 	case <-timeout:
 		return fmt.Errorf("the connection's transport did not settle by its deadline: %w", os.ErrDeadlineExceeded)
 	}
-	if got := rsock.TransportOf(c); got != m.Transport {
-		info, _ := rsock.InfoOf(c)
-		want := m.Transport
-		if want == "" {
-			want = "plain TCP"
-		}
-		return &MismatchError{Want: want, Got: got, Reason: info.Reason}
-	}
-	return nil
+	return checkTransport(c, m, false)
 }
 
 // CheckTransport returns a *MismatchError unless c is carried by m's
 // transport (plain: a connection rsock did not make), or is on its way to
 // it (rsock's switching protocol, before the upgrade: CodeUpgrading).
 func CheckTransport(c net.Conn, m Mode) error {
+	return checkTransport(c, m, true)
+}
+
+// checkTransport returns a *MismatchError unless c is carried by m's
+// transport, or, with upgrading, is on its way to it.
+func checkTransport(c net.Conn, m Mode, upgrading bool) error {
 	got := rsock.TransportOf(c)
 	if got == m.Transport {
 		return nil
@@ -197,7 +195,7 @@ func CheckTransport(c net.Conn, m Mode) error {
 	var reason string
 	if info, ok := rsock.InfoOf(c); ok {
 		reason = info.Reason
-		if info.Code == rsock.CodeUpgrading && m.Transport != "" && m.Transport != "tcp" {
+		if upgrading && info.Code == rsock.CodeUpgrading && m.Transport != "" && m.Transport != "tcp" {
 			return nil
 		}
 	}
