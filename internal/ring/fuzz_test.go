@@ -28,8 +28,8 @@ func (f *fuzzBytes) more() bool { return f.i < len(f.b) }
 //
 //	0: bit 0/1 A/B ring 4 or 8 KiB; bits 2-3 threshold (default, 1, half,
 //	   whole ring); bit 4: a stalled writer may give up and close early
-//	   (model.closeEarly); bit 5 unused; bit 6: B sends nothing (one
-//	   direction)
+//	   (model.closeEarly); bit 5: either side may grow its ring once
+//	   (model.grow); bit 6: B sends nothing (one direction)
 //	1: credits: A 4 + v%5, B 4 + v/5%5
 //	2, 3: prefixes A->B, B->A: none for 0, else k rings minus d bytes,
 //	   k = 1 + v>>6, d = 3*(v&63), so cursors start at or just below a
@@ -68,6 +68,7 @@ func newFuzzModel(t testing.TB, in *fuzzBytes) *model {
 		skipB, lenB = 0, 0
 	}
 	m := newModel(t, pa, pb, stream(uint64(h2), int(lenA)), stream(uint64(h3)+256, int(lenB)))
+	m.grow = h0&0x20 != 0
 	m.p[0].limit, m.p[1].limit = skipA, skipB
 	m.runFair(pa.PeerSize/2+uint64(h2), m.settled, 1_000_000)
 	m.p[0].limit, m.p[1].limit = lenA, lenB
@@ -100,6 +101,12 @@ func FuzzProtocol(f *testing.F) {
 	// Fill the ring, BLOCKED, dribbling reader.
 	f.Add([]byte{0x08, 12, 0xc5, 0x03, 0x21,
 		0, 255, 0, 255, 8, 0, 9, 0, 12, 0, 7, 3, 7, 3, 7, 3, 10, 0, 7, 200, 11, 0})
+	// A grows its ring, B moves into it and writes across the wrap of
+	// the new ring while A still reads the old one.
+	f.Add([]byte{0x20, 0, 0, 0, 0x11, 1, 200, 16, 0, 9, 0, 9, 0, 19, 0, 1, 255, 1, 255, 6, 30, 6, 255, 6, 255})
+	// Both grow; B moves before its credits return, A moves with a write
+	// pending announcement.
+	f.Add([]byte{0x20, 0, 0x41, 0x41, 0x22, 16, 1, 17, 0, 8, 0, 9, 0, 19, 0, 2, 90, 18, 0, 4, 0, 9, 0, 8, 0, 7, 255})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &fuzzBytes{b: data}
 		m := newFuzzModel(t, in)
@@ -128,6 +135,11 @@ func FuzzReceive(f *testing.F) {
 	f.Add([]byte{0x3, 24, 9, 9, 9}, byte(0x20), byte(FlagClose), uint32(1), uint64(1<<63), uint64(5), uint64(8))
 	// A has written bytes no message announced; B acknowledges one of them.
 	f.Add([]byte{0, 0, 0x41, 0x41, 0, 0, 100, 1, 100, 8, 0, 2, 100}, rel|0x40, byte(0), uint32(0), uint64(0), uint64(1), uint64(0))
+	// A GROW to 16 KiB; one after A offered a ring of its own, with a
+	// MOVED that answers it.
+	f.Add([]byte{}, byte(0x12), byte(FlagGrow), uint32(0), uint64(14), uint64(0x10000), uint64(0))
+	f.Add([]byte{0x20, 0, 0, 0, 0, 16, 0}, byte(0x13), byte(FlagGrow), uint32(0), uint64(40), uint64(1), uint64(0))
+	f.Add([]byte{0x20, 0, 0, 0, 0, 16, 0, 3, 10, 9, 0}, rel|1, byte(FlagMoved), uint32(0), uint64(0), uint64(0), uint64(0))
 	f.Fuzz(func(t *testing.T, ops []byte, mode, flags byte, seq uint32, prod, cons, posted uint64) {
 		in := &fuzzBytes{b: ops}
 		m := newFuzzModel(t, in)
@@ -149,11 +161,16 @@ func FuzzReceive(f *testing.F) {
 		if mode&16 != 0 {
 			msg.Posted += s.peerPosted
 		}
+		if msg.Flags&FlagGrow != 0 {
+			// A GROW carries a ring instead of cursors: the cursor
+			// fields become its size and address.
+			msg.SizeLog, msg.Addr, msg.RKey, msg.Prod, msg.Cons = uint8(msg.Prod), msg.Cons, uint32(posted>>32), 0, 0
+		}
 		if mode&32 != 0 {
 			var w [MsgLen]byte
 			msg.Marshal(w[:])
 			got, err := Unmarshal(w[:])
-			if msg.Flags&^flagsKnown != 0 {
+			if msg.Flags&^flagsKnown != 0 || msg.Flags&FlagGrow != 0 && msg.Flags&^(FlagGrow|FlagFIN) != 0 {
 				require.ErrorIs(t, err, ErrMsgFormat)
 				require.ErrorIs(t, err, ErrProtocol)
 				return
@@ -168,6 +185,10 @@ func FuzzReceive(f *testing.F) {
 // checkReceive delivers msg to s and checks the outcome against the rules
 // of the protocol, restated independently.
 func checkReceive(t *testing.T, s *State, msg Msg) {
+	if msg.Flags&FlagGrow != 0 {
+		checkReceiveGrow(t, s, msg)
+		return
+	}
 	b := *s
 	p := b.p
 	// Every rule msg breaks, by the name Receive reports it under.
@@ -188,6 +209,7 @@ func checkReceive(t *testing.T, s *State, msg Msg) {
 	// The peer acknowledges only bytes a message of ours announced.
 	check(msg.Cons >= b.peerCons && msg.Cons <= b.prodSent, "consumer cursor out of range")
 	check(msg.Posted >= b.peerPosted && msg.Posted <= p.PeerCredits+b.sent, "credits never granted")
+	check(msg.Flags&FlagMoved == 0 || b.growTo != 0 && b.oldSize == 0, "MOVED without a GROW, or a second one")
 	valid := len(broken) == 0
 	// Unknown flags cannot reach Receive from the wire (Unmarshal rejects
 	// them); the rules say nothing about them, so either outcome is fine
@@ -215,22 +237,96 @@ func checkReceive(t *testing.T, s *State, msg Msg) {
 	require.Equal(t, b.peerFIN || msg.Flags&FlagFIN != 0, s.peerFIN)
 	require.Equal(t, b.peerClose || msg.Flags&FlagClose != 0, s.peerClose)
 	require.Equal(t, b.peerBlocked || msg.Flags&FlagBlocked != 0, s.peerBlocked)
+	if msg.Flags&FlagMoved != 0 {
+		at, oldSize, moved := s.Moved()
+		require.True(t, moved)
+		require.Equal(t, msg.Prod, at)
+		require.Equal(t, p.LocalSize, oldSize)
+		require.Equal(t, b.growTo, s.p.LocalSize)
+	}
 	checkInvariants(t, s)
+	checkUsable(t, s)
+}
 
-	// The state stays usable.
+// checkUsable checks that s goes on after a message it accepted: an
+// update, reads of everything readable, a repost, a write of all space.
+func checkUsable(t *testing.T, s *State) {
 	if s.NeedUpdate() {
 		_, err := s.Next(0)
 		require.NoError(t, err)
 	}
-	a1, a2 := s.ReadSegments(s.Readable())
-	checkSegs(t, s.cons, s.Readable(), p.LocalSize, a1, a2)
-	require.NoError(t, s.Consumed(s.Readable()))
+	for s.Readable() > 0 {
+		n, old := s.ReadableHere()
+		require.NotZero(t, n)
+		a1, a2 := s.ReadSegments(n)
+		checkSegs(t, s.cons, n, readSize(s, old), a1, a2)
+		require.NoError(t, s.Consumed(n))
+	}
 	require.NoError(t, s.Reposted())
 	require.True(t, s.CanSendControl() || s.Credits() == 0, "a repost to announce makes the last credit usable")
 	if !s.FINSent() {
 		require.NoError(t, s.Wrote(s.Space()))
 	}
 	checkInvariants(t, s)
+}
+
+// checkReceiveGrow is checkReceive for a GROW message.
+func checkReceiveGrow(t *testing.T, s *State, msg Msg) {
+	b := *s
+	p := b.p
+	var broken []string
+	check := func(ok bool, rule string) {
+		if !ok {
+			broken = append(broken, rule)
+		}
+	}
+	check(msg.Seq == uint32(b.recvd+1), "message sequence")
+	check(b.recvd < b.postedAnnounced, "message without a credit")
+	check((msg.Flags&FlagFIN != 0) == b.peerFIN, "FIN on a GROW differs from the cursor messages'")
+	check(!b.peerClose, "GROW after CLOSE")
+	check(b.peerGrowTo == 0, "a second GROW")
+	sizeOK := msg.SizeLog < 64 && uint64(1)<<msg.SizeLog > p.PeerSize && uint64(1)<<msg.SizeLog <= MaxRingSize
+	check(sizeOK, "GROW's ring size out of range")
+	check(!sizeOK || msg.Addr <= ^uint64(0)-uint64(1)<<msg.SizeLog, "GROW's ring address overflows")
+	check(msg.Posted >= b.peerPosted && msg.Posted <= p.PeerCredits+b.sent, "credits never granted")
+	valid := len(broken) == 0
+	// Flags beside FIN, and cursors, cannot reach Receive from the wire
+	// on a GROW (Unmarshal): either outcome is fine for them.
+	unsure := msg.Flags&^(FlagGrow|FlagFIN) != 0 || msg.Prod != 0 || msg.Cons != 0
+
+	err := s.Receive(msg)
+	if err != nil {
+		require.ErrorIs(t, err, ErrProtocol)
+		var pe *ProtocolError
+		require.True(t, errors.As(err, &pe), "%T", err)
+		require.Equal(t, b, *s, "rejected message changed the state")
+		require.True(t, !valid || unsure, "valid GROW %+v rejected: %v", msg, err)
+		if !valid {
+			require.Contains(t, broken, pe.Rule, "%+v rejected for a rule it keeps: %v", msg, err)
+		}
+		return
+	}
+	require.True(t, valid, "invalid GROW %+v accepted (breaks %q)", msg, broken)
+	want := b
+	want.recvd++
+	want.peerPosted = msg.Posted
+	want.peerGrowTo = uint64(1) << msg.SizeLog
+	require.Equal(t, want, *s, "a GROW changes only the sequence, credits and the offered size")
+	require.Equal(t, want.peerGrowTo, s.PeerGrowing())
+	checkInvariants(t, s)
+	if s.CanSendControl() {
+		at := s.Prod()
+		_, err := s.Next(FlagMoved)
+		require.NoError(t, err)
+		got, oldSize, moved := s.PeerMoved()
+		require.True(t, moved)
+		require.Equal(t, at, got)
+		require.Equal(t, p.PeerSize, oldSize)
+		require.Equal(t, want.peerGrowTo, s.p.PeerSize)
+		require.Zero(t, s.PeerGrowing())
+	}
+	checkInvariants(t, s)
+	checkUsable(t, s)
 }
 
 // FuzzUnmarshal: any 32 bytes either parse to a message that marshals back

@@ -42,10 +42,12 @@ const (
 	opUpdate                  // send the update NeedUpdate asks for
 	opBlock                   // a stalled writer with a control credit calls Block and sends BLOCKED
 	opFIN                     // close for writing (SetFIN) and send FIN, now or once a control credit allows
+	opGrow                    // offer the peer a larger ring (GROW), once, when the model allows growth
+	opMove                    // move our writing into the ring the peer's GROW offered (MOVED)
 	numOps
 )
 
-var opNames = [numOps]string{"write", "write-only", "notify", "read", "deliver", "update", "block", "fin"}
+var opNames = [numOps]string{"write", "write-only", "notify", "read", "deliver", "update", "block", "fin", "grow", "move"}
 
 func (o opKind) String() string { return opNames[o] }
 
@@ -53,7 +55,7 @@ type party struct {
 	name  string
 	st    *State
 	peer  *party
-	ring  []byte   // our receive ring: the peer writes into it
+	rings [][]byte // our receive rings, the peer writes into them: the first, and the one our GROW offered
 	out   []byte   // the stream we send
 	limit uint64   // bytes of out the application has handed us so far
 	read  uint64   // bytes of the peer's stream we consumed
@@ -64,7 +66,8 @@ type party struct {
 	finOut   bool // a message carrying FIN went out
 	seqOut   uint32
 
-	blocks, updates uint64 // statistics
+	blocks, updates, grows uint64 // statistics
+	oldFreed               bool   // the old ring was poisoned once every byte in it was read
 }
 
 type model struct {
@@ -77,6 +80,8 @@ type model struct {
 	// and close for writing, as an application does when a write deadline
 	// expires before CloseWrite: the FIN then competes for the credits.
 	closeEarly bool
+	// grow lets each side offer a larger ring once (opGrow).
+	grow bool
 	// laxLastCredit is a counterfactual for the regression tests: the
 	// drivers follow the rule before the fix (any credit may carry a
 	// control message, NeedUpdate whenever a credit is left). State still
@@ -102,18 +107,31 @@ func newModel(tb testing.TB, pa, pb Params, outA, outB []byte) *model {
 		st, err := New(c.p)
 		require.NoError(tb, err)
 		m.p[i] = &party{
-			name: c.name, st: st, ring: make([]byte, c.p.LocalSize), out: c.out,
+			name: c.name, st: st, rings: [][]byte{poisoned(c.p.LocalSize)}, out: c.out,
 			limit: uint64(len(c.out)), free: c.p.LocalCredits,
 		}
 	}
 	m.p[0].peer, m.p[1].peer = m.p[1], m.p[0]
-	// Poison the rings: a read of bytes never written shows up.
-	for _, x := range m.p {
-		for i := range x.ring {
-			x.ring[i] = 0xa5
-		}
-	}
 	return m
+}
+
+// poisoned returns a ring of n bytes that are never a stream's: a read of
+// bytes never written shows up.
+func poisoned(n uint64) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = 0xa5
+	}
+	return b
+}
+
+// dest is the ring of y's that x writes into, as x's state says: the new
+// one once x moved.
+func dest(x *party) []byte {
+	if _, _, moved := x.st.PeerMoved(); moved {
+		return x.peer.rings[1]
+	}
+	return x.peer.rings[0]
 }
 
 func (m *model) fail(format string, args ...any) {
@@ -219,6 +237,10 @@ func (m *model) enabled(x *party, op opKind) bool {
 			return x.allWritten() || m.closeEarly && x.limit == uint64(len(x.out)) && x.stalled()
 		}
 		return s.FINPending() && m.canControl(x)
+	case opGrow:
+		return m.grow && s.growTo == 0 && !s.closeSent && s.p.LocalSize < MaxRingSize && m.canControl(x)
+	case opMove:
+		return s.PeerGrowing() != 0 && m.canControl(x)
 	}
 	panic("bad op")
 }
@@ -258,7 +280,7 @@ func (m *model) post(x *party, extra Flags, data bool) {
 	if s.Credits() != credits-1 || s.Unannounced() != 0 || s.posted != s.postedAnnounced {
 		m.fail("%s: after sending: credits %d (was %d), unannounced %d, posted %d announced %d", x.name, s.Credits(), credits, s.Unannounced(), s.posted, s.postedAnnounced)
 	}
-	if msg.Flags&FlagBlocked != extra&FlagBlocked {
+	if msg.Flags&(FlagBlocked|FlagMoved) != extra {
 		m.fail("%s: flags %v for extra %v", x.name, msg.Flags, extra)
 	}
 	if (msg.Flags&FlagFIN != 0) != s.FINSent() {
@@ -283,6 +305,35 @@ func (m *model) post(x *party, extra Flags, data bool) {
 	m.note("%s sends %v seq %d prod %d cons %d posted %d (credits left %d, returned %d)", x.name, msg.Flags, msg.Seq, msg.Prod, msg.Cons, msg.Posted, s.Credits(), reposts)
 }
 
+// postGrow offers x's peer a ring of size bytes.
+func (m *model) postGrow(x *party, size uint64) {
+	s := x.st
+	credits := s.Credits()
+	msg, err := s.Grow(size, 0x10000, 7)
+	if err != nil {
+		m.fail("%s: Grow(%d): %v", x.name, size, err)
+	}
+	x.seqOut++
+	if msg.Seq != x.seqOut {
+		m.fail("%s: seq %d, want %d", x.name, msg.Seq, x.seqOut)
+	}
+	if s.Credits() != credits-1 || s.posted != s.postedAnnounced {
+		m.fail("%s: after GROW: credits %d (was %d), posted %d announced %d", x.name, s.Credits(), credits, s.posted, s.postedAnnounced)
+	}
+	if msg.Flags != FlagGrow|msg.Flags&FlagFIN || (msg.Flags&FlagFIN != 0) != x.finOut {
+		m.fail("%s: GROW flags %v, FIN sent %v", x.name, msg.Flags, x.finOut)
+	}
+	if _, err := s.Grow(2*size, 0, 0); !errors.Is(err, ErrUsage) {
+		m.fail("%s: a second Grow: %v", x.name, err)
+	}
+	x.rings = append(x.rings, poisoned(size))
+	wire := make([]byte, MsgLen)
+	msg.Marshal(wire)
+	x.peer.inbox = append(x.peer.inbox, wire)
+	x.grows++
+	m.note("%s sends GROW to %d seq %d posted %d", x.name, size, msg.Seq, msg.Posted)
+}
+
 // do performs op for x if it is enabled, with size bytes for writes and
 // reads (clamped to what is possible; at least 1). It reports whether the
 // op was enabled.
@@ -296,14 +347,18 @@ func (m *model) do(x *party, op opKind, size uint64) bool {
 	case opWrite, opWriteOnly:
 		n := max(1, min(size, s.Space(), x.limit-s.Prod()))
 		prod := s.Prod()
-		if prod+n-y.st.cons > y.st.p.LocalSize {
+		ring := dest(x)
+		if prod+n-y.st.cons > uint64(len(ring)) {
 			m.fail("%s: writing [%d, %d) over unread bytes from %d of %s's ring", x.name, prod, prod+n, y.st.cons, y.name)
 		}
+		if at, _, moved := s.PeerMoved(); moved && prod < at {
+			m.fail("%s: writing at %d, before its MOVED at %d", x.name, prod, at)
+		}
 		a, b := s.WriteSegments(n)
-		m.checkSegs(x.name+" write", prod, n, s.p.PeerSize, a, b)
+		m.checkSegs(x.name+" write", prod, n, uint64(len(ring)), a, b)
 		src := x.out[prod : prod+n]
-		copy(y.ring[a.Off:a.Off+a.Len], src)
-		copy(y.ring[b.Off:b.Off+b.Len], src[a.Len:])
+		copy(ring[a.Off:a.Off+a.Len], src)
+		copy(ring[b.Off:b.Off+b.Len], src[a.Len:])
 		if err := s.Wrote(n); err != nil {
 			m.fail("%s: Wrote(%d): %v", x.name, n, err)
 		}
@@ -317,10 +372,18 @@ func (m *model) do(x *party, op opKind, size uint64) bool {
 	case opNotify:
 		m.post(x, 0, true)
 	case opRead:
-		n := max(1, min(size, s.Readable()))
+		here, old := s.ReadableHere()
+		if here == 0 {
+			m.fail("%s: %d readable, none in the ring at the consumer cursor", x.name, s.Readable())
+		}
+		n := max(1, min(size, here))
 		a, b := s.ReadSegments(n)
-		m.checkSegs(x.name+" read", s.cons, n, s.p.LocalSize, a, b)
-		got := append(append([]byte(nil), x.ring[a.Off:a.Off+a.Len]...), x.ring[b.Off:b.Off+b.Len]...)
+		ring := x.rings[0]
+		if _, _, moved := s.Moved(); moved && !old {
+			ring = x.rings[1]
+		}
+		m.checkSegs(x.name+" read", s.cons, n, uint64(len(ring)), a, b)
+		got := append(append([]byte(nil), ring[a.Off:a.Off+a.Len]...), ring[b.Off:b.Off+b.Len]...)
 		if x.read+n > uint64(len(y.out)) {
 			m.fail("%s: reads %d bytes beyond the %d %s sent", x.name, x.read+n, len(y.out), y.name)
 		}
@@ -336,6 +399,12 @@ func (m *model) do(x *party, op opKind, size uint64) bool {
 			m.fail("%s: Consumed(%d): %v", x.name, n, err)
 		}
 		x.read += n
+		if at, _, moved := s.Moved(); moved && s.cons >= at && !x.oldFreed {
+			// Every byte of the old ring was read: it is released, and a
+			// late write into it must not be read as the stream.
+			x.oldFreed = true
+			x.rings[0] = poisoned(uint64(len(x.rings[0])))
+		}
 		m.note("%s reads %d (segs %v %v), %d left", x.name, n, a, b, s.Readable())
 	case opDeliver:
 		wire := x.inbox[0]
@@ -397,6 +466,14 @@ func (m *model) do(x *party, op opKind, size uint64) bool {
 			}
 		}
 		m.post(x, 0, false)
+	case opGrow:
+		m.postGrow(x, s.p.LocalSize<<(1+size%2))
+	case opMove:
+		at := s.Prod()
+		m.post(x, FlagMoved, false)
+		if got, _, moved := s.PeerMoved(); !moved || got != at || s.p.PeerSize != uint64(len(y.rings[1])) {
+			m.fail("%s: moved %v at %d (prod %d), peer size %d", x.name, moved, got, at, s.p.PeerSize)
+		}
 	}
 	m.checkAll()
 	return true
@@ -654,18 +731,18 @@ func modelConfigs() []modelConfig {
 // weightSets are scheduling styles: balanced, slow delivery (credits run
 // out), slow reader (space runs out), lazy updates.
 var weightSets = [][numOps]int{
-	// write write-only notify read deliver update block fin
-	{6, 2, 3, 6, 6, 6, 6, 2},
-	{6, 2, 3, 6, 1, 3, 6, 1},
-	{8, 2, 3, 1, 4, 4, 8, 1},
-	{4, 4, 1, 4, 8, 1, 2, 1},
+	// write write-only notify read deliver update block fin grow move
+	{6, 2, 3, 6, 6, 6, 6, 2, 1, 2},
+	{6, 2, 3, 6, 1, 3, 6, 1, 1, 1},
+	{8, 2, 3, 1, 4, 4, 8, 1, 1, 4},
+	{4, 4, 1, 4, 8, 1, 2, 1, 1, 1},
 }
 
 var modelSeeds = flag.Int("ring.seeds", 100, "random seeds per configuration for TestModelRandom")
 
 // modelStats sums the statistics of many runs.
 type modelStats struct {
-	runs, steps, wraps, zero, pendingFINs, blocks, updates int
+	runs, steps, wraps, zero, pendingFINs, blocks, updates, grows int
 }
 
 func (st *modelStats) add(m *model) {
@@ -677,12 +754,13 @@ func (st *modelStats) add(m *model) {
 	for _, x := range m.p {
 		st.blocks += int(x.blocks)
 		st.updates += int(x.updates)
+		st.grows += int(x.grows)
 	}
 }
 
 func (st modelStats) String() string {
-	return fmt.Sprintf("%d runs, %d steps, %d writes across the wrap, %d messages on the last credit, %d FINs waiting for a credit, %d BLOCKED, %d updates",
-		st.runs, st.steps, st.wraps, st.zero, st.pendingFINs, st.blocks, st.updates)
+	return fmt.Sprintf("%d runs, %d steps, %d writes across the wrap, %d messages on the last credit, %d FINs waiting for a credit, %d BLOCKED, %d updates, %d rings grown",
+		st.runs, st.steps, st.wraps, st.zero, st.pendingFINs, st.blocks, st.updates, st.grows)
 }
 
 // randomRun runs one random model of cfg with the given seed.
@@ -698,6 +776,7 @@ func randomRun(tb testing.TB, cfg modelConfig, seed uint64, lax bool) *model {
 	m := newModel(tb, cfg.pa, cfg.pb, stream(2*seed, na), stream(2*seed+1, nb))
 	m.closeEarly = cfg.closeEarly
 	m.laxLastCredit = lax
+	m.grow = seed%3 == 1 && !lax
 	m.runRandom(r, w, 2_000_000)
 	require.True(tb, m.complete())
 	return m

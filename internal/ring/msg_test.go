@@ -15,10 +15,14 @@ func TestMsgRoundTrip(t *testing.T) {
 		{Flags: FlagFIN, Seq: 1, Prod: 1, Cons: 2, Posted: 3},
 		{Flags: FlagBlocked, Seq: 7, Prod: 4096, Cons: 8192, Posted: 4},
 		{Flags: FlagClose | FlagFIN, Seq: math.MaxUint32, Prod: math.MaxUint64, Cons: math.MaxUint64 - 1, Posted: math.MaxUint64},
-		{Flags: flagsKnown, Seq: 0x01020304, Prod: 0x0102030405060708, Cons: 0x1112131415161718, Posted: 0x2122232425262728},
+		{Flags: flagsKnown &^ FlagGrow, Seq: 0x01020304, Prod: 0x0102030405060708, Cons: 0x1112131415161718, Posted: 0x2122232425262728},
+		{Flags: FlagGrow, Seq: 3, Posted: 9, Addr: math.MaxUint64, RKey: math.MaxUint32, SizeLog: 20},
+		{Flags: FlagGrow | FlagFIN, Seq: 4, Posted: 10, Addr: 0x1000, RKey: 7, SizeLog: 255},
 	}
 	for f := Flags(0); f <= flagsKnown; f++ {
-		msgs = append(msgs, Msg{Flags: f, Seq: uint32(f) + 1, Prod: uint64(f) << 40, Cons: uint64(f) << 20, Posted: uint64(f)})
+		if f&FlagGrow == 0 {
+			msgs = append(msgs, Msg{Flags: f, Seq: uint32(f) + 1, Prod: uint64(f) << 40, Cons: uint64(f) << 20, Posted: uint64(f)})
+		}
 	}
 	for _, m := range msgs {
 		var b [MsgLen]byte
@@ -85,10 +89,20 @@ func TestUnmarshalMalformed(t *testing.T) {
 		b[0] = v
 		cases = append(cases, tc{"version", b})
 	}
-	for bit := 3; bit < 8; bit++ {
+	for bit := 5; bit < 8; bit++ {
 		b := validWire()
 		b[1] |= 1 << bit
 		cases = append(cases, tc{"unknown flag", b})
+	}
+	for _, f := range []Flags{FlagBlocked, FlagClose, FlagMoved, 0x20, 0x80} {
+		b := growWire()
+		b[1] |= byte(f)
+		cases = append(cases, tc{"flag on a grow message", b})
+	}
+	for _, i := range []int{3, 20, 21, 22, 23} {
+		b := growWire()
+		b[i] = 1
+		cases = append(cases, tc{"reserved in a grow message", b})
 	}
 	for _, i := range []int{2, 3} {
 		for _, v := range []byte{1, 0x80, 0xff} {
@@ -114,6 +128,9 @@ func TestUnmarshalMalformed(t *testing.T) {
 			b[i] = byte(v)
 			m, err := Unmarshal(b)
 			ok := b[0] == msgVersion && b[1]&^byte(flagsKnown) == 0 && b[2] == 0 && b[3] == 0
+			if Flags(b[1])&FlagGrow != 0 {
+				ok = b[0] == msgVersion && Flags(b[1])&^(FlagGrow|FlagFIN) == 0 && b[3] == 0
+			}
 			if ok {
 				require.NoError(t, err)
 				assert.Equal(t, Flags(b[1]), m.Flags)
@@ -122,6 +139,29 @@ func TestUnmarshalMalformed(t *testing.T) {
 			}
 		}
 	}
+}
+
+func growWire() []byte {
+	b := make([]byte, MsgLen)
+	(&Msg{Flags: FlagGrow, Seq: 9, Posted: 12, Addr: 0x10000, RKey: 0x55, SizeLog: 20}).Marshal(b)
+	return b
+}
+
+func TestGrowWireLayout(t *testing.T) {
+	b := make([]byte, MsgLen)
+	for i := range b {
+		b[i] = 0xee
+	}
+	(&Msg{Flags: FlagGrow | FlagFIN, Seq: 0x01020304, Prod: 1, Cons: 2, Posted: 0x2122232425262728,
+		Addr: 0x0102030405060708, RKey: 0x11121314, SizeLog: 20}).Marshal(b)
+	want := []byte{
+		1, 0x09, 20, 0, // version, FIN|GROW, log2 size, reserved
+		0x04, 0x03, 0x02, 0x01,
+		0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // addr: no cursors in a GROW
+		0x14, 0x13, 0x12, 0x11, 0, 0, 0, 0, // rkey, reserved
+		0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21,
+	}
+	assert.Equal(t, want, b)
 }
 
 func TestErrMsgFormat(t *testing.T) {
@@ -158,8 +198,10 @@ func TestFlagsString(t *testing.T) {
 		FlagFIN | FlagClose:                   "FIN|CLOSE",
 		FlagFIN | FlagBlocked | FlagClose:     "FIN|BLOCKED|CLOSE",
 		0x80:                                  "0x80",
-		FlagBlocked | 0xf0:                    "BLOCKED|0xf0",
-		FlagFIN | FlagBlocked | FlagClose | 8: "FIN|BLOCKED|CLOSE|0x8",
+		FlagBlocked | 0xe0:                    "BLOCKED|0xe0",
+		FlagBlocked | 0xf0:                    "BLOCKED|MOVED|0xe0",
+		FlagFIN | FlagBlocked | FlagClose | 8: "FIN|BLOCKED|CLOSE|GROW",
+		FlagFIN | FlagGrow:                    "FIN|GROW",
 	} {
 		assert.Equal(t, want, f.String(), "%#x", uint8(f))
 	}

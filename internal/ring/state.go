@@ -87,6 +87,11 @@ type State struct {
 	finAnnounced bool // a message carrying FIN went out
 	closeSent    bool
 	blockedSent  bool // a BLOCKED went out and no data since
+	// The peer's ring growing (GROW, MOVED): the size its GROW offered
+	// (0: none came); once we moved, our MOVED cursor and the old size.
+	peerGrowTo  uint64
+	peerMovedAt uint64
+	peerOldSize uint64
 
 	// Receive half.
 	peerProd        uint64 // peer's producer cursor into our ring
@@ -98,6 +103,13 @@ type State struct {
 	peerFIN         bool
 	peerClose       bool
 	peerBlocked     bool
+	// Our ring growing: the size our GROW offered (0: none sent); once the
+	// peer moved, its MOVED cursor and the old ring's size.
+	growTo  uint64
+	movedAt uint64
+	oldSize uint64
+
+	autoThreshold bool // Threshold was defaulted: it follows LocalSize
 }
 
 func isPow2(n uint64) bool { return n != 0 && n&(n-1) == 0 }
@@ -127,7 +139,8 @@ func New(p Params) (*State, error) {
 			return nil, fmt.Errorf("%w: %s %d not in [%d, %d]", ErrUsage, c.what, c.n, MinCredits, MaxCredits)
 		}
 	}
-	if p.Threshold == 0 {
+	auto := p.Threshold == 0
+	if auto {
 		p.Threshold = p.LocalSize / 4
 	}
 	if p.Threshold > p.LocalSize {
@@ -138,10 +151,13 @@ func New(p Params) (*State, error) {
 		peerPosted:      p.PeerCredits,
 		posted:          p.LocalCredits,
 		postedAnnounced: p.LocalCredits,
+		autoThreshold:   auto,
 	}, nil
 }
 
-// Params returns the parameters in force (defaults filled in).
+// Params returns the parameters in force (defaults filled in). LocalSize
+// and PeerSize are the rings new bytes go to: the larger ones once a ring
+// moved.
 func (s *State) Params() Params { return s.p }
 
 func segments(cursor, n, size uint64) (a, b Seg) {
@@ -236,15 +252,25 @@ func (s *State) FINPending() bool { return s.finSent && !s.finAnnounced }
 func (s *State) FINSent() bool { return s.finSent }
 
 // Next builds the next state message with our current cursors, plus the
-// extra one-shot flags (only FlagBlocked; FIN and CLOSE come from SetFIN
-// and SetClose), and records it as sent. It fails when CanSendControl is
-// false; the caller checks CanSendData or CanSendControl first.
+// extra one-shot flags (FlagBlocked, FlagMoved; FIN and CLOSE come from
+// SetFIN and SetClose), and records it as sent. It fails when
+// CanSendControl is false; the caller checks CanSendData or CanSendControl
+// first.
+//
+// With FlagMoved (only while PeerGrowing is not 0) the message moves our
+// writing into the ring the peer's GROW offered: bytes before our
+// producer cursor are in the old ring, later ones go to the new one, and
+// Space and WriteSegments use its size from now on. The caller switches
+// its destination in the same step, with no write in progress.
 func (s *State) Next(extra Flags) (Msg, error) {
 	if !s.CanSendControl() {
 		return Msg{}, fmt.Errorf("%w: no message credit", ErrUsage)
 	}
-	if extra&^FlagBlocked != 0 {
+	if extra&^(FlagBlocked|FlagMoved) != 0 {
 		return Msg{}, fmt.Errorf("%w: flags %v cannot be sent one-shot", ErrUsage, extra)
+	}
+	if extra&FlagMoved != 0 && s.PeerGrowing() == 0 {
+		return Msg{}, fmt.Errorf("%w: MOVED without the peer's GROW", ErrUsage)
 	}
 	f := extra
 	if s.finSent {
@@ -260,8 +286,79 @@ func (s *State) Next(extra Flags) (Msg, error) {
 		s.peerBlocked = false
 	}
 	s.announced, s.postedAnnounced, s.prodSent = s.cons, s.posted, s.prod
+	if f&FlagMoved != 0 {
+		s.peerMovedAt, s.peerOldSize, s.p.PeerSize = s.prod, s.p.PeerSize, s.peerGrowTo
+	}
 	return m, nil
 }
+
+// PeerGrowing is the size of the ring the peer's GROW offered, while we
+// have not moved into it (Next with FlagMoved); else 0.
+func (s *State) PeerGrowing() uint64 {
+	if s.peerOldSize != 0 {
+		return 0
+	}
+	return s.peerGrowTo
+}
+
+// PeerMoved reports, once we moved into the peer's new ring, our MOVED
+// cursor (our bytes before it are in the old ring) and the old ring's
+// size.
+func (s *State) PeerMoved() (at, oldSize uint64, ok bool) {
+	return s.peerMovedAt, s.peerOldSize, s.peerOldSize != 0
+}
+
+// Grow builds a GROW message that offers the peer a receive ring of size
+// bytes (a power of two above LocalSize, at most MaxRingSize) at addr,
+// rkey, and records it as sent. It is a control message (CanSendControl)
+// and goes at most once, never after SetClose. Until the peer's MOVED the
+// peer's bytes go to the old ring; from its MOVED cursor on, to the new
+// one (Moved).
+func (s *State) Grow(size, addr uint64, rkey uint32) (Msg, error) {
+	switch {
+	case s.growTo != 0:
+		return Msg{}, fmt.Errorf("%w: the ring grows once", ErrUsage)
+	case s.closeSent:
+		return Msg{}, fmt.Errorf("%w: grow after CLOSE", ErrUsage)
+	case !s.CanSendControl():
+		return Msg{}, fmt.Errorf("%w: no message credit", ErrUsage)
+	}
+	if err := checkSize("new ring size", size); err != nil {
+		return Msg{}, err
+	}
+	if size <= s.p.LocalSize {
+		return Msg{}, fmt.Errorf("%w: new ring of %d bytes is not larger than %d", ErrUsage, size, s.p.LocalSize)
+	}
+	f := FlagGrow
+	if s.finAnnounced {
+		f |= FlagFIN
+	}
+	s.sent++
+	m := Msg{Flags: f, Seq: uint32(s.sent), Posted: s.posted, Addr: addr, RKey: rkey, SizeLog: uint8(log2(size))}
+	s.postedAnnounced = s.posted
+	s.growTo = size
+	return m, nil
+}
+
+func log2(n uint64) int {
+	k := 0
+	for n > 1 {
+		n >>= 1
+		k++
+	}
+	return k
+}
+
+// Moved reports, once the peer moved into the ring our GROW offered, its
+// MOVED cursor (the peer's bytes before it are in the old ring) and the
+// old ring's size.
+func (s *State) Moved() (at, oldSize uint64, ok bool) {
+	return s.movedAt, s.oldSize, s.oldSize != 0
+}
+
+// inOld reports whether the byte at cursor c of the peer's stream is in
+// our old ring.
+func (s *State) inOld(c uint64) bool { return s.oldSize != 0 && c < s.movedAt }
 
 // ---- Receive half ----
 
@@ -271,9 +368,25 @@ func (s *State) Cons() uint64 { return s.cons }
 // Readable is how many bytes the peer has written that we have not consumed.
 func (s *State) Readable() uint64 { return s.peerProd - s.cons }
 
-// ReadSegments returns where the next n readable bytes are in our ring. n
-// must not exceed Readable.
-func (s *State) ReadSegments(n uint64) (a, b Seg) { return segments(s.cons, n, s.p.LocalSize) }
+// ReadableHere is how many readable bytes are in the ring that holds the
+// consumer cursor, and whether that is the old ring of a move (Moved):
+// the peer's bytes before its MOVED cursor are in the old ring, the rest
+// in the new one. Without a move it is Readable, in the one ring.
+func (s *State) ReadableHere() (n uint64, old bool) {
+	if s.inOld(s.cons) {
+		return min(s.Readable(), s.movedAt-s.cons), true
+	}
+	return s.Readable(), false
+}
+
+// ReadSegments returns where the next n readable bytes are in the ring
+// that holds the consumer cursor. n must not exceed ReadableHere.
+func (s *State) ReadSegments(n uint64) (a, b Seg) {
+	if s.inOld(s.cons) {
+		return segments(s.cons, n, s.oldSize)
+	}
+	return segments(s.cons, n, s.p.LocalSize)
+}
 
 // Consumed advances the consumer cursor by n bytes the application took.
 func (s *State) Consumed(n uint64) error {
@@ -319,9 +432,15 @@ func (s *State) Receive(m Msg) error {
 	if s.recvd >= s.postedAnnounced {
 		return violation("message without a credit", s.recvd+1, "at most %d announced receive requests", s.postedAnnounced)
 	}
+	if m.Flags&FlagGrow != 0 {
+		return s.receiveGrow(m)
+	}
 	// Receive half: the peer's producer cursor into our ring.
 	if m.Prod < s.peerProd {
 		return violation("producer cursor moved backwards", m.Prod, ">= %d", s.peerProd)
+	}
+	if m.Flags&FlagMoved != 0 && (s.growTo == 0 || s.oldSize != 0) {
+		return violation("MOVED without a GROW, or a second one", m.Prod, "one MOVED after our GROW")
 	}
 	if m.Prod-s.announced > s.p.LocalSize {
 		return violation("producer cursor beyond granted space", m.Prod, "<= %d (announced %d + ring %d)", s.announced+s.p.LocalSize, s.announced, s.p.LocalSize)
@@ -342,10 +461,16 @@ func (s *State) Receive(m Msg) error {
 	if m.Cons < s.peerCons || m.Cons > s.prodSent {
 		return violation("consumer cursor out of range", m.Cons, "in [%d, %d] (announced bytes)", s.peerCons, s.prodSent)
 	}
-	if m.Posted < s.peerPosted || m.Posted-s.p.PeerCredits > s.sent {
-		return violation("credits never granted", m.Posted, "in [%d, %d]", s.peerPosted, s.p.PeerCredits+s.sent)
+	if err := s.checkPosted(m); err != nil {
+		return err
 	}
 	s.recvd++
+	if m.Flags&FlagMoved != 0 {
+		s.movedAt, s.oldSize, s.p.LocalSize = m.Prod, s.p.LocalSize, s.growTo
+		if s.autoThreshold {
+			s.p.Threshold = s.p.LocalSize / 4
+		}
+	}
 	s.peerProd = m.Prod
 	s.peerCons = m.Cons
 	s.peerPosted = m.Posted
@@ -358,6 +483,41 @@ func (s *State) Receive(m Msg) error {
 	if m.Flags&FlagBlocked != 0 {
 		s.peerBlocked = true
 	}
+	return nil
+}
+
+func (s *State) checkPosted(m Msg) error {
+	if m.Posted < s.peerPosted || m.Posted-s.p.PeerCredits > s.sent {
+		return violation("credits never granted", m.Posted, "in [%d, %d]", s.peerPosted, s.p.PeerCredits+s.sent)
+	}
+	return nil
+}
+
+// receiveGrow validates and adopts the peer's GROW: its sequence and
+// credit were checked.
+func (s *State) receiveGrow(m Msg) error {
+	if (m.Flags&FlagFIN != 0) != s.peerFIN {
+		return violation("FIN on a GROW differs from the cursor messages'", uint64(m.Flags), "FIN %v", s.peerFIN)
+	}
+	if s.peerClose {
+		return violation("GROW after CLOSE", uint64(m.Flags), "no GROW")
+	}
+	if s.peerGrowTo != 0 {
+		return violation("a second GROW", uint64(m.SizeLog), "one GROW")
+	}
+	if m.SizeLog >= 64 || m.SizeLog > uint8(log2(MaxRingSize)) || uint64(1)<<m.SizeLog <= s.p.PeerSize {
+		return violation("GROW's ring size out of range", uint64(m.SizeLog), "log2 in (%d, %d]", log2(s.p.PeerSize), log2(MaxRingSize))
+	}
+	size := uint64(1) << m.SizeLog
+	if m.Addr+size < m.Addr {
+		return violation("GROW's ring address overflows", m.Addr, "<= %d", ^uint64(0)-size)
+	}
+	if err := s.checkPosted(m); err != nil {
+		return err
+	}
+	s.recvd++
+	s.peerPosted = m.Posted
+	s.peerGrowTo = size
 	return nil
 }
 
@@ -395,8 +555,13 @@ func (s *State) NeedUpdate() bool {
 
 // String describes the state for debugging.
 func (s *State) String() string {
+	g := ""
+	if s.growTo != 0 || s.peerGrowTo != 0 {
+		g = fmt.Sprintf(" grow{ours to %d moved at %d from %d; peer's to %d moved at %d from %d}",
+			s.growTo, s.movedAt, s.oldSize, s.peerGrowTo, s.peerMovedAt, s.peerOldSize)
+	}
 	return fmt.Sprintf("tx{prod %d sent-prod %d peer-cons %d space %d msgs %d peer-posted %d credits %d fin %v close %v blocked %v} "+
 		"rx{peer-prod %d cons %d announced %d readable %d recvd %d posted %d announced-posted %d fin %v close %v peer-blocked %v}",
 		s.prod, s.prodSent, s.peerCons, s.Space(), s.sent, s.peerPosted, s.Credits(), s.finSent, s.closeSent, s.blockedSent,
-		s.peerProd, s.cons, s.announced, s.Readable(), s.recvd, s.posted, s.postedAnnounced, s.peerFIN, s.peerClose, s.peerBlocked)
+		s.peerProd, s.cons, s.announced, s.Readable(), s.recvd, s.posted, s.postedAnnounced, s.peerFIN, s.peerClose, s.peerBlocked) + g
 }

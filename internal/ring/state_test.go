@@ -1042,9 +1042,17 @@ func checkInvariants(t testing.TB, s *State) {
 	require.LessOrEqual(t, s.recvd, s.postedAnnounced)
 	require.LessOrEqual(t, s.postedAnnounced, s.posted)
 	require.LessOrEqual(t, s.posted-s.recvd, p.LocalCredits)
-	n := s.Readable()
+	n, old := s.ReadableHere()
 	a, b := s.ReadSegments(n)
-	checkSegs(t, s.cons, n, p.LocalSize, a, b)
+	checkSegs(t, s.cons, n, readSize(s, old), a, b)
+	if at, oldSize, moved := s.Moved(); moved {
+		require.Equal(t, p.LocalSize, s.growTo)
+		require.Less(t, oldSize, p.LocalSize)
+		require.Equal(t, s.cons < at, old)
+		require.LessOrEqual(t, at, s.peerProd)
+	} else {
+		require.False(t, old)
+	}
 	n = s.Space()
 	a, b = s.WriteSegments(n)
 	checkSegs(t, s.prod, n, p.PeerSize, a, b)
@@ -1063,6 +1071,16 @@ func checkInvariants(t testing.TB, s *State) {
 		requireUsage(t, &cp, err)
 		require.Equal(t, *s, cp, "refused Next changed the state")
 	}
+}
+
+// readSize is the size of the ring ReadSegments indexes: the old one of
+// a move while the consumer cursor is before the peer's MOVED cursor.
+func readSize(s *State, old bool) uint64 {
+	if old {
+		_, oldSize, _ := s.Moved()
+		return oldSize
+	}
+	return s.p.LocalSize
 }
 
 // Sequence numbers are 32 bits on the wire over 64-bit counters: they wrap.
