@@ -31,6 +31,16 @@ type Config struct {
 	// suffixes). Default 1 MiB.
 	RingSize int
 
+	// RingStart is the receive ring a connection starts with when the peer
+	// follows a ring move (this version does): the ring grows to RingSize,
+	// once, when the peer's writer fills it, so an idle connection pins a
+	// fraction of RingSize (docs/protocol.md §3.11). A power of two from
+	// 4 KiB; RingSize or more means rings start at RingSize. Rings a peer
+	// maps (shm) start at RingSize, as do the rings a version-1 client
+	// registers before it knows the server. Env RSOCK_RING_START.
+	// Default 64 KiB.
+	RingStart int
+
 	// Credits is the number of receive work requests each connection
 	// posts for the peer's state messages (message credits): 4 to 1024.
 	// Env RSOCK_CREDITS. Default 64.
@@ -161,6 +171,7 @@ type Config struct {
 // Defaults.
 const (
 	DefaultRingSize         = 1 << 20
+	DefaultRingStart        = 64 << 10
 	DefaultCredits          = 64
 	DefaultHandshakeTimeout = 5 * time.Second
 	DefaultSniffTimeout     = 200 * time.Millisecond
@@ -194,6 +205,7 @@ type settings struct {
 	transports    []string // accelerated transports, in order ("tcp" removed)
 	fallback      bool     // "tcp" was listed
 	ringSize      int
+	ringStart     int
 	credits       int
 	busyPoll      time.Duration
 	handshake     time.Duration
@@ -292,6 +304,12 @@ func (c *Config) resolve() (*settings, error) {
 	}
 	if rs := uint64(s.ringSize); rs&(rs-1) != 0 || rs < ring.MinRingSize || rs > ring.MaxRingSize {
 		return nil, &ConfigError{Field: "RingSize", Value: strconv.Itoa(s.ringSize), Err: fmt.Errorf("not a power of two from %d to %d", ring.MinRingSize, ring.MaxRingSize)}
+	}
+	if s.ringStart, err = intField("RingStart", cfg.RingStart, "RSOCK_RING_START", DefaultRingStart, parseSize); err != nil {
+		return nil, err
+	}
+	if rs := uint64(s.ringStart); rs&(rs-1) != 0 || rs < ring.MinRingSize || rs > ring.MaxRingSize {
+		return nil, &ConfigError{Field: "RingStart", Value: strconv.Itoa(s.ringStart), Err: fmt.Errorf("not a power of two from %d to %d", ring.MinRingSize, ring.MaxRingSize)}
 	}
 	if s.credits, err = intField("Credits", cfg.Credits, "RSOCK_CREDITS", DefaultCredits, strconv.Atoi); err != nil {
 		return nil, err

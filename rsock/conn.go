@@ -106,10 +106,14 @@ type ConnInfo struct {
 	// notification per message, and almost no background progress.
 	Notifications uint64
 	Background    uint64
-	// Registered is the memory the connection registered with its device
-	// (receive ring, state-message buffers, and on verbs the staging
-	// buffer of the peer's ring size): pinned on verbs; 0 on TCP.
+	// Registered is the memory the connection holds registered with its
+	// device now (receive ring, state-message buffers, and on verbs the
+	// staging buffer of the peer's ring size): pinned on verbs; 0 on TCP.
+	// Rings that start at Config.RingStart hold that size until they grow.
 	Registered int64
+	// RingGrows counts ring moves to a larger ring (Config.RingStart):
+	// the peer moving into ours, and us into the peer's; at most one each.
+	RingGrows uint64
 	// Switches lists, on the switching protocol, when each direction
 	// moved between TCP and a ring and why, and upgrades that did not
 	// happen (From == To), oldest first (at most 16).
@@ -137,6 +141,7 @@ func (c *Conn) Info() ConnInfo {
 		ci.Notifications = st.Notifications.Load()
 		ci.Background = st.Background.Load()
 		ci.Registered = s.Registered()
+		ci.RingGrows = st.RingGrows.Load()
 	}
 	if c.w != nil {
 		ci.BytesRead += c.w.bytesRead.Load()

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -128,6 +129,13 @@ func simOnRing(t testing.TB) (c, s *Conn) {
 	return onRing(t, listen(t, cfg), cfg)
 }
 
+// simOnGrowingRing is simOnRing with rings that grow (growCfg).
+func simOnGrowingRing(t testing.TB) (c, s *Conn) {
+	t.Helper()
+	cfg := growCfg("sim", time.Nanosecond)
+	return onRing(t, listen(t, cfg), cfg)
+}
+
 // simOnTCP connects two ends that stay on TCP until the test kicks the
 // client's upgrade (c.w.kick).
 func simOnTCP(t *testing.T) (c, s *Conn) {
@@ -149,7 +157,9 @@ func bothFailedOver(t *testing.T, c, s *Conn, from string) {
 
 // TestFailoverHashedTransfer: a queue pair forced into error at a random
 // point of a hash-checked transfer, on either side, in one or both
-// directions; the transfer completes over TCP and both ends say so.
+// directions; the transfer completes over TCP and both ends say so. With
+// grow, the rings start small and grow during the transfer, so the
+// failure can come while a move holds bytes in the old ring or staging.
 func TestFailoverHashedTransfer(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)
@@ -158,10 +168,18 @@ func TestFailoverHashedTransfer(t *testing.T) {
 		sizes = append(sizes, 64<<20)
 	}
 	for i, size := range sizes {
-		for _, both := range []bool{false, true} {
-			t.Run(fmt.Sprintf("size=%d/both=%v", size, both), func(t *testing.T) {
-				rng := rand.New(rand.NewPCG(uint64(size), uint64(i)))
-				c, s := simOnRing(t)
+		for j, mode := range []string{"one", "both", "one/grow", "both/grow"} {
+			both, grow := strings.HasPrefix(mode, "both"), strings.HasSuffix(mode, "grow")
+			if grow && size > 8<<20 {
+				continue
+			}
+			t.Run(fmt.Sprintf("size=%d/%s", size, mode), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(size), uint64(i*4+j)))
+				on := simOnRing
+				if grow {
+					on = simOnGrowingRing
+				}
+				c, s := on(t)
 				victim := []*Conn{c, s}[rng.IntN(2)]
 				at := rng.IntN(size)
 				fire := func() { breakRing(victim) }
@@ -352,10 +370,13 @@ func TestFailoverBadResume(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, s := simOnRing(t)
 			// Bytes the server reads on the ring: it reports them consumed.
-			_, err := c.Write(make([]byte, 40_000))
+			// (More than the starting ring holds: the Write returns once
+			// the server read them, or its ring grew.)
+			werr := make(chan error, 1)
+			go func() { _, err := c.Write(make([]byte, 40_000)); werr <- err }()
+			_, err := io.ReadFull(s, make([]byte, 40_000))
 			require.NoError(t, err)
-			_, err = io.ReadFull(s, make([]byte, 40_000))
-			require.NoError(t, err)
+			require.NoError(t, <-werr)
 			// Hold the server's Resume back: its sender is locked.
 			s.w.out.mu.Lock()
 			require.NoError(t, c.w.failover("test"))

@@ -35,21 +35,28 @@ var aLongTimeAgo = time.Unix(1, 0)
 // fallback is not allowed.
 var ErrNoTransport = errors.New("rsock: no transport could be agreed and TCP fallback is not allowed")
 
-func (s *settings) streamOptions() stream.Options {
-	return stream.Options{RingSize: s.ringSize, Credits: s.credits, BusyPoll: s.busyPoll, Failover: s.failover}
+// streamOptions are the endpoint options; with grow (the peer follows a
+// ring move) the ring starts at RingStart and grows to RingSize.
+func (s *settings) streamOptions(grow bool) stream.Options {
+	o := stream.Options{RingSize: s.ringSize, Credits: s.credits, BusyPoll: s.busyPoll, Failover: s.failover, PeerRingLimit: s.peerRingLimit()}
+	if grow && s.ringStart < s.ringSize {
+		o.RingSize, o.GrowTo = s.ringStart, s.ringSize
+	}
+	return o
 }
 
 func (s *settings) openOptions(raw net.Conn) verbs.OpenOptions {
 	return verbs.OpenOptions{LocalAddr: raw.LocalAddr(), RemoteAddr: raw.RemoteAddr(), Device: s.device, Port: s.port, GIDIndex: s.gidIndex, ConnectionManager: s.viaCM, Pool: s.pool, PoolIdle: s.poolIdle}
 }
 
-// newEndpoint prepares an endpoint of the named transport for raw.
-func (s *settings) newEndpoint(name string, raw net.Conn) (*stream.Endpoint, error) {
+// newEndpoint prepares an endpoint of the named transport for raw; grow
+// says the peer follows a ring move.
+func (s *settings) newEndpoint(name string, raw net.Conn, grow bool) (*stream.Endpoint, error) {
 	p, ok := transport.Lookup(name)
 	if !ok {
 		return nil, errNotBuiltIn
 	}
-	opts := s.streamOptions()
+	opts := s.streamOptions(grow)
 	if s.log != discard {
 		opts.Logger = s.log.With(slog.String("transport", name))
 	} else {
@@ -62,11 +69,12 @@ func (s *settings) newEndpoint(name string, raw net.Conn) (*stream.Endpoint, err
 // transport name: it checks the client's ring, connects passively and
 // registers everything the connection needs before the client switches,
 // so that a registration the host refuses is a decline, not an abort.
-func (s *settings) preparePassive(ctx context.Context, name string, raw net.Conn, o handshake.Offer) (*stream.Endpoint, error) {
+// grow says the client follows a ring move (its Hello's FlagGrow).
+func (s *settings) preparePassive(ctx context.Context, name string, raw net.Conn, o handshake.Offer, grow bool) (*stream.Endpoint, error) {
 	if err := s.checkPeerRing(o.Ring); err != nil {
 		return nil, fmt.Errorf("client's ring: %w", err)
 	}
-	e, err := s.newEndpoint(name, raw)
+	e, err := s.newEndpoint(name, raw, grow)
 	if err != nil {
 		return nil, err
 	}
@@ -111,11 +119,15 @@ func (s *settings) checkPeerRing(r handshake.RingInfo) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
-	if limit := max(uint64(s.ringSize), maxPeerRing); r.Size > limit {
+	if limit := s.peerRingLimit(); r.Size > limit {
 		return fmt.Errorf("peer ring of %d bytes is over the limit of %d", r.Size, limit)
 	}
 	return nil
 }
+
+// peerRingLimit is the largest peer ring accepted, in the handshake or
+// in a GROW.
+func (s *settings) peerRingLimit() uint64 { return max(uint64(s.ringSize), maxPeerRing) }
 
 // reasons collects why transports were passed over, for ConnInfo.Reason.
 type reasons []string
@@ -174,7 +186,7 @@ func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, 
 			continue
 		}
 		offer = hello.Offers[i]
-		e, err := s.preparePassive(ctx, name, raw, offer)
+		e, err := s.preparePassive(ctx, name, raw, offer, hello.Flags&handshake.FlagGrow != 0)
 		if err != nil {
 			why.add(name, err)
 			continue
@@ -354,14 +366,16 @@ func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *
 	// Host-local transports are prepared first (the server prefers them
 	// too: serveOrder), and once one is, the others are not: a verbs
 	// endpoint beside shm would cost its registration for nothing.
-	hello := &handshake.Hello{}
+	// Our rings keep their size here: they are registered before the
+	// server says whether it follows a ring move. The server's may grow.
+	hello := &handshake.Hello{Flags: handshake.FlagGrow}
 	local := false
 	for _, name := range localFirst(names) {
 		if local && !hostLocal[name] {
 			why.add(name, errLocalOffered)
 			continue
 		}
-		e, err := s.newEndpoint(name, raw)
+		e, err := s.newEndpoint(name, raw, false)
 		if err != nil {
 			why.add(name, err)
 			continue
@@ -508,7 +522,7 @@ func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net
 				return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 			}
 		}
-		return s.switchConn(network, raw, nil, ts, reason), nil
+		return s.switchConn(network, raw, nil, ts, m.Flags&handshake.UpgradeGrow != 0, reason), nil
 	case *handshake.Decline:
 		// A version-1 server declines offers without rings as
 		// unavailable (a switching one answers Upgrade, and declines a

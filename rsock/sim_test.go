@@ -488,3 +488,95 @@ func checkNoLeaks(t *testing.T, cycles int, cycle func(i int)) {
 	require.True(t, g <= g0+2 && f <= f0+2 && m <= m0, "goroutines %d -> %d, fds %d -> %d, mapped regions %d -> %d", g0, g, f0, f, m0, m)
 	t.Logf("after %d cycles: goroutines %d -> %d, fds %d -> %d, mapped regions %d -> %d", cycles, g0, g, f0, f, m0, m)
 }
+
+// TestSimRingGrows: with rings that start small, a connection holds the
+// small rings until a transfer fills them, then moves both directions to
+// the full rings at exact cursors; the hash-checked stream is intact and
+// ConnInfo shows the moves and the memory held.
+func TestSimRingGrows(t *testing.T) {
+	registerSim(t)
+	for _, tc := range []struct {
+		name string
+		cfg  *Config
+	}{
+		{"switching", growCfg("sim", time.Nanosecond)},
+		// Version 1: the client registers before it knows the server,
+		// so only the server's ring starts small.
+		{"version1", &Config{Transports: []string{"sim"}, RingSize: 64 << 10, RingStart: 4 << 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln := listen(t, tc.cfg)
+			var c, s *Conn
+			if tc.name == "switching" {
+				c, s = onRing(t, ln, tc.cfg)
+			} else {
+				c, s = pipe(t, ln, tc.cfg)
+				t.Cleanup(func() { c.Close(); s.Close() })
+			}
+			slots := int64(DefaultCredits * 64)
+			small, full := int64(4<<10), int64(64<<10)
+			cRing := small
+			if tc.name == "version1" {
+				cRing = full
+			}
+			assert.Equal(t, cRing+slots+small, c.Info().Registered, "client: its ring and staging for the server's")
+			assert.Equal(t, small+slots+cRing, s.Info().Registered)
+
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); streamCheck(t, c, s, 1<<20, 21) }()
+			go func() { defer wg.Done(); streamCheck(t, s, c, 1<<20, 22) }()
+			wg.Wait()
+			grows := uint64(2)
+			if tc.name == "version1" {
+				grows = 1 // the server's ring; the client's started full
+			}
+			for _, x := range []*Conn{c, s} {
+				info := x.Info()
+				assert.Equal(t, grows, info.RingGrows)
+				assert.Equal(t, full+slots+full, info.Registered, "the old rings and staging were released")
+			}
+		})
+	}
+}
+
+// TestSimHostileGrow: a GROW or MOVED that breaks the rules resets the
+// connection with a protocol error (simCfg: no failover).
+func TestSimHostileGrow(t *testing.T) {
+	for name, m := range map[string]ring.Msg{
+		"grow to a smaller ring":       {Flags: ring.FlagGrow, Seq: 1, SizeLog: 12},
+		"grow past the peer's limit":   {Flags: ring.FlagGrow, Seq: 1, SizeLog: 30, Addr: 1 << 20},
+		"grow with FIN before FIN":     {Flags: ring.FlagGrow | ring.FlagFIN, Seq: 1, SizeLog: 20},
+		"moved without a grow":         {Flags: ring.FlagMoved, Seq: 1},
+		"grow whose ring wraps memory": {Flags: ring.FlagGrow, Seq: 1, SizeLog: 20, Addr: ^uint64(0) - 100},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, s := simPipe(t, nil)
+			defer c.Close()
+			defer s.Close()
+			rd := make(chan error, 1)
+			go func() { _, err := s.Read(make([]byte, 10)); rd <- err }()
+			m.Posted = DefaultCredits
+			inject(t, c, m)
+			err := waitErr(t, rd, "Read after a hostile message")
+			assert.ErrorIs(t, err, syscall.ECONNRESET)
+			assert.ErrorIs(t, err, ring.ErrProtocol)
+		})
+	}
+}
+
+// TestShmHostileGrow: a GROW to a side that maps the peer's ring (shm) is
+// a protocol violation: mapped rings never grow.
+func TestShmHostileGrow(t *testing.T) {
+	cfg := &Config{Transports: []string{"shm"}, RingSize: 64 << 10}
+	ln := listen(t, cfg)
+	c, s := pipe(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	rd := make(chan error, 1)
+	go func() { _, err := s.Read(make([]byte, 10)); rd <- err }()
+	inject(t, c, ring.Msg{Flags: ring.FlagGrow, Seq: 1, SizeLog: 20, Posted: DefaultCredits})
+	err := waitErr(t, rd, "Read after a GROW to a mapped ring")
+	assert.ErrorIs(t, err, syscall.ECONNRESET)
+	assert.ErrorIs(t, err, ring.ErrProtocol)
+}

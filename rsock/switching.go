@@ -59,6 +59,7 @@ type swConn struct {
 	space chan struct{} // cap 1: wakes the reader waiting for queue room
 
 	transports []handshake.Transport // client: what the server takes, in our order
+	peerGrows  bool                  // the peer follows a move of our ring (handshake FlagGrow, UpgradeGrow)
 	upStarted  atomic.Bool           // the client's upgrade has begun (kick)
 	parked     atomic.Bool           // the reader waits for the application to make room (tests)
 	upTimer    *time.Timer

@@ -27,6 +27,15 @@ func swCfg(tr string, after time.Duration) *Config {
 	return &Config{Transports: []string{tr, "tcp"}, RingSize: 64 << 10, UpgradeAfter: after}
 }
 
+// growCfg is swCfg with rings that start at 4 KiB and grow to 64 KiB
+// under load (shm's start at 64 KiB), so transfers run across a ring
+// move.
+func growCfg(tr string, after time.Duration) *Config {
+	cfg := swCfg(tr, after)
+	cfg.RingStart = 4 << 10
+	return cfg
+}
+
 // dialAccept dials ln and accepts the other end, without waiting for an
 // upgrade.
 func dialAccept(t testing.TB, ln *Listener, cfg *Config) (client, server *Conn) {

@@ -27,7 +27,7 @@ import (
 // per transport it could set up, with no ring prepared (a version-1 server
 // declines such offers, and the client stays on TCP).
 func switchHello(names []string) *handshake.Hello {
-	h := &handshake.Hello{Flags: handshake.FlagSwitch}
+	h := &handshake.Hello{Flags: handshake.FlagSwitch | handshake.FlagGrow}
 	for _, name := range localFirst(names) {
 		if len(h.Offers) < handshake.MaxOffers {
 			h.Offers = append(h.Offers, handshake.Offer{Transport: mustTransport(name)})
@@ -41,7 +41,7 @@ func switchHello(names []string) *handshake.Hello {
 // connection goes to Accept at once, on TCP.
 // withMagic says the magic has not been sent yet and goes with it.
 func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, withMagic bool) (*Conn, error) {
-	up := &handshake.Upgrade{}
+	up := &handshake.Upgrade{Flags: handshake.UpgradeGrow}
 	for _, name := range s.serveOrder() {
 		t, _ := handshake.TransportByName(name)
 		if _, built := transport.Lookup(name); built && indexOffer(hello.Offers, t) >= 0 {
@@ -68,12 +68,13 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 		raw.Close()
 		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 	}
-	return s.switchConn(l.network, raw, l, up.Transports, reason), nil
+	return s.switchConn(l.network, raw, l, up.Transports, hello.Flags&handshake.FlagGrow != 0, reason), nil
 }
 
 // switchConn makes the Conn of a switching connection on raw and starts it.
-// ln is the listener of a server's connection, nil on the client.
-func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, transports []handshake.Transport, reason string) *Conn {
+// ln is the listener of a server's connection, nil on the client; grow
+// says the peer follows a ring move (Hello FlagGrow, Upgrade UpgradeGrow).
+func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, transports []handshake.Transport, grow bool, reason string) *Conn {
 	_ = raw.SetDeadline(time.Time{})
 	l := label{transport: "tcp", code: CodeUpgrading, reason: reason}
 	if len(transports) == 0 {
@@ -83,6 +84,7 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, tr
 	c.tcp = raw
 	c.w = newSwConn(c, s, raw, ln == nil)
 	c.w.ln = ln
+	c.w.peerGrows = grow
 	if len(transports) == 0 {
 		c.w.stayed = true
 		close(c.w.settled)
@@ -135,7 +137,7 @@ func (w *swConn) clientUpgrade() {
 			why.add(n, errNotSameHost)
 			continue
 		}
-		e, err := s.newEndpoint(n, w.raw)
+		e, err := s.newEndpoint(n, w.raw, w.peerGrows)
 		if err != nil {
 			why.add(n, err)
 			continue
@@ -337,5 +339,5 @@ func (w *swConn) servePrepare(ctx context.Context, o handshake.Offer) (*stream.E
 	if !slices.Contains(w.set.transports, name) {
 		return nil, fmt.Errorf("not allowed here (%s)", w.set.transportList())
 	}
-	return w.set.preparePassive(ctx, name, w.raw, o)
+	return w.set.preparePassive(ctx, name, w.raw, o, w.peerGrows)
 }

@@ -359,19 +359,51 @@ func echoCheck(t *testing.T, c *Conn, size int, seed uint64) {
 	}
 }
 
-// TestVerbsRegisteredBytes: a verbs connection at the default ring
+// TestVerbsRegisteredBytes: a verbs connection at the default settings
 // registers (pins) its ring, its state-message buffers and a staging
-// buffer of the peer's ring size, and ConnInfo says so.
+// buffer of the peer's ring size, at the starting ring size while idle
+// and at the full size once a transfer filled the rings; ConnInfo says
+// so. On the version-1 handshake (no tcp) the client's ring starts full.
 func TestVerbsRegisteredBytes(t *testing.T) {
-	ln := listenVerbs(t, verbsCfg())
-	c, s, err := verbsPipe(t, ln, verbsCfg())
-	require.NoError(t, err)
-	defer c.Close()
-	defer s.Close()
-	want := int64(2*DefaultRingSize + DefaultCredits*64)
-	assert.Equal(t, want, c.Info().Registered)
-	assert.Equal(t, want, s.Info().Registered)
-	t.Logf("registered (pinned) per verbs connection at the default ring: %d KiB", want>>10)
+	slots := int64(DefaultCredits * 64)
+	small, full := int64(DefaultRingStart), int64(DefaultRingSize)
+	for _, tc := range []struct {
+		name       string
+		transports []string
+		client     int64 // the client's ring while idle
+	}{
+		{"default", []string{"verbs", "tcp"}, small},
+		{"version1", []string{"verbs"}, full},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := verbsCfg()
+			cfg.Transports = tc.transports
+			ln := listenVerbs(t, cfg)
+			var c, s *Conn
+			if tc.name == "default" {
+				c, s = onRing(t, ln, cfg)
+			} else {
+				var err error
+				c, s, err = verbsPipe(t, ln, cfg)
+				require.NoError(t, err)
+				t.Cleanup(func() { c.Close(); s.Close() })
+			}
+			idle := tc.client + slots + small
+			assert.Equal(t, idle, c.Info().Registered)
+			assert.Equal(t, idle, s.Info().Registered)
+			t.Logf("%s: registered (pinned) per idle verbs connection: %d KiB", tc.name, idle>>10)
+
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); streamCheck(t, c, s, 2<<20, 31) }()
+			go func() { defer wg.Done(); streamCheck(t, s, c, 2<<20, 32) }()
+			wg.Wait()
+			for _, x := range []*Conn{c, s} {
+				assert.Equal(t, 2*full+slots, x.Info().Registered, "grown, with the old rings released")
+			}
+			t.Logf("%s: after 2 MiB each way: %d KiB, ring moves %d and %d", tc.name, c.Info().Registered>>10, c.Info().RingGrows, s.Info().RingGrows)
+		})
+	}
 }
 
 // TestVerbsMemlockBudget: a process that reaches RLIMIT_MEMLOCK (a client

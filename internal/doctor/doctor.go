@@ -194,14 +194,15 @@ func memlock(w io.Writer) {
 		fmt.Fprintf(w, "  RLIMIT_MEMLOCK: %v\n", err)
 		return
 	}
-	ring := rsock.DefaultRingSize
-	perConn := uint64(2 * ring) // the receive ring and the staging buffer
+	// The receive ring and the staging buffer: at the start size while
+	// idle, at the full size once grown.
+	idle, busy := uint64(2*rsock.DefaultRingStart), uint64(2*rsock.DefaultRingSize)
 	if lim.Cur == unix.RLIM_INFINITY {
-		fmt.Fprintf(w, "  RLIMIT_MEMLOCK: unlimited (a verbs connection pins about %d KiB at the default ring)\n", perConn>>10)
+		fmt.Fprintf(w, "  RLIMIT_MEMLOCK: unlimited (a verbs connection pins about %d KiB idle, %d KiB once its rings grew)\n", idle>>10, busy>>10)
 		return
 	}
-	fmt.Fprintf(w, "  RLIMIT_MEMLOCK: %d KiB: room for about %d verbs connections at the default ring (%d KiB pinned each)\n",
-		lim.Cur>>10, lim.Cur/perConn, perConn>>10)
+	fmt.Fprintf(w, "  RLIMIT_MEMLOCK: %d KiB: room for about %d idle verbs connections (%d KiB pinned each), %d busy ones (%d KiB)\n",
+		lim.Cur>>10, lim.Cur/idle, idle>>10, lim.Cur/busy, busy>>10)
 }
 
 // selfTest connects to a listener of this process over transport alone

@@ -62,6 +62,17 @@ const (
 	// TCP and moves to a ring later. A server that does not know it ignores
 	// it (and sees offers without prepared rings, which it declines).
 	FlagSwitch uint16 = 1 << 0
+	// FlagGrow says the client follows a move of the server's ring: the
+	// server's ring may start small and grow (GROW and MOVED state
+	// messages, docs/protocol.md §3.11).
+	FlagGrow uint16 = 1 << 1
+)
+
+// Upgrade flags.
+const (
+	// UpgradeGrow says the server follows a move of the client's ring, as
+	// FlagGrow says of the client.
+	UpgradeGrow uint16 = 1 << 0
 )
 
 func (t Type) String() string {

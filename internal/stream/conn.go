@@ -37,8 +37,11 @@ type Conn struct {
 	inline int          // QP's MaxInline
 	peek   verbs.Peeker // nil if the queue cannot tell cheaply whether a poll would find anything
 
-	rd recvHalf // Read, CopyTo, CloseRead (recv.go)
-	wr sendHalf // Write, CloseWrite (send.go)
+	rd   recvHalf // Read, CopyTo, CloseRead (recv.go)
+	wr   sendHalf // Write, CloseWrite (send.go)
+	grow growth   // ring growth (grow.go); guarded by mu
+	// ringSize is our receive ring's size now (it changes when it grows).
+	ringSize atomic.Int64
 
 	// Waiting (waiter.go): the entry the queue's notification wakes
 	// (changed under mu); whether a background progress goroutine is on
@@ -83,6 +86,11 @@ type Stats struct {
 	// progress.
 	Notifications atomic.Uint64
 	Background    atomic.Uint64
+	// RingGrows counts ring moves (grow.go): the peer moving into our
+	// larger ring, and us moving into the peer's. GrowFailures counts
+	// registrations for a move that failed (the rings keep their size).
+	RingGrows    atomic.Uint64
+	GrowFailures atomic.Uint64
 }
 
 // Start turns a connected Endpoint into a Conn. peer is the peer's ring from
@@ -108,6 +116,7 @@ func (e *Endpoint) Start(peer Ring, boot Bootstrap) (*Conn, error) {
 		done:   make(chan struct{}),
 		linger: -1,
 	}
+	c.ringSize.Store(int64(e.opts.RingSize))
 	c.rd.e.init(evRead, c.done)
 	c.wr.e.init(evWrite, c.done)
 	c.rd.dl.Init()
@@ -201,14 +210,20 @@ func wake(ch chan struct{}) {
 // or hostile messages underneath the protocol.
 func (c *Conn) QP() verbs.QP { return c.ep.qp }
 
-// Registered reports the bytes of memory the Conn registered with its
-// device: the receive ring, the state-message buffers, and the staging
-// buffer for WRITEs (the peer's ring size) where the peer's ring is not
-// mapped here. On RDMA devices they are pinned for the Conn's life.
+// Registered reports the bytes of memory the Conn holds registered with
+// its device now: the receive ring, the state-message buffers, the
+// staging buffer for WRITEs (the peer's ring size) where the peer's ring
+// is not mapped here, and while a ring grows the other ring or staging
+// (grow.go). On RDMA devices they are pinned.
 func (c *Conn) Registered() int64 {
-	n := int64(c.opts.RingSize + c.opts.Credits*slotSize)
-	if c.ep.stage != nil {
-		n += int64(c.peer.Size)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.ep
+	var n int64
+	for _, mr := range []verbs.MR{e.ring, e.slots, e.stage, e.nextRing, e.oldRing, e.nextStage, e.oldStage} {
+		if mr != nil {
+			n += int64(len(mr.Bytes()))
+		}
 	}
 	return n
 }
@@ -217,7 +232,7 @@ func (c *Conn) Registered() int64 {
 // the peer, not yet consumed) and the ring's size. It does not wait for
 // the connection's lock: readable is -1 when a call holds it.
 func (c *Conn) Occupancy() (readable, size int64) {
-	size = int64(c.opts.RingSize)
+	size = c.ringSize.Load()
 	if !c.mu.TryLock() {
 		return -1, size
 	}

@@ -124,14 +124,10 @@ func (c *Conn) Detach() (Leftover, error) {
 	c.progressLocked() // announcements that arrived before the failure
 	lo := Leftover{Received: c.st.PeerProd(), Sent: c.st.Prod(), FIN: c.wr.shut}
 	if from := c.st.Cons() + c.rd.taken + c.rd.copying; !c.rd.shut && from < lo.Received {
-		lo.Unread = copyOut(c.ep.ring.Bytes(), from, lo.Received)
+		lo.Unread = c.receivedLocked(from, lo.Received)
 	}
 	if from := c.st.PeerCons(); from < lo.Sent {
-		src := c.direct
-		if src == nil {
-			src = c.ep.stage.Bytes()[:c.peer.Size]
-		}
-		lo.Unacked = copyOut(src, from, lo.Sent)
+		lo.Unacked = c.sentLocked(from, lo.Sent)
 	}
 	c.life = lifeClosed
 	close(c.done)

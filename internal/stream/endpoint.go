@@ -35,6 +35,15 @@ type Options struct {
 	// Failover hands a transport failure to the Bootstrap, if it is a
 	// Mover, instead of resetting the Conn (detach.go).
 	Failover bool
+	// GrowTo is the size the receive ring grows to, once, when the peer's
+	// writer fills it (grow.go): a power of two above RingSize, or 0 for
+	// a ring that keeps its size. Set it only when the peer follows a
+	// ring move (the handshake says so). Rings the peer maps (shm) never
+	// grow.
+	GrowTo int
+	// PeerRingLimit is the largest ring a peer's GROW may offer (staging
+	// of that size is registered for it); 0 means ring.MaxRingSize.
+	PeerRingLimit uint64
 }
 
 // Ring describes a receive ring to the peer.
@@ -51,12 +60,17 @@ type Endpoint struct {
 	dev   verbs.Device
 	cq    verbs.CQ
 	qp    verbs.QP
-	ring  verbs.MR             // our receive ring: the peer writes into it
-	slots verbs.MR             // receive buffers for state messages
-	stage verbs.MR             // staging for WRITEs into the peer's ring (Prepare), unless the peer's memory is mapped
-	owned bool                 // resources not yet handed to a Conn
-	rwr   verbs.RecvWR         // reused by postSlot (callers serialise): no allocation per post
-	conn  atomic.Pointer[Conn] // the Conn the CQ's notifications go to, once started
+	ring  verbs.MR // our receive ring: the peer writes into it
+	slots verbs.MR // receive buffers for state messages
+	stage verbs.MR // staging for WRITEs into the peer's ring (Prepare), unless the peer's memory is mapped
+	// A ring move (grow.go): our ring offered and not moved into yet, and
+	// the old one until its bytes are consumed; staging for the peer's
+	// new ring until we move, and the old staging until its bytes are
+	// acknowledged. Guarded by the Conn's mutex.
+	nextRing, oldRing, nextStage, oldStage verbs.MR
+	owned                                  bool                 // resources not yet handed to a Conn
+	rwr                                    verbs.RecvWR         // reused by postSlot (callers serialise): no allocation per post
+	conn                                   atomic.Pointer[Conn] // the Conn the CQ's notifications go to, once started
 }
 
 // NewEndpoint opens a device from p and prepares a queue pair, the receive
@@ -70,6 +84,9 @@ func NewEndpoint(p verbs.Provider, oo verbs.OpenOptions, opts Options) (_ *Endpo
 	}
 	if rs := uint64(opts.RingSize); rs&(rs-1) != 0 || rs < ring.MinRingSize || rs > ring.MaxRingSize {
 		return nil, fmt.Errorf("stream: ring size %d is not a power of two in [%d, %d]", opts.RingSize, ring.MinRingSize, ring.MaxRingSize)
+	}
+	if g := uint64(opts.GrowTo); g != 0 && (g&(g-1) != 0 || g <= uint64(opts.RingSize) || g > ring.MaxRingSize) {
+		return nil, fmt.Errorf("stream: ring growth to %d is not a power of two in (%d, %d]", opts.GrowTo, opts.RingSize, ring.MaxRingSize)
 	}
 	e := &Endpoint{opts: opts, owned: true}
 	defer func() {
@@ -85,14 +102,19 @@ func NewEndpoint(p verbs.Provider, oo verbs.OpenOptions, opts Options) (_ *Endpo
 	if e.cq, err = e.dev.NewCQ(opts.SendDepth+opts.Credits, e.notify); err != nil {
 		return nil, fmt.Errorf("stream: completion queue: %w", err)
 	}
-	if e.ring, err = e.dev.AllocMR(opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+	if e.qp, err = e.dev.NewQP(verbs.QPAttr{CQ: e.cq, SendDepth: opts.SendDepth, RecvDepth: opts.Credits, MaxInline: ring.MsgLen}); err != nil {
+		return nil, fmt.Errorf("stream: queue pair: %w", err)
+	}
+	if _, mapped := e.qp.(verbs.RemoteMapper); mapped && opts.GrowTo != 0 {
+		// The peer maps our ring and cannot map one registered later:
+		// it starts at the size it would grow to.
+		e.opts.RingSize, e.opts.GrowTo = opts.GrowTo, 0
+	}
+	if e.ring, err = e.dev.AllocMR(e.opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 		return nil, fmt.Errorf("stream: receive ring: %w", err)
 	}
 	if e.slots, err = e.dev.AllocMR(opts.Credits*slotSize, verbs.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("stream: receive buffers: %w", err)
-	}
-	if e.qp, err = e.dev.NewQP(verbs.QPAttr{CQ: e.cq, SendDepth: opts.SendDepth, RecvDepth: opts.Credits, MaxInline: ring.MsgLen}); err != nil {
-		return nil, fmt.Errorf("stream: queue pair: %w", err)
 	}
 	for i := range opts.Credits {
 		if err = e.postSlot(i); err != nil {
@@ -178,7 +200,7 @@ func (e *Endpoint) release(drain func()) {
 	if e.cq != nil {
 		_ = e.cq.Close()
 	}
-	for _, mr := range []verbs.MR{e.ring, e.slots, e.stage} {
+	for _, mr := range []verbs.MR{e.ring, e.slots, e.stage, e.nextRing, e.oldRing, e.nextStage, e.oldStage} {
 		if mr != nil {
 			_ = mr.Close()
 		}

@@ -75,6 +75,9 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) event {
 		return evRead | evWrite
 	}
 	c.stats.MsgsRecv.Add(1)
+	if m.Flags&ring.FlagMoved != 0 {
+		c.peerMovedLocked() // whatever else happens: the state says so
+	}
 	if c.life >= lifeClosing || c.err != nil {
 		return evRead | evWrite
 	}
@@ -84,6 +87,12 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) event {
 	}
 	if err := c.st.Reposted(); err != nil {
 		c.failLocked(err)
+	}
+	switch {
+	case m.Flags&ring.FlagGrow != 0:
+		c.peerGrowLocked(m)
+	case m.Flags&ring.FlagBlocked != 0:
+		c.maybeGrowLocked()
 	}
 	if c.rd.shut && !c.rd.lent {
 		// Nobody will read: consume and discard so the peer is not stalled
@@ -154,13 +163,18 @@ func (c *Conn) sendLocked(extra ring.Flags, signal bool) {
 	if err != nil {
 		return
 	}
-	m.Marshal(c.msgBuf[:])
 	// The message of a writer blocked for message credits is solicited: it
 	// reaches the peer even when the peer is idle (waiter.go), since only
 	// the peer's progress (its receive buffers posted again) frees them. A
 	// writer blocked for ring space waits for the peer's application to
 	// read, which answers it then.
-	c.swr = verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:], Solicited: extra&ring.FlagBlocked != 0 && !c.st.CanSendData()}
+	c.postMsgLocked(&m, signal, extra&ring.FlagBlocked != 0 && !c.st.CanSendData())
+}
+
+// postMsgLocked posts m, which ring.State recorded as sent, inline.
+func (c *Conn) postMsgLocked(m *ring.Msg, signal, solicited bool) {
+	m.Marshal(c.msgBuf[:])
+	c.swr = verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:], Solicited: solicited}
 	if err := c.postLocked(&c.swr, signal); err != nil {
 		c.suspectLocked(reset("posting a state message", err))
 		return
@@ -174,6 +188,7 @@ func (c *Conn) sendLocked(extra ring.Flags, signal bool) {
 // flushLocked sends what we owe the peer: written bytes not yet announced,
 // and the updates ring.State.NeedUpdate asks for.
 func (c *Conn) flushLocked() {
+	c.growLocked()
 	if c.st.Unannounced() > 0 && c.st.CanSendData() || c.st.FINPending() && c.life < lifeClosing || c.st.NeedUpdate() {
 		c.sendLocked(0, false)
 	}

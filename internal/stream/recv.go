@@ -59,6 +59,7 @@ type recvHalf struct {
 	base  uint64 // consumer cursor (ring.State.Cons) when the lease was taken or last reported
 	lease uint64 // bytes from base lent to Reads
 	taken uint64 // bytes of the lease copied out, not yet reported
+	mem   []byte // the ring that holds the lease (one ring: a lease never spans a move, grow.go)
 }
 
 // leaseReportShift sets how many bytes, as a fraction of the ring, lease
@@ -136,12 +137,13 @@ func (c *Conn) awaitLeaseLocked(zero bool) error {
 // (which takes what became readable since as the new lease). It stops early once
 // rd.stop is set.
 func (c *Conn) readLease(b []byte) (uint64, error) {
-	mem := c.ep.ring.Bytes()
-	size := uint64(len(mem))
-	chunk := max(size/4, 1)
-	report := max(size>>leaseReportShift, 1)
 	var done uint64
 	for done < uint64(len(b)) && c.rd.lease > c.rd.taken {
+		// The lease's ring changes only with the lease (a ring that grew).
+		mem := c.rd.mem
+		size := uint64(len(mem))
+		chunk := max(size/4, 1)
+		report := max(size>>leaseReportShift, 1)
 		n := min(uint64(len(b))-done, c.rd.lease-c.rd.taken, chunk)
 		// The peer does not write these bytes again until we report them
 		// consumed, and nothing else consumes them while lent, so the copy
@@ -191,7 +193,9 @@ func (c *Conn) syncLeaseLocked() error {
 		_ = c.st.Consumed(c.st.Readable())
 		c.rd.lease = 0
 	} else {
-		c.rd.lease = c.st.Readable()
+		var old bool
+		c.rd.lease, old = c.st.ReadableHere()
+		c.rd.mem = c.ringMemLocked(old)
 	}
 	c.rd.base = c.st.Cons()
 	c.rd.lent = c.rd.lease > 0
@@ -252,8 +256,6 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	defer c.exit()
 	c.rd.mu.Lock()
 	defer c.rdUnlock()
-	mem := c.ep.ring.Bytes()
-	chunk := max(uint64(len(mem))/4, 1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// A lease of earlier Reads comes back first: this reads the ring
@@ -275,8 +277,9 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 		case errors.Is(c.err, ErrMoving):
 			return n, c.err, nil // the rest is Detach's
 		}
-		if avail := c.st.Readable(); avail > 0 {
-			s1, s2 := c.st.ReadSegments(min(avail, chunk))
+		if avail, old := c.st.ReadableHere(); avail > 0 {
+			mem := c.ringMemLocked(old)
+			s1, s2 := c.st.ReadSegments(min(avail, max(uint64(len(mem))/4, 1)))
 			c.rd.lent = true
 			c.rd.copying = s1.Len + s2.Len
 			c.mu.Unlock()

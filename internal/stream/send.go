@@ -18,6 +18,10 @@ type sendHalf struct {
 	dl   deadline.Deadline
 	spin spinCtl // guarded by mu
 	shut bool    // CloseWrite was called; guarded by Conn.mu
+	// chunk: a Write copies a chunk outside Conn.mu, to the destination
+	// it computed; the writing does not move to a new ring meanwhile
+	// (grow.go). Guarded by Conn.mu.
+	chunk bool
 }
 
 // Write writes all of b unless an error stops it first; it returns how many
@@ -72,6 +76,8 @@ func (c *Conn) Write(b []byte) (int, error) {
 		n := min(uint64(len(b)-written), space, max(c.peer.Size/4, 1))
 		s1, s2 := c.st.WriteSegments(n)
 		chunk := b[written : written+int(n)]
+		stage := c.ep.stage
+		c.wr.chunk = true
 		c.mu.Unlock()
 		// Copy outside the lock: only this writer moves the producer cursor,
 		// and the peer has released this space. Bytes small enough to go
@@ -81,11 +87,12 @@ func (c *Conn) Write(b []byte) (int, error) {
 			copy(c.direct[s1.Off:s1.Off+s1.Len], chunk)
 			copy(c.direct[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
 		} else {
-			st := c.ep.stage.Bytes()
+			st := stage.Bytes()
 			copy(st[s1.Off:s1.Off+s1.Len], chunk)
 			copy(st[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
 		}
 		c.mu.Lock()
+		c.wr.chunk = false
 		if err := c.writeErrLocked(); err != nil {
 			return written, err
 		}
@@ -104,7 +111,10 @@ func (c *Conn) Write(b []byte) (int, error) {
 		}
 		written += int(n)
 		c.stats.BytesWritten.Add(n)
-		if c.st.CanSendData() {
+		if c.ep.nextStage != nil {
+			c.growLocked() // a move waits for no chunk in flight; its message announces these bytes
+		}
+		if c.st.Unannounced() > 0 && c.st.CanSendData() {
 			c.sendLocked(0, false)
 		}
 	}

@@ -1,0 +1,193 @@
+package stream
+
+import (
+	"fmt"
+
+	"github.com/rdmanet/rdmanet/internal/ring"
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
+
+// Growing rings (docs/protocol.md §3.11).
+//
+// A Conn's receive ring starts at Options.RingSize. With Options.GrowTo it
+// grows once, to GrowTo, when the peer's writer is held back by it: a
+// BLOCKED arrives while at least half the ring waits to be read. The new
+// ring is registered off the callers' path (allocRing), offered in a GROW
+// message, and the peer moves its writing into it with a MOVED message:
+// the peer's bytes before that message's producer cursor are in the old
+// ring, later ones in the new. Reads take the old ring's bytes first, and
+// leases never span both (ring.State.ReadableHere); the old ring is
+// released once every byte in it was consumed.
+//
+// The other way, a GROW from the peer makes this side register staging
+// of the new size (allocStage) and then move, with the first message it
+// can send while no Write copies a chunk (moveLocked): from then on
+// Space, WriteSegments and the WRITEs' destination are the new ring's.
+// The old staging is kept until the peer acknowledged every byte in it (a
+// failover sends unacknowledged bytes again, detach.go), then released.
+//
+// Rings mapped into the peer (verbs.RemoteMapper, shm) never grow: the
+// peer cannot map a region registered after the connection was set up,
+// and a GROW to such a side is a protocol violation.
+
+// growth is a Conn's state of both rings' growth; guarded by Conn.mu.
+type growth struct {
+	asked   bool // our ring's growth started (allocRing ran or runs)
+	offered bool // our GROW went out
+	// peer is the ring the peer's GROW offered; staging for it is
+	// registered (Endpoint.nextStage) before we move.
+	peer Ring
+}
+
+// maybeGrowLocked starts our ring's growth if the peer's writer is held
+// back by it; called when a BLOCKED arrives.
+func (c *Conn) maybeGrowLocked() {
+	if c.opts.GrowTo == 0 || c.grow.asked || c.life != lifeOpen || c.err != nil || c.rd.shut {
+		return
+	}
+	if c.st.Readable() < uint64(c.opts.RingSize)/2 {
+		return // blocked for message credits, not for ring space
+	}
+	c.grow.asked = true
+	c.loops.Add(1) // release waits for it
+	go c.allocRing()
+}
+
+// allocRing registers the larger ring and offers it.
+func (c *Conn) allocRing() {
+	defer c.loops.Done()
+	mr, err := c.ep.dev.AllocMR(c.opts.GrowTo, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		// The ring keeps its size: the connection works as before.
+		c.stats.GrowFailures.Add(1)
+		return
+	}
+	if c.life != lifeOpen || c.err != nil {
+		_ = mr.Close()
+		return
+	}
+	c.ep.nextRing = mr
+	c.growLocked()
+}
+
+// allocStage registers staging for the ring the peer's GROW offered.
+func (c *Conn) allocStage(size uint64) {
+	defer c.loops.Done()
+	mr, err := c.ep.dev.AllocMR(int(size), verbs.AccessLocalWrite)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		// We stay in the old ring; the peer's new one goes unused.
+		c.stats.GrowFailures.Add(1)
+		return
+	}
+	if c.life != lifeOpen || c.err != nil {
+		_ = mr.Close()
+		return
+	}
+	c.ep.nextStage = mr
+	c.growLocked()
+}
+
+// peerMovedLocked handles the peer's MOVED, accepted by ring.State: its
+// bytes from the message's producer cursor on are in the ring our GROW
+// offered.
+func (c *Conn) peerMovedLocked() {
+	c.ep.oldRing, c.ep.ring, c.ep.nextRing = c.ep.ring, c.ep.nextRing, nil
+	c.ringSize.Store(int64(c.st.Params().LocalSize))
+	c.stats.RingGrows.Add(1)
+}
+
+// peerGrowLocked handles the peer's GROW, accepted by ring.State.
+func (c *Conn) peerGrowLocked(m ring.Msg) {
+	size := c.st.PeerGrowing()
+	limit := c.opts.PeerRingLimit
+	if limit == 0 {
+		limit = ring.MaxRingSize
+	}
+	if c.direct != nil || size > limit {
+		c.transportFailedLocked(reset("peer broke the protocol", fmt.Errorf("%w: a GROW to %d bytes (mapped ring: %v, limit %d)", ring.ErrProtocol, size, c.direct != nil, limit)))
+		return
+	}
+	c.grow.peer = Ring{Size: size, Addr: m.Addr, RKey: m.RKey, Credits: c.peer.Credits}
+	c.loops.Add(1)
+	go c.allocStage(size)
+}
+
+// growLocked moves growth along: it offers our new ring once registered,
+// moves our writing once the peer's new ring has staging, and releases an
+// old ring or staging once nothing in it is needed.
+func (c *Conn) growLocked() {
+	e := c.ep
+	if e.nextRing == nil && e.nextStage == nil && e.oldRing == nil && e.oldStage == nil {
+		return
+	}
+	ok := c.err == nil && c.life == lifeOpen && !c.st.PeerClosed() && c.sqFreeLocked() > 0
+	if e.nextRing != nil && !c.grow.offered && ok && !c.rd.shut && c.st.CanSendControl() {
+		if m, err := c.st.Grow(uint64(c.opts.GrowTo), e.nextRing.Addr(), e.nextRing.RKey()); err == nil {
+			c.grow.offered = true
+			c.postMsgLocked(&m, false, false)
+		}
+	}
+	if e.nextStage != nil && !c.wr.chunk && ok && c.st.CanSendControl() {
+		if m, err := c.st.Next(ring.FlagMoved); err == nil {
+			e.oldStage, e.stage, e.nextStage = e.stage, e.nextStage, nil
+			c.peer = c.grow.peer
+			c.stats.RingGrows.Add(1)
+			c.postMsgLocked(&m, false, false)
+			c.wakeLocked(evWrite) // a writer waiting for space has more now
+		}
+	}
+	if at, _, moved := c.st.Moved(); moved && e.oldRing != nil && c.st.Cons() >= at {
+		_ = e.oldRing.Close()
+		e.oldRing = nil
+	}
+	if at, _, moved := c.st.PeerMoved(); moved && e.oldStage != nil && c.st.PeerCons() >= at {
+		_ = e.oldStage.Close()
+		e.oldStage = nil
+	}
+}
+
+// ringMemLocked is the memory of our ring that holds the consumer cursor:
+// the old one of a move (old, from ring.State.ReadableHere) or the
+// current one.
+func (c *Conn) ringMemLocked(old bool) []byte {
+	if old {
+		return c.ep.oldRing.Bytes()
+	}
+	return c.ep.ring.Bytes()
+}
+
+// receivedLocked copies the peer's bytes [from, to) out of our ring, or
+// out of both rings of a move.
+func (c *Conn) receivedLocked(from, to uint64) []byte {
+	at, _, moved := c.st.Moved()
+	if !moved || from >= at {
+		return copyOut(c.ep.ring.Bytes(), from, to)
+	}
+	b := copyOut(c.ep.oldRing.Bytes(), from, min(to, at))
+	if to > at {
+		b = append(b, copyOut(c.ep.ring.Bytes(), at, to)...)
+	}
+	return b
+}
+
+// sentLocked copies our bytes [from, to) out of what holds them: the
+// peer's mapped ring, or the staging (both stagings of a move).
+func (c *Conn) sentLocked(from, to uint64) []byte {
+	if c.direct != nil {
+		return copyOut(c.direct, from, to)
+	}
+	cur := c.ep.stage.Bytes()[:c.peer.Size]
+	at, oldSize, moved := c.st.PeerMoved()
+	if !moved || from >= at {
+		return copyOut(cur, from, to)
+	}
+	b := copyOut(c.ep.oldStage.Bytes()[:oldSize], from, min(to, at))
+	if to > at {
+		b = append(b, copyOut(cur, at, to)...)
+	}
+	return b
+}
