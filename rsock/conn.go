@@ -113,7 +113,10 @@ type ConnInfo struct {
 	Registered int64
 	// RingGrows counts ring moves to a larger ring (Config.RingStart):
 	// the peer moving into ours, and us into the peer's; at most one each.
-	RingGrows uint64
+	// RingGrowFailures counts registrations for such a move that the host
+	// refused (RLIMIT_MEMLOCK): the rings then keep their size.
+	RingGrows        uint64
+	RingGrowFailures uint64
 	// Switches lists, on the switching protocol, when each direction
 	// moved between TCP and a ring and why, and upgrades that did not
 	// happen (From == To), oldest first (at most 16).
@@ -142,6 +145,7 @@ func (c *Conn) Info() ConnInfo {
 		ci.Background = st.Background.Load()
 		ci.Registered = s.Registered()
 		ci.RingGrows = st.RingGrows.Load()
+		ci.RingGrowFailures = st.GrowFailures.Load()
 	}
 	if c.w != nil {
 		ci.BytesRead += c.w.bytesRead.Load()

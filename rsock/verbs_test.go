@@ -433,11 +433,40 @@ func TestVerbsMemlockBudget(t *testing.T) {
 	d.Close()
 	t.Logf("registering %d bytes with RLIMIT_MEMLOCK at %d: %v", 2*limit, limit, err)
 
-	cfg := &Config{Transports: []string{"verbs", "tcp"}, ProbeTimeout: 30 * time.Second, SniffTimeout: 30 * time.Second}
+	// Rings that start small and cannot grow: a connection pins 132 KiB
+	// per end, and the registrations for the larger rings fail. The
+	// stream goes on in the small rings, and says so.
+	ibverbs.DrainPools()
+	small := &Config{Transports: []string{"verbs", "tcp"}, ProbeTimeout: 30 * time.Second, SniffTimeout: 30 * time.Second}
+	{
+		require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: 1 << 20, Max: old.Max}))
+		ln := listenVerbs(t, small)
+		c, s := onRing(t, ln, small)
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); streamCheck(t, c, s, 1<<20, 41) }()
+		go func() { defer wg.Done(); streamCheck(t, s, c, 1<<20, 42) }()
+		wg.Wait()
+		for _, x := range []*Conn{c, s} {
+			info := x.Info()
+			assert.Equal(t, "verbs", info.Transport)
+			assert.Zero(t, info.RingGrows)
+			assert.Positive(t, info.RingGrowFailures, "the refused registration is counted")
+			assert.Equal(t, int64(2*DefaultRingStart+DefaultCredits*64), info.Registered)
+		}
+		c.Close()
+		s.Close()
+		ln.Close()
+		require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: limit, Max: old.Max}))
+	}
+
+	// Rings that start full: each connection pins about 4 MiB in this
+	// process, so the second already passes the limit.
+	cfg := &Config{Transports: []string{"verbs", "tcp"}, RingStart: DefaultRingSize, ProbeTimeout: 30 * time.Second, SniffTimeout: 30 * time.Second}
 	ln, err := (&ListenConfig{Config: cfg}).Listen(context.Background(), "tcp", net.JoinHostPort(ip, "0"))
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
-	const conns = 6 // each pins about 4 MiB at the default ring: the second already passes the limit
+	const conns = 6
 	byTransport := map[string]int{}
 	for i := range conns {
 		c, s := pipe(t, ln.(*Listener), cfg)

@@ -203,6 +203,7 @@ func (r *Report) Headline() Table {
 		add("RSS per idle conn, server, KiB"+p, u, MetricRSSServer, false)
 		add("OS threads, client"+p, u, MetricThreadsClient, false)
 		add("OS threads, server"+p, u, MetricThreadsServer, false)
+		add("registered (pinned on verbs) per idle conn, client, KiB"+p, u, MetricPinnedClient, false)
 	}
 	return t
 }

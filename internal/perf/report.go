@@ -150,7 +150,7 @@ func aggregate(plan []Unit, modes []string, repeats int, samples []sample) (resu
 // metricOrder sorts metrics as they are shown.
 func metricOrder(m string) int {
 	for i, x := range []string{MetricRate, MetricGBps, MetricCPUPerGB, MetricP50, MetricP90, MetricP99, MetricP999, MetricMax,
-		MetricConns, MetricRSSClient, MetricRSSServer, MetricVSZClient, MetricVSZServer, MetricFDsClient, MetricFDsServer, MetricThreadsClient, MetricThreadsServer} {
+		MetricConns, MetricRSSClient, MetricRSSServer, MetricVSZClient, MetricVSZServer, MetricFDsClient, MetricFDsServer, MetricThreadsClient, MetricThreadsServer, MetricPinnedClient} {
 		if x == m {
 			return i
 		}

@@ -129,7 +129,7 @@ var sections = []section{
 	{"Many connections doing 64-byte ping-pong at once", WConns, []string{MetricRate, MetricP50, MetricP99}},
 	{"net/http GET, c connections and callers", WHTTP, []string{MetricRate, MetricP50, MetricP99}},
 	{"gRPC unary EmptyCall, c connections and callers", WGRPC, []string{MetricRate, MetricP50, MetricP99}},
-	{"Idle connections", WIdle, []string{MetricRSSClient, MetricRSSServer, MetricVSZClient, MetricVSZServer, MetricFDsClient, MetricFDsServer, MetricThreadsClient, MetricThreadsServer}},
+	{"Idle connections", WIdle, []string{MetricRSSClient, MetricRSSServer, MetricVSZClient, MetricVSZServer, MetricFDsClient, MetricFDsServer, MetricThreadsClient, MetricThreadsServer, MetricPinnedClient}},
 }
 
 // Tables lays the report out: per section, one row per unit and metric,

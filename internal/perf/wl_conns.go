@@ -8,6 +8,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/rdmanet/rdmanet/rsock"
 )
 
 // setupRate: one connection after another: dial (with rsock's handshake),
@@ -127,7 +129,9 @@ func manyConns(ctx context.Context, t *Target, n int, d time.Duration) (Measurem
 
 // idleConns: open n connections that then do nothing, and measure what
 // they cost both processes: RSS and mapped memory per connection (after a
-// garbage collection on each side), fds per connection, OS threads.
+// garbage collection on each side), fds per connection, OS threads, and
+// the client's memory registered with the device per connection (pinned,
+// on verbs).
 func idleConns(ctx context.Context, t *Target, n int) (Measurement, error) {
 	srv0, err := t.ServerStats(true)
 	if err != nil {
@@ -165,6 +169,12 @@ func idleConns(ctx context.Context, t *Target, n int) (Measurement, error) {
 		return Measurement{}, err
 	}
 	cl1 := SelfStats(true)
+	var registered int64
+	for _, c := range conns {
+		if info, ok := rsock.InfoOf(c); ok {
+			registered += info.Registered
+		}
+	}
 	per := func(a, b int64) float64 { return float64(b-a) / float64(n) }
 	kib := func(a, b int64) float64 { return per(a, b) / 1024 }
 	return Measurement{Metrics: map[string]float64{
@@ -177,5 +187,6 @@ func idleConns(ctx context.Context, t *Target, n int) (Measurement, error) {
 		MetricFDsServer:     per(int64(srv0.FDs), int64(srv1.FDs)),
 		MetricThreadsClient: float64(cl1.Threads),
 		MetricThreadsServer: float64(srv1.Threads),
+		MetricPinnedClient:  kib(0, registered),
 	}}, nil
 }

@@ -45,6 +45,7 @@ const (
 	MetricFDsServer     = "fds_per_conn_server"
 	MetricThreadsClient = "threads_client"
 	MetricThreadsServer = "threads_server"
+	MetricPinnedClient  = "pinned_kib_per_conn_client" // registered with the device (rsock ConnInfo.Registered)
 )
 
 // MetricInfo says how to show a metric and which way is better.
@@ -75,6 +76,7 @@ var metricInfo = map[string]MetricInfo{
 	MetricFDsServer:     {Label: "fds per conn, server", Unit: ""},
 	MetricThreadsClient: {Label: "OS threads, client", Unit: ""},
 	MetricThreadsServer: {Label: "OS threads, server", Unit: ""},
+	MetricPinnedClient:  {Label: "registered per conn, client", Unit: "KiB", NoRatio: true},
 }
 
 // InfoOfMetric returns how to show metric m.

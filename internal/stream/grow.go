@@ -10,8 +10,13 @@ import (
 // Growing rings (docs/protocol.md §3.11).
 //
 // A Conn's receive ring starts at Options.RingSize. With Options.GrowTo it
-// grows once, to GrowTo, when the peer's writer is held back by it: a
-// BLOCKED arrives while at least half the ring waits to be read. The new
+// grows once, to GrowTo, when the peer's writer is held back: a BLOCKED
+// arrives (for ring space, or for message credits, which the receiver
+// cannot tell apart once it has read on; either way the writer has more
+// than the connection carries now). A reader that keeps ahead of the
+// writer only by reading can still be the reason the writer blocks: a
+// larger ring lets the writer post larger pieces (a quarter of the
+// ring). The new
 // ring is registered off the callers' path (allocRing), offered in a GROW
 // message, and the peer moves its writing into it with a MOVED message:
 // the peer's bytes before that message's producer cursor are in the old
@@ -44,9 +49,6 @@ type growth struct {
 func (c *Conn) maybeGrowLocked() {
 	if c.opts.GrowTo == 0 || c.grow.asked || c.life != lifeOpen || c.err != nil || c.rd.shut {
 		return
-	}
-	if c.st.Readable() < uint64(c.opts.RingSize)/2 {
-		return // blocked for message credits, not for ring space
 	}
 	c.grow.asked = true
 	c.loops.Add(1) // release waits for it
