@@ -114,8 +114,15 @@ func BenchmarkThroughput(b *testing.B) {
 				}
 			}
 			b.StopTimer()
+			ci, _ := InfoOf(c)
 			c.Close()
 			<-done
+			// State messages per MiB moved, both ways (a count, where
+			// the time is noisy): the writer's announcements and the
+			// reader's updates.
+			if si, ok := InfoOf(s); ok {
+				b.ReportMetric(float64(ci.MsgsSent+si.MsgsSent)/float64(b.N), "msgs/MiB")
+			}
 			s.Close()
 		})
 	}

@@ -210,26 +210,14 @@ func checkReceive(t *testing.T, s *State, msg Msg) {
 	check(msg.Cons >= b.peerCons && msg.Cons <= b.prodSent, "consumer cursor out of range")
 	check(msg.Posted >= b.peerPosted && msg.Posted <= p.PeerCredits+b.sent, "credits never granted")
 	check(msg.Flags&FlagMoved == 0 || b.growTo != 0 && b.oldSize == 0, "MOVED without a GROW, or a second one")
-	valid := len(broken) == 0
 	// Unknown flags cannot reach Receive from the wire (Unmarshal rejects
 	// them); the rules say nothing about them, so either outcome is fine
 	// when nothing else is wrong.
 	unsure := msg.Flags&^flagsKnown != 0
 
-	err := s.Receive(msg)
-	if err != nil {
-		require.ErrorIs(t, err, ErrProtocol)
-		require.NotErrorIs(t, err, ErrUsage)
-		var pe *ProtocolError
-		require.True(t, errors.As(err, &pe), "%T", err)
-		require.Equal(t, b, *s, "rejected message changed the state")
-		require.True(t, !valid || unsure, "valid message %+v rejected: %v", msg, err)
-		if !valid {
-			require.Contains(t, broken, pe.Rule, "%+v rejected for a rule it keeps: %v", msg, err)
-		}
+	if rejected(t, s, b, msg, broken, unsure) {
 		return
 	}
-	require.True(t, valid, "invalid message %+v accepted (breaks %q)", msg, broken)
 	require.Equal(t, b.recvd+1, s.recvd)
 	require.Equal(t, msg.Prod, s.peerProd)
 	require.Equal(t, msg.Cons, s.peerCons)
@@ -270,6 +258,30 @@ func checkUsable(t *testing.T, s *State) {
 	checkInvariants(t, s)
 }
 
+// rejected delivers msg to s (whose state was b) and, if s rejects it,
+// checks that the rejection is a protocol violation of a rule in broken
+// (or that either outcome was fine: unsure) and that s is unchanged. It
+// reports whether s rejected msg; if not, msg must have been valid.
+func rejected(t *testing.T, s *State, b State, msg Msg, broken []string, unsure bool) bool {
+	t.Helper()
+	valid := len(broken) == 0
+	err := s.Receive(msg)
+	if err == nil {
+		require.True(t, valid, "invalid message %+v accepted (breaks %q)", msg, broken)
+		return false
+	}
+	require.ErrorIs(t, err, ErrProtocol)
+	require.NotErrorIs(t, err, ErrUsage)
+	var pe *ProtocolError
+	require.True(t, errors.As(err, &pe), "%T", err)
+	require.Equal(t, b, *s, "rejected message changed the state")
+	require.True(t, !valid || unsure, "valid message %+v rejected: %v", msg, err)
+	if !valid {
+		require.Contains(t, broken, pe.Rule, "%+v rejected for a rule it keeps: %v", msg, err)
+	}
+	return true
+}
+
 // checkReceiveGrow is checkReceive for a GROW message.
 func checkReceiveGrow(t *testing.T, s *State, msg Msg) {
 	b := *s
@@ -289,24 +301,13 @@ func checkReceiveGrow(t *testing.T, s *State, msg Msg) {
 	check(sizeOK, "GROW's ring size out of range")
 	check(!sizeOK || msg.Addr <= ^uint64(0)-uint64(1)<<msg.SizeLog, "GROW's ring address overflows")
 	check(msg.Posted >= b.peerPosted && msg.Posted <= p.PeerCredits+b.sent, "credits never granted")
-	valid := len(broken) == 0
 	// Flags beside FIN, and cursors, cannot reach Receive from the wire
 	// on a GROW (Unmarshal): either outcome is fine for them.
 	unsure := msg.Flags&^(FlagGrow|FlagFIN) != 0 || msg.Prod != 0 || msg.Cons != 0
 
-	err := s.Receive(msg)
-	if err != nil {
-		require.ErrorIs(t, err, ErrProtocol)
-		var pe *ProtocolError
-		require.True(t, errors.As(err, &pe), "%T", err)
-		require.Equal(t, b, *s, "rejected message changed the state")
-		require.True(t, !valid || unsure, "valid GROW %+v rejected: %v", msg, err)
-		if !valid {
-			require.Contains(t, broken, pe.Rule, "%+v rejected for a rule it keeps: %v", msg, err)
-		}
+	if rejected(t, s, b, msg, broken, unsure) {
 		return
 	}
-	require.True(t, valid, "invalid GROW %+v accepted (breaks %q)", msg, broken)
 	want := b
 	want.recvd++
 	want.peerPosted = msg.Posted

@@ -17,7 +17,7 @@ import (
 // writer only by reading can still be the reason the writer blocks: a
 // larger ring lets the writer post larger pieces (a quarter of the
 // ring). The new
-// ring is registered off the callers' path (allocRing), offered in a GROW
+// ring is registered off the callers' path (allocFor), offered in a GROW
 // message, and the peer moves its writing into it with a MOVED message:
 // the peer's bytes before that message's producer cursor are in the old
 // ring, later ones in the new. Reads take the old ring's bytes first, and
@@ -25,7 +25,7 @@ import (
 // released once every byte in it was consumed.
 //
 // The other way, a GROW from the peer makes this side register staging
-// of the new size (allocStage) and then move, with the first message it
+// of the new size (allocFor) and then move, with the first message it
 // can send while no Write copies a chunk (moveLocked): from then on
 // Space, WriteSegments and the WRITEs' destination are the new ring's.
 // The old staging is kept until the peer acknowledged every byte in it (a
@@ -52,17 +52,19 @@ func (c *Conn) maybeGrowLocked() {
 	}
 	c.grow.asked = true
 	c.loops.Add(1) // release waits for it
-	go c.allocRing()
+	go c.allocFor(c.opts.GrowTo, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, func(mr verbs.MR) { c.ep.nextRing = mr })
 }
 
-// allocRing registers the larger ring and offers it.
-func (c *Conn) allocRing() {
+// allocFor registers size bytes with access off the callers' path and
+// hands the region to install under mu, unless the Conn stopped
+// meanwhile; a registration the host refuses leaves the rings as they
+// are (we keep our ring, or stay in the peer's old one).
+func (c *Conn) allocFor(size int, access verbs.Access, install func(verbs.MR)) {
 	defer c.loops.Done()
-	mr, err := c.ep.dev.AllocMR(c.opts.GrowTo, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	mr, err := c.ep.dev.AllocMR(size, access)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
-		// The ring keeps its size: the connection works as before.
 		c.stats.GrowFailures.Add(1)
 		return
 	}
@@ -70,26 +72,7 @@ func (c *Conn) allocRing() {
 		_ = mr.Close()
 		return
 	}
-	c.ep.nextRing = mr
-	c.growLocked()
-}
-
-// allocStage registers staging for the ring the peer's GROW offered.
-func (c *Conn) allocStage(size uint64) {
-	defer c.loops.Done()
-	mr, err := c.ep.dev.AllocMR(int(size), verbs.AccessLocalWrite)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err != nil {
-		// We stay in the old ring; the peer's new one goes unused.
-		c.stats.GrowFailures.Add(1)
-		return
-	}
-	if c.life != lifeOpen || c.err != nil {
-		_ = mr.Close()
-		return
-	}
-	c.ep.nextStage = mr
+	install(mr)
 	c.growLocked()
 }
 
@@ -115,7 +98,7 @@ func (c *Conn) peerGrowLocked(m ring.Msg) {
 	}
 	c.grow.peer = Ring{Size: size, Addr: m.Addr, RKey: m.RKey, Credits: c.peer.Credits}
 	c.loops.Add(1)
-	go c.allocStage(size)
+	go c.allocFor(int(size), verbs.AccessLocalWrite, func(mr verbs.MR) { c.ep.nextStage = mr })
 }
 
 // growLocked moves growth along: it offers our new ring once registered,
