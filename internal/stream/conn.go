@@ -40,8 +40,10 @@ type Conn struct {
 	rd   recvHalf // Read, CopyTo, CloseRead (recv.go)
 	wr   sendHalf // Write, CloseWrite (send.go)
 	grow growth   // ring growth (grow.go); guarded by mu
-	// ringSize is our receive ring's size now (it changes when it grows).
-	ringSize atomic.Int64
+	// ringSize is our receive ring's size now (it changes when it grows);
+	// registered the bytes of the regions the Conn holds (Registered).
+	ringSize   atomic.Int64
+	registered atomic.Int64
 
 	// Waiting (waiter.go): the entry the queue's notification wakes
 	// (changed under mu); whether a background progress goroutine is on
@@ -137,6 +139,7 @@ func (e *Endpoint) Start(peer Ring, boot Bootstrap) (*Conn, error) {
 	e.owned = false
 	e.conn.Store(c)
 	c.mu.Lock()
+	c.countRegisteredLocked()
 	c.idleLocked() // for what arrived already, and background progress
 	c.mu.Unlock()
 	return c, nil
@@ -215,9 +218,12 @@ func (c *Conn) QP() verbs.QP { return c.ep.qp }
 // staging buffer for WRITEs (the peer's ring size) where the peer's ring
 // is not mapped here, and while a ring grows the other ring or staging
 // (grow.go). On RDMA devices they are pinned.
-func (c *Conn) Registered() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// It does not wait for the connection's lock.
+func (c *Conn) Registered() int64 { return c.registered.Load() }
+
+// countRegisteredLocked updates what Registered reports after the
+// Endpoint's regions changed.
+func (c *Conn) countRegisteredLocked() {
 	e := c.ep
 	var n int64
 	for _, mr := range []verbs.MR{e.ring, e.slots, e.stage, e.nextRing, e.oldRing, e.nextStage, e.oldStage} {
@@ -225,7 +231,7 @@ func (c *Conn) Registered() int64 {
 			n += int64(len(mr.Bytes()))
 		}
 	}
-	return n
+	c.registered.Store(n)
 }
 
 // Occupancy reports the bytes waiting in the receive ring (announced by

@@ -73,6 +73,7 @@ func (c *Conn) allocFor(size int, access verbs.Access, install func(verbs.MR)) {
 		return
 	}
 	install(mr)
+	c.countRegisteredLocked()
 	c.growLocked()
 }
 
@@ -82,6 +83,7 @@ func (c *Conn) allocFor(size int, access verbs.Access, install func(verbs.MR)) {
 func (c *Conn) peerMovedLocked() {
 	c.ep.oldRing, c.ep.ring, c.ep.nextRing = c.ep.ring, c.ep.nextRing, nil
 	c.ringSize.Store(int64(c.st.Params().LocalSize))
+	c.countRegisteredLocked()
 	c.stats.RingGrows.Add(1)
 }
 
@@ -108,6 +110,12 @@ func (c *Conn) growLocked() {
 	e := c.ep
 	if e.nextRing == nil && e.nextStage == nil && e.oldRing == nil && e.oldStage == nil {
 		return
+	}
+	defer c.countRegisteredLocked()
+	if e.nextRing != nil && !c.grow.offered && c.rd.shut {
+		// Nobody reads: the larger ring would go unused.
+		_ = e.nextRing.Close()
+		e.nextRing = nil
 	}
 	ok := c.err == nil && c.life == lifeOpen && !c.st.PeerClosed() && c.sqFreeLocked() > 0
 	if e.nextRing != nil && !c.grow.offered && ok && !c.rd.shut && c.st.CanSendControl() {

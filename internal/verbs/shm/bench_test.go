@@ -268,3 +268,23 @@ func tcpPair(b *testing.B) (net.Conn, net.Conn) {
 	b.Cleanup(func() { _ = c1.Close(); _ = c2.Close() })
 	return c1, c2
 }
+
+// BenchmarkAllocRing is what a pool of memfds could save a connection:
+// a 1 MiB remote-writable region made (memfd, size, seals, mapping) and
+// closed. rsock's shm setup (two processes, the default handshake) takes
+// hundreds of microseconds (BENCHMARKS.md), one such region per side.
+func BenchmarkAllocRing(b *testing.B) {
+	d, err := New().Open(verbs.OpenOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	b.ReportAllocs()
+	for b.Loop() {
+		mr, err := d.AllocMR(1<<20, verbs.AccessRemoteWrite)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = mr.Close()
+	}
+}
