@@ -182,6 +182,25 @@ func FuzzReceive(f *testing.F) {
 	})
 }
 
+// rules collects the rules a message breaks, by the names Receive
+// reports them under.
+type rules []string
+
+func (r *rules) check(ok bool, rule string) {
+	if !ok {
+		*r = append(*r, rule)
+	}
+}
+
+// messageRules starts the rules of any message to a side in state b: its
+// sequence and its credit.
+func messageRules(b *State, msg Msg) *rules {
+	r := &rules{}
+	r.check(msg.Seq == uint32(b.recvd+1), "message sequence")
+	r.check(b.recvd < b.postedAnnounced, "message without a credit")
+	return r
+}
+
 // checkReceive delivers msg to s and checks the outcome against the rules
 // of the protocol, restated independently.
 func checkReceive(t *testing.T, s *State, msg Msg) {
@@ -191,15 +210,8 @@ func checkReceive(t *testing.T, s *State, msg Msg) {
 	}
 	b := *s
 	p := b.p
-	// Every rule msg breaks, by the name Receive reports it under.
-	var broken []string
-	check := func(ok bool, rule string) {
-		if !ok {
-			broken = append(broken, rule)
-		}
-	}
-	check(msg.Seq == uint32(b.recvd+1), "message sequence")
-	check(b.recvd < b.postedAnnounced, "message without a credit")
+	broken := messageRules(&b, msg)
+	check := broken.check
 	check(msg.Prod >= b.peerProd, "producer cursor moved backwards")
 	check(msg.Prod <= b.announced+p.LocalSize, "producer cursor beyond granted space")
 	check(!b.peerFIN || msg.Prod == b.peerProd, "data after FIN")
@@ -215,7 +227,7 @@ func checkReceive(t *testing.T, s *State, msg Msg) {
 	// when nothing else is wrong.
 	unsure := msg.Flags&^flagsKnown != 0
 
-	if rejected(t, s, b, msg, broken, unsure) {
+	if rejected(t, s, b, msg, *broken, unsure) {
 		return
 	}
 	require.Equal(t, b.recvd+1, s.recvd)
@@ -286,14 +298,8 @@ func rejected(t *testing.T, s *State, b State, msg Msg, broken []string, unsure 
 func checkReceiveGrow(t *testing.T, s *State, msg Msg) {
 	b := *s
 	p := b.p
-	var broken []string
-	check := func(ok bool, rule string) {
-		if !ok {
-			broken = append(broken, rule)
-		}
-	}
-	check(msg.Seq == uint32(b.recvd+1), "message sequence")
-	check(b.recvd < b.postedAnnounced, "message without a credit")
+	broken := messageRules(&b, msg)
+	check := broken.check
 	check((msg.Flags&FlagFIN != 0) == b.peerFIN, "FIN on a GROW differs from the cursor messages'")
 	check(!b.peerClose, "GROW after CLOSE")
 	check(b.peerGrowTo == 0, "a second GROW")
@@ -305,7 +311,7 @@ func checkReceiveGrow(t *testing.T, s *State, msg Msg) {
 	// on a GROW (Unmarshal): either outcome is fine for them.
 	unsure := msg.Flags&^(FlagGrow|FlagFIN) != 0 || msg.Prod != 0 || msg.Cons != 0
 
-	if rejected(t, s, b, msg, broken, unsure) {
+	if rejected(t, s, b, msg, *broken, unsure) {
 		return
 	}
 	want := b
