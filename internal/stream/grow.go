@@ -37,7 +37,7 @@ import (
 
 // growth is a Conn's state of both rings' growth; guarded by Conn.mu.
 type growth struct {
-	asked   bool // our ring's growth started (allocRing ran or runs)
+	asked   bool // our ring's growth started (its allocFor ran or runs)
 	offered bool // our GROW went out
 	// peer is the ring the peer's GROW offered; staging for it is
 	// registered (Endpoint.nextStage) before we move.
