@@ -63,14 +63,18 @@ func dialAccept(t testing.TB, ln *Listener, cfg *Config) (client, server *Conn) 
 
 // TestSwitchNettest runs nettest.TestConn on switching connections: with
 // the upgrade settled before the test (the ring's data path), and with the
-// upgrade happening during it (at once, or after 200 us).
+// upgrade happening during it (at once, or after 200 us); on sim also
+// with rings that start small and grow during the test.
 func TestSwitchNettest(t *testing.T) {
 	registerSim(t)
-	for _, tr := range []string{"sim", "shm"} {
+	for _, tr := range []string{"sim", "shm", "sim/grow"} {
 		for _, after := range []time.Duration{time.Nanosecond, 200 * time.Microsecond} {
 			for _, settle := range []bool{true, false} {
 				t.Run(fmt.Sprintf("%s/after=%v/settled=%v", tr, after, settle), func(t *testing.T) {
 					cfg := swCfg(tr, after)
+					if tr == "sim/grow" {
+						tr, cfg = "sim", growCfg("sim", after)
+					}
 					ln := listen(t, cfg)
 					nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
 						c, s := dialAccept(t, ln, cfg)
@@ -95,11 +99,14 @@ func TestSwitchNettest(t *testing.T) {
 func TestSwitchHashedTransfer(t *testing.T) {
 	registerSim(t)
 	sizes := []int{1, 5000, 300 << 10, 4 << 20}
-	for _, tr := range []string{"sim", "shm"} {
+	for _, tr := range []string{"sim", "shm", "sim/grow"} {
 		for i, size := range sizes {
 			after := []time.Duration{time.Nanosecond, 50 * time.Microsecond, time.Millisecond, 3 * time.Millisecond}[i]
 			t.Run(fmt.Sprintf("%s/size=%d/after=%v", tr, size, after), func(t *testing.T) {
 				cfg := swCfg(tr, after)
+				if tr == "sim/grow" {
+					tr, cfg = "sim", growCfg("sim", after)
+				}
 				cfg.UpgradeBytes = 1 + size/3
 				ln := listen(t, cfg)
 				c, s := dialAccept(t, ln, cfg)
