@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -83,6 +85,31 @@ func TestNettestSimSmallRingFaults(t *testing.T) {
 		c, s := pipe(t, ln, cfg)
 		return c, s, func() { c.Close(); s.Close() }, nil
 	})
+}
+
+// TestNettestSimGrowingFaults: rings that start at 4 KiB grow to 64 KiB
+// during nettest's transfers while faults delay, reorder and lose
+// packets (sim retransmits): on the switching protocol both rings grow,
+// on version 1 the server's.
+func TestNettestSimGrowingFaults(t *testing.T) {
+	registerSim(t)
+	withFaults(t, sim.Faults{Delay: 50 * time.Microsecond, Reorder: true, LossRate: 0.01, RetransmitDelay: 100 * time.Microsecond})
+	for _, v1 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("version1=%v", v1), func(t *testing.T) {
+			cfg := growCfg("sim", time.Nanosecond)
+			if v1 {
+				cfg = &Config{Transports: []string{"sim"}, RingSize: 64 << 10, RingStart: 4 << 10, Credits: 4}
+			}
+			ln := listen(t, cfg)
+			var grown atomic.Uint64
+			defer func() { t.Logf("ring moves seen by the servers: %d", grown.Load()) }()
+			nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+				c, s := dialAccept(t, ln, cfg)
+				awaitSettled(t, c, s)
+				return c, s, func() { grown.Add(s.Info().RingGrows); c.Close(); s.Close() }, nil
+			})
+		})
+	}
 }
 
 func TestNettestDeclined(t *testing.T) {
