@@ -499,6 +499,39 @@ func TestSimNoLeaks(t *testing.T) {
 	})
 }
 
+// TestSimGrowingNoLeaks: connections whose rings grow, or are growing
+// when they close, release every region, goroutine and fd.
+func TestSimGrowingNoLeaks(t *testing.T) {
+	registerSim(t)
+	cfg := &Config{Transports: []string{"sim", "tcp"}, RingSize: 64 << 10, RingStart: 4 << 10, Credits: 4}
+	ln := listen(t, cfg)
+	c, s := pipe(t, ln, cfg)
+	c.Close()
+	s.Close()
+	data := make([]byte, 48<<10)
+	checkNoLeaks(t, 600, func(i int) {
+		c, s := pipe(t, ln, cfg)
+		werr := make(chan error, 1)
+		go func() { _, err := c.Write(data); werr <- err }()
+		if i%2 == 0 {
+			// Read it all: the server's ring grows on the way.
+			_, err := io.ReadFull(s, make([]byte, len(data)))
+			require.NoError(t, err)
+			require.NoError(t, <-werr)
+			c.Close()
+			s.Close()
+			return
+		}
+		// Close while the writer waits for room, and the ring may be
+		// growing.
+		_, err := io.ReadFull(s, make([]byte, 1))
+		require.NoError(t, err)
+		s.Close()
+		c.Close()
+		<-werr
+	})
+}
+
 // checkNoLeaks runs cycle cycles times (each opening, using and closing
 // connections) and checks that goroutines and fds return to what they
 // were before (within 2; the caller has warmed up lazily created ones),
