@@ -70,15 +70,16 @@ type swConn struct {
 	mu        sync.Mutex // guards what follows
 	rq        [][]byte   // Data payloads not yet read (pooled); rq[0] from roff
 	roff      int
-	rqLen     int    // bytes in rq
-	rqCost    int    // rqLen plus entryCost per entry: what recvQueue bounds
-	rcvd      uint64 // Data bytes received: the peer's stream cursor on TCP
-	switched  bool   // the peer's Switch came, at rcvd: its bytes are in the ring
-	eof       bool   // the peer's Fin, or its goodbye while sending on TCP
-	gone      bool   // the peer's goodbye: writes fail
-	err       error  // the connection failed; set once
-	rclosed   bool   // CloseRead
-	closed    bool   // Close
+	rqLen     int           // bytes in rq
+	rqCost    int           // rqLen plus entryCost per entry: what recvQueue bounds
+	rcvd      uint64        // Data bytes received: the peer's stream cursor on TCP
+	switched  bool          // the peer's Switch came, at rcvd: its bytes are in the ring
+	eof       bool          // the peer's Fin, or its goodbye while sending on TCP
+	gone      bool          // the peer's goodbye: writes fail
+	goneCh    chan struct{} // closed when gone is set: an upgrade waiting for the peer's answer ends
+	err       error         // the connection failed; set once
+	rclosed   bool          // CloseRead
+	closed    bool          // Close
 	ring      *stream.Conn
 	agreed    bool                   // an Accept and Confirm{0} set up ring: the peer may switch
 	upgrading bool                   // an offer is being answered (server) or awaits its answer (client)
@@ -123,6 +124,7 @@ func newSwConn(c *Conn, s *settings, raw *net.TCPConn, client bool) *swConn {
 		space:   make(chan struct{}, 1),
 		answers: make(chan handshake.Message, 1),
 		settled: make(chan struct{}),
+		goneCh:  make(chan struct{}),
 	}
 	w.rdl.Init()
 	w.wdl.Init()
@@ -357,9 +359,23 @@ func (w *swConn) settleLocked() {
 	}
 	send := w.sendOn || w.sendDone
 	recv := w.switched || w.eof
-	if w.closed || w.err != nil || w.stayed || (send && recv) {
+	// The peer's end settles the connection once no upgrade runs (one
+	// that runs ends on it, and says how).
+	gone := w.gone && !w.upgrading
+	if w.closed || w.err != nil || w.stayed || gone || (send && recv) {
 		close(w.settled)
 	}
+}
+
+// goneLocked records the peer's end (its goodbye, or its orderly close on
+// TCP): no upgrade can complete after it, so one waiting for the peer's
+// answer ends, and the connection settles (settleLocked).
+func (w *swConn) goneLocked() {
+	if !w.gone {
+		w.gone = true
+		close(w.goneCh)
+	}
+	w.settleLocked()
 }
 
 func isClosedCh(ch chan struct{}) bool {
@@ -841,8 +857,7 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	default:
 		w.eof = true
 	}
-	w.gone = true
-	w.settleLocked()
+	w.goneLocked()
 	w.mu.Unlock()
 	testHookGoodbye.run(w)
 	if r != nil {
@@ -904,8 +919,8 @@ func (w *swConn) peerClosedOnTCP() bool {
 		w.mu.Unlock()
 		return false
 	}
-	w.eof, w.gone = true, true
-	w.settleLocked()
+	w.eof = true
+	w.goneLocked()
 	r := w.ring
 	w.mu.Unlock()
 	wake(w.rnote)

@@ -744,3 +744,51 @@ func TestSettled(t *testing.T) {
 	lc.Close()
 	assert.True(t, closed(Settled(lc)), "the connection ended")
 }
+
+// TestUpgradeEndsWhenThePeerCloses: a server that closes the connection
+// (orderly, at a frame boundary) while the client's Offer waits for its
+// answer ends that upgrade: the connection settles on TCP, and Reads see
+// the end. (An http.Server shutting down closes connections it never
+// served this way; the client waited for the answer until its own Close.)
+func TestUpgradeEndsWhenThePeerCloses(t *testing.T) {
+	registerSim(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	served := make(chan error, 1)
+	go func() {
+		served <- func() error {
+			raw, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			defer raw.Close() // orderly: no answer to the Offer
+			if _, err := io.ReadFull(raw, make([]byte, len(handshake.Magic))); err != nil {
+				return err
+			}
+			if _, err := handshake.ReadAfterMagic(raw); err != nil { // the Hello
+				return err
+			}
+			if err := handshake.Write(raw, &handshake.Upgrade{Flags: handshake.UpgradeGrow, Transports: []handshake.Transport{handshake.TransportSim}}); err != nil {
+				return err
+			}
+			_, m, err := handshake.Next(raw)
+			if _, ok := m.(*handshake.UpgradeOffer); err == nil && !ok {
+				err = fmt.Errorf("got %T, want the client's offer", m)
+			}
+			return err
+		}()
+	}()
+	cfg := swCfg("sim", time.Nanosecond)
+	c, err := (&Dialer{Config: cfg}).Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, <-served)
+	awaitSettledEnd(t, c.(*Conn))
+	info := c.(*Conn).Info()
+	assert.Equal(t, "tcp", info.Transport)
+	assert.Equal(t, CodeDeclined, info.Code)
+	assert.Contains(t, info.Reason, "closed the connection before it answered")
+	_, err = c.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF)
+}

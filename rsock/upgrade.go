@@ -171,6 +171,15 @@ func (w *swConn) clientUpgrade() {
 	case <-w.done:
 		ep.Close()
 		return
+	case <-w.goneCh:
+		// The peer's end: its answer, if it sent one, was read before.
+		select {
+		case answer = <-w.answers:
+		default:
+			ep.Close()
+			w.stayOnTCP(CodeDeclined, "the server closed the connection before it answered the offer")
+			return
+		}
 	}
 	switch m := answer.(type) {
 	case *handshake.Decline:
@@ -219,6 +228,7 @@ func (w *swConn) upgradeEnded(mine chan struct{}) {
 		w.upgrading = false
 		close(mine)
 	}
+	w.settleLocked() // the peer's end may have come meanwhile
 }
 
 // declineOffer ends the server's upgrade and then declines the offer: a
@@ -290,6 +300,16 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	case <-w.done:
 		ep.Close()
 		return
+	case <-w.goneCh:
+		// The client's end: its Confirm, if it sent one, was read before.
+		select {
+		case m := <-w.answers:
+			confirm = m.(*handshake.Confirm)
+		default:
+			ep.Close()
+			w.stayOnTCP(CodeClientGaveUp, "the client closed the connection before it confirmed")
+			return
+		}
 	}
 	if confirm.Code != handshake.DeclineNone {
 		ep.Close()
