@@ -759,11 +759,21 @@ func TestFailoverResumeBeforeServerRing(t *testing.T) {
 	c, s := simOnTCP(t)
 	byteEachWay(t, c, s)
 	release := make(chan struct{})
-	testHookServeStart.set(func(*swConn) { <-release })
+	// The server stops between its side exchange (done: c's queue pair
+	// is still up) and the start of its ring. Breaking c's ring before
+	// the exchange is done would fail the exchange, which resets (a
+	// failure after Confirm{0}), and is not what this test is about.
+	exchanged := make(chan struct{}, 1)
+	testHookServeStart.set(func(*swConn) { exchanged <- struct{}{}; <-release })
 	t.Cleanup(func() { testHookServeStart.set(nil) })
 	c.w.wmu.Lock() // c's Switch is not sent
 	c.w.kick()
 	require.Eventually(t, func() bool { return c.ring() != nil }, 10*time.Second, time.Millisecond, "c's ring")
+	select {
+	case <-exchanged:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not finish its side exchange")
+	}
 	breakRing(c)
 	require.Eventually(t, func() bool { c.w.mu.Lock(); defer c.w.mu.Unlock(); return c.w.failovers > 0 }, 10*time.Second, time.Millisecond, "c's failover")
 	c.w.wmu.Unlock()
