@@ -588,11 +588,7 @@ func TestSimRingGrows(t *testing.T) {
 			assert.Equal(t, cRing+slots+small, c.Info().Registered, "client: its ring and staging for the server's")
 			assert.Equal(t, small+slots+cRing, s.Info().Registered)
 
-			var wg sync.WaitGroup
-			wg.Add(2)
-			go func() { defer wg.Done(); streamCheck(t, c, s, 1<<20, 21) }()
-			go func() { defer wg.Done(); streamCheck(t, s, c, 1<<20, 22) }()
-			wg.Wait()
+			hashedBothWays(t, c, s, 1<<20, 21)
 			grows := uint64(2)
 			if tc.name == "version1" {
 				grows = 1 // the server's ring; the client's started full

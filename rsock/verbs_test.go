@@ -393,11 +393,7 @@ func TestVerbsRegisteredBytes(t *testing.T) {
 			assert.Equal(t, idle, s.Info().Registered)
 			t.Logf("%s: registered (pinned) per idle verbs connection: %d KiB", tc.name, idle>>10)
 
-			var wg sync.WaitGroup
-			wg.Add(2)
-			go func() { defer wg.Done(); streamCheck(t, c, s, 2<<20, 31) }()
-			go func() { defer wg.Done(); streamCheck(t, s, c, 2<<20, 32) }()
-			wg.Wait()
+			hashedBothWays(t, c, s, 2<<20, 31)
 			for _, x := range []*Conn{c, s} {
 				assert.Equal(t, 2*full+slots, x.Info().Registered, "grown, with the old rings released")
 			}
@@ -442,11 +438,7 @@ func TestVerbsMemlockBudget(t *testing.T) {
 		require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: 1 << 20, Max: old.Max}))
 		ln := listenVerbs(t, small)
 		c, s := onRing(t, ln, small)
-		var wg sync.WaitGroup
-		wg.Add(2)
-		go func() { defer wg.Done(); streamCheck(t, c, s, 1<<20, 41) }()
-		go func() { defer wg.Done(); streamCheck(t, s, c, 1<<20, 42) }()
-		wg.Wait()
+		hashedBothWays(t, c, s, 1<<20, 41)
 		for _, x := range []*Conn{c, s} {
 			info := x.Info()
 			assert.Equal(t, "verbs", info.Transport)

@@ -157,12 +157,23 @@ func (c *Conn) ringMemLocked(old bool) []byte {
 // out of both rings of a move.
 func (c *Conn) receivedLocked(from, to uint64) []byte {
 	at, _, moved := c.st.Moved()
-	if !moved || from >= at {
-		return copyOut(c.ep.ring.Bytes(), from, to)
+	var old []byte
+	if c.ep.oldRing != nil {
+		old = c.ep.oldRing.Bytes()
 	}
-	b := copyOut(c.ep.oldRing.Bytes(), from, min(to, at))
+	return copyAcross(old, c.ep.ring.Bytes(), moved, at, from, to)
+}
+
+// copyAcross copies ring bytes [from, to) out of cur, or, after a move at
+// cursor at (moved), those before at out of old (which is kept, and not
+// nil, while such bytes are wanted).
+func copyAcross(old, cur []byte, moved bool, at, from, to uint64) []byte {
+	if !moved || from >= at {
+		return copyOut(cur, from, to)
+	}
+	b := copyOut(old, from, min(to, at))
 	if to > at {
-		b = append(b, copyOut(c.ep.ring.Bytes(), at, to)...)
+		b = append(b, copyOut(cur, at, to)...)
 	}
 	return b
 }
@@ -173,14 +184,10 @@ func (c *Conn) sentLocked(from, to uint64) []byte {
 	if c.direct != nil {
 		return copyOut(c.direct, from, to)
 	}
-	cur := c.ep.stage.Bytes()[:c.peer.Size]
 	at, oldSize, moved := c.st.PeerMoved()
-	if !moved || from >= at {
-		return copyOut(cur, from, to)
+	var old []byte
+	if c.ep.oldStage != nil {
+		old = c.ep.oldStage.Bytes()[:oldSize]
 	}
-	b := copyOut(c.ep.oldStage.Bytes()[:oldSize], from, min(to, at))
-	if to > at {
-		b = append(b, copyOut(cur, at, to)...)
-	}
-	return b
+	return copyAcross(old, c.ep.stage.Bytes()[:c.peer.Size], moved, at, from, to)
 }
