@@ -183,6 +183,15 @@ func (r *Report) Headline() Table {
 	}
 	if u, ok := r.headlineUnit(WSetup, 0); ok {
 		add("connection setup rate", u, MetricRate, true)
+		// What a handshake that waits for the server's answer can reach:
+		// the same for every mode, shown beside each for comparison.
+		if res, ok := r.Find(u.Workload, u.Param(), MetricOneMoreRTT, Plain.Name()); ok {
+			row := []string{"setup rate ceiling: plain TCP with one more round trip"}
+			for range modes {
+				row = append(row, FormatRatio(res.Spread))
+			}
+			t.Rows = append(t.Rows, row)
+		}
 	}
 	if u, ok := r.headlineUnit(WConns, 0); ok {
 		add(fmt.Sprintf("%d conns ping-pong, round trips/s", u.N), u, MetricRate, true)

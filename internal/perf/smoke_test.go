@@ -78,6 +78,18 @@ func TestCompareSmoke(t *testing.T) {
 			case WIdle:
 				metrics = []string{MetricRSSClient, MetricRSSServer, MetricFDsClient, MetricFDsServer, MetricThreadsClient, MetricThreadsServer}
 			}
+			if u.Workload == WSetup {
+				// The ceiling is plain TCP's alone: a rate over a rate of
+				// the same run.
+				r, ok := rep.Find(u.Workload, u.Param(), MetricOneMoreRTT, m)
+				if m == Plain.Name() && assert.True(t, ok, "plain setup measures the ceiling") {
+					for _, v := range r.Values {
+						assert.Greater(t, v, 0.0)
+					}
+				} else if m != Plain.Name() {
+					assert.False(t, ok, "%s measures no ceiling", m)
+				}
+			}
 			for _, metric := range metrics {
 				r, ok := rep.Find(u.Workload, u.Param(), metric, m)
 				if !assert.True(t, ok, "%s %s %s", u.Key(), metric, m) {
@@ -123,7 +135,7 @@ func TestCompareSmoke(t *testing.T) {
 
 	var text bytes.Buffer
 	rep.WriteText(&text)
-	for _, s := range []string{"Headline", "net/http GET", "gRPC unary", "Idle connections", "shm / plain", "tcp / plain"} {
+	for _, s := range []string{"Headline", "setup rate ceiling: plain TCP with one more round trip", "net/http GET", "gRPC unary", "Idle connections", "shm / plain", "tcp / plain"} {
 		assert.Contains(t, text.String(), s)
 	}
 

@@ -125,7 +125,7 @@ var sections = []section{
 	{"Ping-pong latency, one round trip", WPingPong, []string{MetricP50, MetricP99}},
 	{"One-way throughput", WThroughput, []string{MetricGBps, MetricCPUPerGB}},
 	{"Bidirectional throughput (both directions counted)", WBidir, []string{MetricGBps, MetricCPUPerGB}},
-	{"Connection setup (dial, handshake, 1-byte round trip, close; one at a time)", WSetup, []string{MetricRate, MetricP50, MetricP99}},
+	{"Connection setup (dial, handshake, 1-byte round trip, close; one at a time)", WSetup, []string{MetricRate, MetricP50, MetricP99, MetricOneMoreRTT}},
 	{"Many connections doing 64-byte ping-pong at once", WConns, []string{MetricRate, MetricP50, MetricP99}},
 	{"net/http GET, c connections and callers", WHTTP, []string{MetricRate, MetricP50, MetricP99}},
 	{"gRPC unary EmptyCall, c connections and callers", WGRPC, []string{MetricRate, MetricP50, MetricP99}},
@@ -166,10 +166,13 @@ func (r *Report) Tables() []Table {
 				any := false
 				for _, m := range modes {
 					res, ok := r.Find(u.Workload, u.Param(), metric, m)
-					if ok {
+					switch {
+					case ok:
 						any = true
 						row = append(row, FormatNum(res.Spread.Median))
-					} else {
+					case mi.PlainOnly && m != Plain.Name():
+						row = append(row, "-")
+					default:
 						row = append(row, "failed")
 					}
 				}

@@ -14,39 +14,67 @@ import (
 
 // setupRate: one connection after another: dial (with rsock's handshake),
 // one 1-byte round trip, close. Each sample is the whole cycle.
+//
+// In plain TCP's run every other cycle makes one more 1-byte round trip
+// before it closes, timed apart (MetricOneMoreRTT): what a protocol that
+// must hear from the server before the application's first byte can
+// reach at best, measured interleaved with the cycles it is judged
+// against.
 func setupRate(ctx context.Context, t *Target, d time.Duration) (Measurement, error) {
 	msg := append(header{Op: opEcho, Param: 1}.marshal(), 'x')
-	cycle := func() error {
+	cycle := func(trips int) error {
 		c, err := t.Dial.DialContext(ctx, t.Info.PerfAddr)
 		if err != nil {
 			return err
 		}
 		defer c.Close()
 		_ = c.SetDeadline(time.Now().Add(slack))
-		if _, err := c.Write(msg); err != nil {
-			return err
+		out := msg
+		for range trips {
+			if _, err := c.Write(out); err != nil {
+				return err
+			}
+			var b [1]byte
+			if _, err = io.ReadFull(c, b[:]); err != nil {
+				return err
+			}
+			out = b[:]
 		}
-		var b [1]byte
-		_, err = io.ReadFull(c, b[:])
-		return err
+		return nil
 	}
+	ceiling := t.Mode.IsPlain()
 	for range 5 { // warm up
-		if err := cycle(); err != nil {
+		if err := cycle(1); err != nil {
 			return Measurement{}, err
 		}
 	}
 	h := NewHist()
-	start := time.Now()
-	end := start.Add(d)
-	for t0 := start; t0.Before(end); {
-		if err := cycle(); err != nil {
+	var spent, spentMore time.Duration // in the cycles of h, and in those with one more round trip
+	more := 0
+	end := time.Now().Add(d)
+	for i := 0; time.Now().Before(end); i++ {
+		trips := 1
+		if ceiling && i%2 == 1 {
+			trips = 2
+		}
+		t0 := time.Now()
+		if err := cycle(trips); err != nil {
 			return Measurement{}, err
 		}
-		t1 := time.Now()
-		Record(h, t1.Sub(t0))
-		t0 = t1
+		took := time.Since(t0)
+		if trips == 1 {
+			Record(h, took)
+			spent += took
+		} else {
+			more++
+			spentMore += took
+		}
 	}
-	m := map[string]float64{MetricRate: float64(h.TotalCount()) / time.Since(start).Seconds()}
+	rate := float64(h.TotalCount()) / spent.Seconds()
+	m := map[string]float64{MetricRate: rate}
+	if ceiling && more > 0 {
+		m[MetricOneMoreRTT] = float64(more) / spentMore.Seconds() / rate
+	}
 	latencyMetrics(m, h)
 	return Measurement{Metrics: m, Hist: h}, nil
 }

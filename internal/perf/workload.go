@@ -35,6 +35,10 @@ const (
 	MetricGBps     = "gb_per_s"     // payload bytes per second, both directions for bidir, 1e9
 	MetricCPUPerGB = "cpu_s_per_gb" // CPU seconds of both processes per 1e9 bytes moved
 	MetricRate     = "per_s"        // round trips, connections, requests or calls per second
+	// MetricOneMoreRTT is plain TCP's setup rate with one more round trip
+	// over its rate without (setup workload, plain TCP only): the ceiling
+	// of rsock's setup ratio, whose Dial waits for the server's answer.
+	MetricOneMoreRTT = "one_more_rtt_x"
 
 	MetricConns         = "conns" // idle connections open when measured
 	MetricRSSClient     = "rss_kib_per_conn_client"
@@ -56,6 +60,8 @@ type MetricInfo struct {
 	// NoRatio: a ratio to plain TCP would mislead (plain TCP's figure is
 	// near zero, its socket memory being in the kernel, not in RSS).
 	NoRatio bool
+	// PlainOnly: only plain TCP's run measures it.
+	PlainOnly bool
 }
 
 var metricInfo = map[string]MetricInfo{
@@ -67,6 +73,7 @@ var metricInfo = map[string]MetricInfo{
 	MetricGBps:          {Label: "throughput", Unit: "GB/s", HigherBetter: true},
 	MetricCPUPerGB:      {Label: "CPU per GB", Unit: "s/GB"},
 	MetricRate:          {Label: "rate", Unit: "/s", HigherBetter: true},
+	MetricOneMoreRTT:    {Label: "rate with one more round trip / rate", Unit: "x", HigherBetter: true, NoRatio: true, PlainOnly: true},
 	MetricConns:         {Label: "idle conns", Unit: "", HigherBetter: true},
 	MetricRSSClient:     {Label: "RSS per conn, client", Unit: "KiB", NoRatio: true},
 	MetricRSSServer:     {Label: "RSS per conn, server", Unit: "KiB", NoRatio: true},
