@@ -192,8 +192,9 @@ func InfoOf(c net.Conn) (ConnInfo, bool) {
 // while the peer writes, an end that does not read (past rsock's 256 KiB
 // of queued data) holds its own upgrade back. TransportOf may be read at
 // any time; wait for Settled first where the final transport matters (a
-// deployment check, a test), before asking the peer to send. A failover and the
-// upgrade after it do not reopen it.
+// deployment check, a test), before asking the peer to send. A failover, an
+// upgrade offered again after a decline that may pass (a busy server), and
+// the ring they lead to do not reopen it.
 func Settled(c net.Conn) <-chan struct{} {
 	if rc := unwrap(c); rc != nil && rc.w != nil {
 		return rc.w.settled

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"sync/atomic"
 	"time"
 
 	pool "github.com/libp2p/go-buffer-pool"
@@ -156,7 +155,7 @@ func (w *swConn) failover(cause string) error {
 		w.noteLocked("send", from, "tcp", fmt.Sprintf("%s; stream byte %d sent, from %d not confirmed", cause, w.switchAt+lo.Sent, w.owe.first))
 		wake(w.space) // a reader parked for room reads on: the peer's Resume may be behind its Data
 	}
-	w.failovers++
+	w.setbacks++
 	w.settleLocked()
 	w.mu.Unlock()
 	to := &label{transport: "tcp", code: CodeFailedOver, fallback: true, reason: fmt.Sprintf("failed over from %s to TCP: %s", from, cause)}
@@ -364,39 +363,3 @@ func (w *swConn) resendDone(wait time.Duration) bool {
 // failover runs (Write), so what comes before it is about what its send
 // queue and the two sockets' buffers held.
 const resumeLag = 64 << 20
-
-// Backoff of the upgrade after a failover: the n-th failover of a
-// connection waits reupgradeBase << (n-1), at most reupgradeMax.
-const (
-	reupgradeBase = 100 * time.Millisecond
-	reupgradeMax  = time.Minute
-)
-
-// reupgradeScale divides the backoff, for tests (1 otherwise); negative:
-// no new upgrade.
-var reupgradeScale atomic.Int64
-
-// reupgradeDelay is how long the client waits, after the n-th failover of
-// a connection, before it offers a ring again.
-func reupgradeDelay(n int) time.Duration {
-	d := reupgradeMax
-	if n = max(n, 1); n <= 30 && reupgradeBase<<(n-1) < reupgradeMax {
-		d = reupgradeBase << (n - 1)
-	}
-	return d / time.Duration(max(reupgradeScale.Load(), 1))
-}
-
-// reupgradeLocked arms the client's next upgrade once a failover is over
-// on both sides (the peer's Resume came).
-func (w *swConn) reupgradeLocked() {
-	if !w.client || len(w.transports) == 0 || w.closed || w.err != nil || w.gone || reupgradeScale.Load() < 0 {
-		return
-	}
-	if w.upTimer != nil {
-		w.upTimer.Stop()
-	}
-	w.upTimer = time.AfterFunc(reupgradeDelay(w.failovers), func() {
-		w.upStarted.Store(false)
-		w.kick()
-	})
-}

@@ -775,7 +775,7 @@ func TestFailoverResumeBeforeServerRing(t *testing.T) {
 		t.Fatal("the server did not finish its side exchange")
 	}
 	breakRing(c)
-	require.Eventually(t, func() bool { c.w.mu.Lock(); defer c.w.mu.Unlock(); return c.w.failovers > 0 }, 10*time.Second, time.Millisecond, "c's failover")
+	require.Eventually(t, func() bool { c.w.mu.Lock(); defer c.w.mu.Unlock(); return c.w.setbacks > 0 }, 10*time.Second, time.Millisecond, "c's failover")
 	c.w.wmu.Unlock()
 	close(release)
 	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))

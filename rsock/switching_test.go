@@ -328,6 +328,7 @@ func TestSwitchVersion1ClientToSwitchingServer(t *testing.T) {
 // places is declined; the connection stays on TCP, visibly, and works.
 func TestSwitchBusyServerDeclines(t *testing.T) {
 	registerSim(t)
+	noReupgrade(t) // TestSwitchBusyServerOffersAgain: what follows
 	cfg := swCfg("sim", time.Nanosecond)
 	ln := listen(t, cfg)
 	release := takeSetups(ln)
@@ -345,6 +346,145 @@ func TestSwitchBusyServerDeclines(t *testing.T) {
 	assert.Equal(t, uint64(1), ln.Stats().Busy)
 	go func() { _, _ = io.Copy(s, s) }()
 	echoTrip(t, c, "over tcp")
+}
+
+// TestSwitchBusyServerOffersAgain: a client whose offer a busy server
+// declined offers again after the backoff, is declined again while the
+// server stays busy, and moves to the ring once it has room. The first
+// decline settled the connection; the switch log shows every attempt.
+func TestSwitchBusyServerOffersAgain(t *testing.T) {
+	registerSim(t)
+	reupgradeScale.Store(100) // 1 ms, 2 ms, 4 ms, ...
+	t.Cleanup(func() { reupgradeScale.Store(1) })
+	cfg := swCfg("sim", time.Nanosecond)
+	ln := listen(t, cfg)
+	release := takeSetups(ln)
+	c, s := pipe(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	go func() { _, _ = io.Copy(s, s) }()
+	select {
+	case <-Settled(c):
+	default:
+		t.Fatal("the decline did not settle the connection")
+	}
+	assert.Equal(t, CodeDeclined, c.Info().Code)
+	require.Eventually(t, func() bool { return ln.Stats().Busy >= 3 }, 10*time.Second, time.Millisecond, "offers while busy: %d", ln.Stats().Busy)
+	echoTrip(t, c, "still over tcp")
+	release()
+	require.Eventually(t, func() bool { return bothDirectionsOnRing(c) && bothDirectionsOnRing(s) }, 10*time.Second, time.Millisecond, "not on the ring: %+v", c.Info())
+	echoTrip(t, c, "over the ring")
+	info := c.Info()
+	assert.Equal(t, "sim", info.Transport)
+	assert.Equal(t, CodeAgreed, info.Code)
+	var declined, moved int
+	for _, e := range info.Switches {
+		switch {
+		case e.From == "tcp" && e.To == "tcp":
+			declined++
+			assert.Contains(t, e.Cause, "server busy")
+		case e.From == "tcp" && e.To == "sim":
+			moved++
+		}
+	}
+	assert.GreaterOrEqual(t, declined, 3, "%+v", info.Switches)
+	assert.Equal(t, 2, moved, "%+v", info.Switches)
+}
+
+// TestSwitchOffersAgainOnlyWhenItMayPass: after an upgrade that ended
+// without a ring, the client offers again (after the backoff) only if the
+// reason may pass: a busy server, one that could not prepare its side, or
+// a connect that failed; not a server that refuses by policy. A server
+// played by hand answers the first offer and reports a second.
+func TestSwitchOffersAgainOnlyWhenItMayPass(t *testing.T) {
+	registerSim(t)
+	reupgradeScale.Store(100) // 1 ms
+	t.Cleanup(func() { reupgradeScale.Store(1) })
+	for _, tc := range []struct {
+		name   string
+		answer handshake.Message
+		again  bool
+		code   string
+	}{
+		{"busy", &handshake.Decline{Code: handshake.DeclineResources, Reason: "server busy"}, true, CodeDeclined},
+		{"unavailable", &handshake.Decline{Code: handshake.DeclineUnavailable, Reason: "sim: out of memory"}, true, CodeDeclined},
+		{"connect failed", &handshake.Accept{Transport: handshake.TransportShm}, true, CodeConnectFail},
+		{"policy", &handshake.Decline{Code: handshake.DeclinePolicy, Reason: "not here"}, false, CodeDeclined},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			defer ln.Close()
+			second := make(chan error, 1)
+			go func() {
+				second <- func() error {
+					raw, err := ln.Accept()
+					if err != nil {
+						return err
+					}
+					defer raw.Close()
+					if _, err := io.ReadFull(raw, make([]byte, len(handshake.Magic))); err != nil {
+						return err
+					}
+					if _, err := handshake.ReadAfterMagic(raw); err != nil { // the Hello
+						return err
+					}
+					if err := handshake.Write(raw, &handshake.Upgrade{Flags: handshake.UpgradeGrow, Transports: []handshake.Transport{handshake.TransportSim}}); err != nil {
+						return err
+					}
+					for offers := 0; ; {
+						_, m, err := handshake.Next(raw)
+						if err != nil {
+							return err
+						}
+						switch m.(type) {
+						case *handshake.UpgradeOffer:
+							if offers++; offers == 2 {
+								return nil
+							}
+							if err := handshake.Write(raw, tc.answer); err != nil {
+								return err
+							}
+						case *handshake.Confirm:
+						default:
+							return fmt.Errorf("got %T", m)
+						}
+					}
+				}()
+			}()
+			over := make(chan struct{}, 1)
+			testHookUpgradeOver.set(func(w *swConn) {
+				if w.raw.RemoteAddr().String() == ln.Addr().String() { // not an earlier case's
+					wake(over)
+				}
+			})
+			defer testHookUpgradeOver.set(nil)
+			c, err := (&Dialer{Config: swCfg("sim", time.Nanosecond)}).Dial("tcp", ln.Addr().String())
+			require.NoError(t, err)
+			defer c.Close()
+			select {
+			case <-over:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the first upgrade did not end")
+			}
+			w := c.(*Conn).w
+			w.mu.Lock()
+			setbacks := w.setbacks
+			w.mu.Unlock()
+			assert.Equal(t, tc.code, c.(*Conn).Info().Code)
+			if !tc.again {
+				assert.Zero(t, setbacks, "no new upgrade is armed")
+				return
+			}
+			assert.Equal(t, 1, setbacks)
+			select {
+			case err := <-second:
+				require.NoError(t, err, "the second offer")
+			case <-time.After(10 * time.Second):
+				t.Fatal("no second offer")
+			}
+		})
+	}
 }
 
 // rawSwitchClient opens a switching connection to ln by hand and returns

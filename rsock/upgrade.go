@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
@@ -159,7 +160,14 @@ func (w *swConn) clientUpgrade() {
 	mine := make(chan struct{})
 	w.upDone = mine
 	w.mu.Unlock()
-	defer w.upgradeEnded(mine)
+	again := false // the reason may pass: offer again after the backoff
+	defer func() {
+		w.upgradeEnded(mine)
+		if again {
+			w.upgradeLater()
+		}
+		testHookUpgradeOver.run(w)
+	}()
 	offer := &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: mustTransport(name), Ring: ringOf(ep.Ring()), Info: ep.Info()}}
 	if err := w.out.send(offer); err != nil {
 		ep.Close()
@@ -185,6 +193,7 @@ func (w *swConn) clientUpgrade() {
 	case *handshake.Decline:
 		ep.Close()
 		w.stayOnTCP(CodeDeclined, fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason))
+		again = m.Code == handshake.DeclineResources || m.Code == handshake.DeclineUnavailable
 		return
 	case *handshake.Accept:
 		ctx, cancel := w.stepContext()
@@ -195,6 +204,7 @@ func (w *swConn) clientUpgrade() {
 			reason := fmt.Sprintf("%s: %v", name, err)
 			if w.out.send(&handshake.Confirm{Code: handshake.DeclineFailed, Reason: handshake.SanitizeReason(reason)}) == nil {
 				w.stayOnTCP(CodeConnectFail, "could not connect "+reason)
+				again = true
 			}
 			return
 		}
@@ -229,6 +239,60 @@ func (w *swConn) upgradeEnded(mine chan struct{}) {
 		close(mine)
 	}
 	w.settleLocked() // the peer's end may have come meanwhile
+}
+
+// Backoff of a new upgrade after a setback (a failover, or an upgrade a
+// busy or failing server declined): after the n-th setback of a
+// connection the client waits reupgradeBase << (n-1), at most
+// reupgradeMax, before it offers a ring again.
+const (
+	reupgradeBase = 100 * time.Millisecond
+	reupgradeMax  = time.Minute
+)
+
+// reupgradeScale divides the backoff, for tests (1 otherwise); negative:
+// no new upgrade.
+var reupgradeScale atomic.Int64
+
+// reupgradeDelay is how long the client waits, after the n-th setback of
+// a connection, before it offers a ring again.
+func reupgradeDelay(n int) time.Duration {
+	d := reupgradeMax
+	if n = max(n, 1); n <= 30 && reupgradeBase<<(n-1) < reupgradeMax {
+		d = reupgradeBase << (n - 1)
+	}
+	return d / time.Duration(max(reupgradeScale.Load(), 1))
+}
+
+// reupgradeLocked arms the client's next upgrade after its backoff: once a
+// failover is over on both sides (the peer's Resume came), or once an
+// upgrade that may succeed later has ended (upgradeLater).
+func (w *swConn) reupgradeLocked() {
+	if !w.client || len(w.transports) == 0 || w.closed || w.err != nil || w.gone || reupgradeScale.Load() < 0 {
+		return
+	}
+	if w.upTimer != nil {
+		w.upTimer.Stop()
+	}
+	w.upTimer = time.AfterFunc(reupgradeDelay(w.setbacks), func() {
+		w.upStarted.Store(false)
+		w.kick()
+	})
+}
+
+// testHookUpgradeOver runs when a client's upgrade has ended, and a new
+// one is armed if it is to follow (tests).
+var testHookUpgradeOver hook
+
+// upgradeLater counts an upgrade that ended without a ring for a reason
+// that may pass (the server was busy or could not prepare its side, or
+// connecting failed), and arms a new one after the backoff. It runs once
+// that upgrade has ended (upgradeEnded).
+func (w *swConn) upgradeLater() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.setbacks++
+	w.reupgradeLocked()
 }
 
 // declineOffer ends the server's upgrade and then declines the offer: a
