@@ -26,13 +26,17 @@ import (
 // descriptor or goroutine for its completions, while the events of many
 // connections are not all read by one goroutine.
 type compChannel struct {
-	ch   *C.struct_rs_comp_channel
-	file *os.File // duplicate of the channel fd
-	rc   syscall.RawConn
+	ch         *C.struct_rs_comp_channel
+	file       *os.File // duplicate of the channel fd
+	rc         syscall.RawConn
+	readerDone chan struct{} // closed when the reader (events) has returned
 
-	mu  sync.Mutex
-	cqs map[*C.struct_rs_cq]*CQ
-	err error // the channel failed: it takes no more CQs
+	mu      sync.Mutex
+	cqs     map[*C.struct_rs_cq]*CQ
+	err     error // the channel failed: it takes no more CQs
+	live    int   // CQs made, or being made, on it and not destroyed yet
+	retired bool  // failed and replaced: destroyed once live is 0
+	gone    bool  // destroyed
 }
 
 // maxChannels is the number of a device context's completion channels.
@@ -52,17 +56,18 @@ func (dc *devCtx) startChannels() error {
 }
 
 // stopChannels ends the channels of a context that failed to open (no CQ
-// uses them): closing the file ends the reader, then the channel goes.
+// uses them).
 func (dc *devCtx) stopChannels() {
 	for _, cc := range dc.chans {
-		cc.file.Close()
-		C.rs_destroy_channel(cc.ch)
+		cc.destroy()
 	}
 	dc.chans = nil
 }
 
 // channel returns a completion channel of the context for a new CQ, round
-// robin; one that failed is replaced.
+// robin, held for it: the caller calls done once the CQ is destroyed, or
+// was not made. One that failed is replaced, and destroyed once the last
+// CQ that holds it is.
 func (dc *devCtx) channel() (*compChannel, error) {
 	dc.mu.Lock()
 	defer dc.mu.Unlock()
@@ -71,16 +76,52 @@ func (dc *devCtx) channel() (*compChannel, error) {
 	cc := dc.chans[i]
 	cc.mu.Lock()
 	failed := cc.err != nil
+	if !failed {
+		cc.live++
+	}
 	cc.mu.Unlock()
 	if !failed {
 		return cc, nil
 	}
-	cc, err := dc.newChannel()
+	nc, err := dc.newChannel()
 	if err != nil {
 		return nil, err
 	}
-	dc.chans[i] = cc // the failed one is left to its CQs
-	return cc, nil
+	dc.chans[i] = nc
+	nc.live++ // not shared yet
+	cc.mu.Lock()
+	cc.retired = true
+	cc.mu.Unlock()
+	cc.release()
+	return nc, nil
+}
+
+// done gives back a hold that channel took, once its CQ is destroyed or
+// was not made.
+func (cc *compChannel) done() {
+	cc.mu.Lock()
+	cc.live--
+	cc.mu.Unlock()
+	cc.release()
+}
+
+// release destroys a retired channel that no CQ holds any more.
+func (cc *compChannel) release() {
+	cc.mu.Lock()
+	last := cc.retired && cc.live == 0 && !cc.gone
+	cc.gone = cc.gone || last
+	cc.mu.Unlock()
+	if last {
+		cc.destroy()
+	}
+}
+
+// destroy closes the channel: its duplicate first, which ends a reader
+// still parked on it, then, once the reader has returned, the channel.
+func (cc *compChannel) destroy() {
+	cc.file.Close()
+	<-cc.readerDone
+	C.rs_destroy_channel(cc.ch)
 }
 
 // newChannel makes a completion channel and starts its reader.
@@ -90,13 +131,16 @@ func (dc *devCtx) newChannel() (*compChannel, error) {
 	if ch == nil {
 		return nil, errnoErr("create completion channel", e)
 	}
-	cc := &compChannel{ch: ch, cqs: map[*C.struct_rs_cq]*CQ{}}
+	cc := &compChannel{ch: ch, cqs: map[*C.struct_rs_cq]*CQ{}, readerDone: make(chan struct{})}
 	var err error
 	if cc.file, cc.rc, err = pollable(ch.fd, "completion channel"); err != nil {
 		C.rs_destroy_channel(ch)
 		return nil, err
 	}
-	go cc.events()
+	go func() {
+		defer close(cc.readerDone)
+		cc.events()
+	}()
 	return cc, nil
 }
 

@@ -67,10 +67,13 @@ func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 		q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, &e)
 	}
 	if q.cq == nil {
+		cc.done()
 		return nil, errnoErr(fmt.Sprintf("create CQ of %d entries", depth), e)
 	}
 	if err := cc.add(q); err != nil {
-		C.rs_destroy_cq(q.cq)
+		if C.rs_destroy_cq(q.cq) == 0 {
+			cc.done()
+		}
 		return nil, err
 	}
 	d.dc.mu.Lock()
@@ -273,8 +276,9 @@ func (q *CQ) Close() error {
 	// asynchronous event of an overrun (devCtx.handle calls fail, which
 	// takes mu, before it acknowledges). So no lock of ours is held here.
 	if e := C.rs_destroy_cq(q.cq); e != 0 {
-		return errnoErr("destroy CQ", e)
+		return errnoErr("destroy CQ", e) // it keeps its hold on the channel
 	}
+	q.cc.done()
 	return nil
 }
 

@@ -1,0 +1,51 @@
+//go:build cgo && linux
+
+package ibverbs_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
+	"github.com/rdmanet/rdmanet/internal/verbs/verbstest"
+)
+
+// TestFailedChannelIsReleased: a completion channel that failed fails its
+// CQs, is replaced for new ones, and is destroyed (its two descriptors
+// closed) once the last CQ made on it is.
+func TestFailedChannelIsReleased(t *testing.T) {
+	d, err := ibverbs.New().Open(deviceOptions())
+	if err != nil {
+		verbstest.Unavailable(t, err.Error())
+	}
+	defer d.Close()
+	q, err := d.NewCQ(16, func() {})
+	require.NoError(t, err)
+	before := ibverbs.OpenFDs(t)
+	ibverbs.FailChannel(q, errors.New("test: the channel failed"))
+	_, err = q.Poll(make([]verbs.Completion, 1))
+	assert.Error(t, err, "a CQ of the failed channel fails")
+	// The context's channels are handed out round robin: within 8 new CQs
+	// the failed one's turn comes, and a new channel (two descriptors)
+	// takes its place, while q still holds the failed one.
+	var qs []verbs.CQ
+	defer func() {
+		for _, x := range qs {
+			x.Close()
+		}
+	}()
+	for range 8 {
+		x, err := d.NewCQ(16, func() {})
+		require.NoError(t, err)
+		qs = append(qs, x)
+		_, err = x.Poll(make([]verbs.Completion, 1))
+		require.NoError(t, err, "a new CQ gets a working channel")
+	}
+	assert.Equal(t, before+2, ibverbs.OpenFDs(t), "the replacement channel")
+	require.NoError(t, q.Close())
+	assert.Equal(t, before, ibverbs.OpenFDs(t), "the failed channel's descriptors are closed with its last CQ")
+}
