@@ -224,12 +224,9 @@ func (c *Conn) Registered() int64 { return c.registered.Load() }
 // countRegisteredLocked updates what Registered reports after the
 // Endpoint's regions changed.
 func (c *Conn) countRegisteredLocked() {
-	e := c.ep
 	var n int64
-	for _, mr := range []verbs.MR{e.ring, e.slots, e.stage, e.nextRing, e.oldRing, e.nextStage, e.oldStage} {
-		if mr != nil {
-			n += int64(len(mr.Bytes()))
-		}
+	for _, mr := range c.ep.regions() {
+		n += int64(len(mr.Bytes()))
 	}
 	c.registered.Store(n)
 }

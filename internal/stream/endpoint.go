@@ -200,14 +200,25 @@ func (e *Endpoint) release(drain func()) {
 	if e.cq != nil {
 		_ = e.cq.Close()
 	}
-	for _, mr := range []verbs.MR{e.ring, e.slots, e.stage, e.nextRing, e.oldRing, e.nextStage, e.oldStage} {
-		if mr != nil {
-			_ = mr.Close()
-		}
+	for _, mr := range e.regions() {
+		_ = mr.Close()
 	}
 	if e.dev != nil {
 		_ = e.dev.Close()
 	}
+}
+
+// regions are the memory regions the endpoint holds now: its rings, slots
+// and staging, and those of a ring move in progress.
+func (e *Endpoint) regions() []verbs.MR {
+	all := []verbs.MR{e.ring, e.slots, e.stage, e.nextRing, e.oldRing, e.nextStage, e.oldStage}
+	held := all[:0]
+	for _, mr := range all {
+		if mr != nil {
+			held = append(held, mr)
+		}
+	}
+	return held
 }
 
 // validatePeer checks the peer's ring description against the protocol's
