@@ -324,17 +324,24 @@ func TestSwitchVersion1ClientToSwitchingServer(t *testing.T) {
 	assert.Equal(t, "sim", TransportOf(s))
 }
 
+// busyPipe connects a switching pair over sim, upgrading at once, through
+// a listener whose endpoint-setup places are all taken: the client's first
+// offer is declined ("server busy"). release frees the places.
+func busyPipe(t *testing.T) (c, s *Conn, ln *Listener, release func()) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	ln = listen(t, cfg)
+	release = takeSetups(ln)
+	c, s = pipe(t, ln, cfg)
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c, s, ln, release
+}
+
 // TestSwitchBusyServerDeclines: an upgrade past the listener's setup
 // places is declined; the connection stays on TCP, visibly, and works.
 func TestSwitchBusyServerDeclines(t *testing.T) {
-	registerSim(t)
 	noReupgrade(t) // TestSwitchBusyServerOffersAgain: what follows
-	cfg := swCfg("sim", time.Nanosecond)
-	ln := listen(t, cfg)
-	release := takeSetups(ln)
-	c, s := pipe(t, ln, cfg)
-	defer c.Close()
-	defer s.Close()
+	c, s, ln, release := busyPipe(t)
 	release()
 	info := c.Info()
 	assert.Equal(t, "tcp", info.Transport)
@@ -356,12 +363,7 @@ func TestSwitchBusyServerOffersAgain(t *testing.T) {
 	registerSim(t)
 	reupgradeScale.Store(100) // 1 ms, 2 ms, 4 ms, ...
 	t.Cleanup(func() { reupgradeScale.Store(1) })
-	cfg := swCfg("sim", time.Nanosecond)
-	ln := listen(t, cfg)
-	release := takeSetups(ln)
-	c, s := pipe(t, ln, cfg)
-	defer c.Close()
-	defer s.Close()
+	c, s, ln, release := busyPipe(t)
 	go func() { _, _ = io.Copy(s, s) }()
 	select {
 	case <-Settled(c):
@@ -412,54 +414,34 @@ func TestSwitchOffersAgainOnlyWhenItMayPass(t *testing.T) {
 		{"policy", &handshake.Decline{Code: handshake.DeclinePolicy, Reason: "not here"}, false, CodeDeclined},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			require.NoError(t, err)
-			defer ln.Close()
-			second := make(chan error, 1)
-			go func() {
-				second <- func() error {
-					raw, err := ln.Accept()
+			addr, second := serveByHand(t, func(raw net.Conn) error {
+				for offers := 0; ; {
+					_, m, err := handshake.Next(raw)
 					if err != nil {
 						return err
 					}
-					defer raw.Close()
-					if _, err := io.ReadFull(raw, make([]byte, len(handshake.Magic))); err != nil {
-						return err
-					}
-					if _, err := handshake.ReadAfterMagic(raw); err != nil { // the Hello
-						return err
-					}
-					if err := handshake.Write(raw, &handshake.Upgrade{Flags: handshake.UpgradeGrow, Transports: []handshake.Transport{handshake.TransportSim}}); err != nil {
-						return err
-					}
-					for offers := 0; ; {
-						_, m, err := handshake.Next(raw)
-						if err != nil {
+					switch m.(type) {
+					case *handshake.UpgradeOffer:
+						if offers++; offers == 2 {
+							return nil
+						}
+						if err := handshake.Write(raw, tc.answer); err != nil {
 							return err
 						}
-						switch m.(type) {
-						case *handshake.UpgradeOffer:
-							if offers++; offers == 2 {
-								return nil
-							}
-							if err := handshake.Write(raw, tc.answer); err != nil {
-								return err
-							}
-						case *handshake.Confirm:
-						default:
-							return fmt.Errorf("got %T", m)
-						}
+					case *handshake.Confirm:
+					default:
+						return fmt.Errorf("got %T", m)
 					}
-				}()
-			}()
+				}
+			})
 			over := make(chan struct{}, 1)
 			testHookUpgradeOver.set(func(w *swConn) {
-				if w.raw.RemoteAddr().String() == ln.Addr().String() { // not an earlier case's
+				if w.raw.RemoteAddr().String() == addr { // not an earlier case's
 					wake(over)
 				}
 			})
 			defer testHookUpgradeOver.set(nil)
-			c, err := (&Dialer{Config: swCfg("sim", time.Nanosecond)}).Dial("tcp", ln.Addr().String())
+			c, err := (&Dialer{Config: swCfg("sim", time.Nanosecond)}).Dial("tcp", addr)
 			require.NoError(t, err)
 			defer c.Close()
 			select {
@@ -885,6 +867,37 @@ func TestSettled(t *testing.T) {
 	assert.True(t, closed(Settled(lc)), "the connection ended")
 }
 
+// serveByHand plays a switching server by hand for one connection: it
+// reads the client's magic and Hello, answers Upgrade with sim, and runs f
+// on the connection, which it then closes (orderly). It returns the
+// address to dial, and a channel that gets f's error, or the handshake's.
+func serveByHand(t *testing.T, f func(raw net.Conn) error) (string, <-chan error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	done := make(chan error, 1)
+	go func() {
+		done <- func() error {
+			raw, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			defer raw.Close()
+			if _, err = io.ReadFull(raw, make([]byte, len(handshake.Magic))); err == nil {
+				_, err = handshake.ReadAfterMagic(raw) // the Hello
+			}
+			if err == nil {
+				err = handshake.Write(raw, &handshake.Upgrade{Flags: handshake.UpgradeGrow, Transports: []handshake.Transport{handshake.TransportSim}})
+			}
+			if err != nil {
+				return err
+			}
+			return f(raw)
+		}()
+	}()
+	return ln.Addr().String(), done
+}
+
 // TestUpgradeEndsWhenThePeerCloses: a server that closes the connection
 // (orderly, at a frame boundary) while the client's Offer waits for its
 // answer ends that upgrade: the connection settles on TCP, and Reads see
@@ -892,35 +905,16 @@ func TestSettled(t *testing.T) {
 // served this way; the client waited for the answer until its own Close.)
 func TestUpgradeEndsWhenThePeerCloses(t *testing.T) {
 	registerSim(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	served := make(chan error, 1)
-	go func() {
-		served <- func() error {
-			raw, err := ln.Accept()
-			if err != nil {
-				return err
-			}
-			defer raw.Close() // orderly: no answer to the Offer
-			if _, err := io.ReadFull(raw, make([]byte, len(handshake.Magic))); err != nil {
-				return err
-			}
-			if _, err := handshake.ReadAfterMagic(raw); err != nil { // the Hello
-				return err
-			}
-			if err := handshake.Write(raw, &handshake.Upgrade{Flags: handshake.UpgradeGrow, Transports: []handshake.Transport{handshake.TransportSim}}); err != nil {
-				return err
-			}
-			_, m, err := handshake.Next(raw)
-			if _, ok := m.(*handshake.UpgradeOffer); err == nil && !ok {
-				err = fmt.Errorf("got %T, want the client's offer", m)
-			}
-			return err
-		}()
-	}()
+	// The connection's orderly close when f returns: no answer to the Offer.
+	addr, served := serveByHand(t, func(raw net.Conn) error {
+		_, m, err := handshake.Next(raw)
+		if _, ok := m.(*handshake.UpgradeOffer); err == nil && !ok {
+			err = fmt.Errorf("got %T, want the client's offer", m)
+		}
+		return err
+	})
 	cfg := swCfg("sim", time.Nanosecond)
-	c, err := (&Dialer{Config: cfg}).Dial("tcp", ln.Addr().String())
+	c, err := (&Dialer{Config: cfg}).Dial("tcp", addr)
 	require.NoError(t, err)
 	defer c.Close()
 	require.NoError(t, <-served)
