@@ -898,6 +898,36 @@ func serveByHand(t *testing.T, f func(raw net.Conn) error) (string, <-chan error
 	return ln.Addr().String(), done
 }
 
+// TestNoUpgradeAfterThePeerEnded: a client whose server ended the
+// connection before the upgrade's time prepares no endpoint when the time
+// comes: the connection stays on TCP, and its reason says no offer was made.
+func TestNoUpgradeAfterThePeerEnded(t *testing.T) {
+	registerSim(t)
+	addr, served := serveByHand(t, func(net.Conn) error { return nil }) // closes after the Upgrade
+	over := make(chan struct{}, 1)
+	testHookUpgradeOver.set(func(w *swConn) {
+		if w.raw.RemoteAddr().String() == addr {
+			wake(over)
+		}
+	})
+	defer testHookUpgradeOver.set(nil)
+	c, err := (&Dialer{Config: swCfg("sim", time.Hour)}).Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, <-served)
+	_, err = c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF, "the server's end")
+	c.(*Conn).w.kick() // the policy's time
+	select {
+	case <-over:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upgrade did not end")
+	}
+	info := c.(*Conn).Info()
+	assert.Equal(t, "tcp", info.Transport)
+	assert.Contains(t, info.Reason, "before the upgrade began")
+}
+
 // TestUpgradeEndsWhenThePeerCloses: a server that closes the connection
 // (orderly, at a frame boundary) while the client's Offer waits for its
 // answer ends that upgrade: the connection settles on TCP, and Reads see

@@ -125,6 +125,19 @@ func (w *swConn) upgraded(name string) {
 // clientUpgrade offers the first transport the server takes, in our order
 // (host-local first), and on an Accept starts the ring and switches.
 func (w *swConn) clientUpgrade() {
+	w.mu.Lock()
+	over, gone := w.closed || w.err != nil, w.gone
+	w.mu.Unlock()
+	switch {
+	case over:
+		return
+	case gone:
+		// The server ended before the policy's time came: there is no
+		// one to offer a ring to, and no endpoint to prepare.
+		w.stayOnTCP(CodeDeclined, "the server closed the connection before the upgrade began")
+		testHookUpgradeOver.run(w)
+		return
+	}
 	s := w.set
 	var why reasons
 	var ep *stream.Endpoint
