@@ -193,8 +193,8 @@ func InfoOf(c net.Conn) (ConnInfo, bool) {
 // of queued data) holds its own upgrade back. TransportOf may be read at
 // any time; wait for Settled first where the final transport matters (a
 // deployment check, a test), before asking the peer to send. A failover, an
-// upgrade offered again after a decline that may pass (a busy server), and
-// the ring they lead to do not reopen it.
+// upgrade offered again after a busy server's decline, and the ring they
+// lead to do not reopen it.
 func Settled(c net.Conn) <-chan struct{} {
 	if rc := unwrap(c); rc != nil && rc.w != nil {
 		return rc.w.settled

@@ -102,7 +102,7 @@ type swConn struct {
 	staleSwitch bool          // the peer's Switch may still come, from before the failover
 	owe         *owed         // our ring's bytes to send again once the peer's Resume comes
 	peerFinal   uint64        // the stream cursor of the peer's goodbye while on the ring
-	setbacks    int           // failovers, and upgrades declined or failed for a reason that may pass: the next upgrade's backoff
+	setbacks    int           // failovers, and upgrades a busy server declined: the next upgrade's backoff
 }
 
 // SwitchEvent is one move of a direction of a connection between TCP and

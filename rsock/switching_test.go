@@ -393,12 +393,12 @@ func TestSwitchBusyServerOffersAgain(t *testing.T) {
 	assert.Equal(t, 2, moved, "%+v", info.Switches)
 }
 
-// TestSwitchOffersAgainOnlyWhenItMayPass: after an upgrade that ended
-// without a ring, the client offers again (after the backoff) only if the
-// reason may pass: a busy server, one that could not prepare its side, or
-// a connect that failed; not a server that refuses by policy. A server
-// played by hand answers the first offer and reports a second.
-func TestSwitchOffersAgainOnlyWhenItMayPass(t *testing.T) {
+// TestSwitchOffersAgainOnlyWhenBusy: after an upgrade that ended without a
+// ring, the client offers again (after the backoff) only if the server
+// said it was busy; not after a server that could not prepare its side, a
+// connect that failed, or a policy. A server played by hand answers the
+// first offer and reports a second.
+func TestSwitchOffersAgainOnlyWhenBusy(t *testing.T) {
 	registerSim(t)
 	reupgradeScale.Store(100) // 1 ms
 	t.Cleanup(func() { reupgradeScale.Store(1) })
@@ -409,8 +409,8 @@ func TestSwitchOffersAgainOnlyWhenItMayPass(t *testing.T) {
 		code   string
 	}{
 		{"busy", &handshake.Decline{Code: handshake.DeclineResources, Reason: "server busy"}, true, CodeDeclined},
-		{"unavailable", &handshake.Decline{Code: handshake.DeclineUnavailable, Reason: "sim: out of memory"}, true, CodeDeclined},
-		{"connect failed", &handshake.Accept{Transport: handshake.TransportShm}, true, CodeConnectFail},
+		{"unavailable", &handshake.Decline{Code: handshake.DeclineUnavailable, Reason: "sim: out of memory"}, false, CodeDeclined},
+		{"connect failed", &handshake.Accept{Transport: handshake.TransportShm}, false, CodeConnectFail},
 		{"policy", &handshake.Decline{Code: handshake.DeclinePolicy, Reason: "not here"}, false, CodeDeclined},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

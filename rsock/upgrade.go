@@ -3,6 +3,7 @@ package rsock
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -173,7 +174,7 @@ func (w *swConn) clientUpgrade() {
 	mine := make(chan struct{})
 	w.upDone = mine
 	w.mu.Unlock()
-	again := false // the reason may pass: offer again after the backoff
+	again := false // the server was busy: offer again after the backoff
 	defer func() {
 		w.upgradeEnded(mine)
 		if again {
@@ -206,7 +207,9 @@ func (w *swConn) clientUpgrade() {
 	case *handshake.Decline:
 		ep.Close()
 		w.stayOnTCP(CodeDeclined, fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason))
-		again = m.Code == handshake.DeclineResources || m.Code == handshake.DeclineUnavailable
+		// Only a busy server says its reason will pass; one that could
+		// not prepare its side may fail the same way every time.
+		again = m.Code == handshake.DeclineResources
 		return
 	case *handshake.Accept:
 		ctx, cancel := w.stepContext()
@@ -217,7 +220,6 @@ func (w *swConn) clientUpgrade() {
 			reason := fmt.Sprintf("%s: %v", name, err)
 			if w.out.send(&handshake.Confirm{Code: handshake.DeclineFailed, Reason: handshake.SanitizeReason(reason)}) == nil {
 				w.stayOnTCP(CodeConnectFail, "could not connect "+reason)
-				again = true
 			}
 			return
 		}
@@ -255,9 +257,9 @@ func (w *swConn) upgradeEnded(mine chan struct{}) {
 }
 
 // Backoff of a new upgrade after a setback (a failover, or an upgrade a
-// busy or failing server declined): after the n-th setback of a
-// connection the client waits reupgradeBase << (n-1), at most
-// reupgradeMax, before it offers a ring again.
+// busy server declined): after the n-th setback of a connection the
+// client waits about reupgradeBase << (n-1), at most reupgradeMax, before
+// it offers a ring again (reupgradeLocked spreads it).
 const (
 	reupgradeBase = 100 * time.Millisecond
 	reupgradeMax  = time.Minute
@@ -279,7 +281,9 @@ func reupgradeDelay(n int) time.Duration {
 
 // reupgradeLocked arms the client's next upgrade after its backoff: once a
 // failover is over on both sides (the peer's Resume came), or once an
-// upgrade that may succeed later has ended (upgradeLater).
+// upgrade a busy server declined has ended (upgradeLater). The wait is
+// between half the backoff and all of it, at random, so that connections
+// that failed over or were declined together do not come back together.
 func (w *swConn) reupgradeLocked() {
 	if !w.client || len(w.transports) == 0 || w.closed || w.err != nil || w.gone || reupgradeScale.Load() < 0 {
 		return
@@ -287,7 +291,8 @@ func (w *swConn) reupgradeLocked() {
 	if w.upTimer != nil {
 		w.upTimer.Stop()
 	}
-	w.upTimer = time.AfterFunc(reupgradeDelay(w.setbacks), func() {
+	d := reupgradeDelay(w.setbacks)
+	w.upTimer = time.AfterFunc(d/2+rand.N(d/2+1), func() {
 		w.upStarted.Store(false)
 		w.kick()
 	})
@@ -297,10 +302,9 @@ func (w *swConn) reupgradeLocked() {
 // one is armed if it is to follow (tests).
 var testHookUpgradeOver hook
 
-// upgradeLater counts an upgrade that ended without a ring for a reason
-// that may pass (the server was busy or could not prepare its side, or
-// connecting failed), and arms a new one after the backoff. It runs once
-// that upgrade has ended (upgradeEnded).
+// upgradeLater counts an upgrade a busy server declined, and arms a new
+// one after the backoff. It runs once that upgrade has ended
+// (upgradeEnded).
 func (w *swConn) upgradeLater() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
