@@ -299,17 +299,11 @@ func (c *Config) resolve() (*settings, error) {
 		return nil, &ConfigError{Field: "Transports", Env: env, Value: strings.Join(list, ","), Err: fmt.Errorf("no transport")}
 	}
 	var err error
-	if s.ringSize, err = intField("RingSize", cfg.RingSize, "RSOCK_RING_SIZE", DefaultRingSize, parseSize); err != nil {
+	if s.ringSize, err = ringField("RingSize", cfg.RingSize, "RSOCK_RING_SIZE", DefaultRingSize); err != nil {
 		return nil, err
 	}
-	if rs := uint64(s.ringSize); rs&(rs-1) != 0 || rs < ring.MinRingSize || rs > ring.MaxRingSize {
-		return nil, &ConfigError{Field: "RingSize", Value: strconv.Itoa(s.ringSize), Err: fmt.Errorf("not a power of two from %d to %d", ring.MinRingSize, ring.MaxRingSize)}
-	}
-	if s.ringStart, err = intField("RingStart", cfg.RingStart, "RSOCK_RING_START", DefaultRingStart, parseSize); err != nil {
+	if s.ringStart, err = ringField("RingStart", cfg.RingStart, "RSOCK_RING_START", DefaultRingStart); err != nil {
 		return nil, err
-	}
-	if rs := uint64(s.ringStart); rs&(rs-1) != 0 || rs < ring.MinRingSize || rs > ring.MaxRingSize {
-		return nil, &ConfigError{Field: "RingStart", Value: strconv.Itoa(s.ringStart), Err: fmt.Errorf("not a power of two from %d to %d", ring.MinRingSize, ring.MaxRingSize)}
 	}
 	if s.credits, err = intField("Credits", cfg.Credits, "RSOCK_CREDITS", DefaultCredits, strconv.Atoi); err != nil {
 		return nil, err
@@ -403,6 +397,19 @@ func (s *settings) resolveDevice(cfg *Config) error {
 		return &ConfigError{Field: "GIDIndex", Value: strconv.Itoa(s.gidIndex), Err: fmt.Errorf("not in [0, 255]")}
 	}
 	return nil
+}
+
+// ringField is intField for a ring size (parseSize): a power of two from
+// ring.MinRingSize to ring.MaxRingSize.
+func ringField(field string, v int, env string, def int) (int, error) {
+	n, err := intField(field, v, env, def, parseSize)
+	if err != nil {
+		return 0, err
+	}
+	if rs := uint64(n); rs&(rs-1) != 0 || rs < ring.MinRingSize || rs > ring.MaxRingSize {
+		return 0, &ConfigError{Field: field, Value: strconv.Itoa(n), Err: fmt.Errorf("not a power of two from %d to %d", ring.MinRingSize, ring.MaxRingSize)}
+	}
+	return n, nil
 }
 
 func intField(field string, v int, env string, def int, parse func(string) (int, error)) (int, error) {

@@ -60,17 +60,18 @@ type Endpoint struct {
 	dev   verbs.Device
 	cq    verbs.CQ
 	qp    verbs.QP
-	ring  verbs.MR // our receive ring: the peer writes into it
-	slots verbs.MR // receive buffers for state messages
-	stage verbs.MR // staging for WRITEs into the peer's ring (Prepare), unless the peer's memory is mapped
+	ring  verbs.MR             // our receive ring: the peer writes into it
+	slots verbs.MR             // receive buffers for state messages
+	stage verbs.MR             // staging for WRITEs into the peer's ring (Prepare), unless the peer's memory is mapped
+	owned bool                 // resources not yet handed to a Conn
+	rwr   verbs.RecvWR         // reused by postSlot (callers serialise): no allocation per post
+	conn  atomic.Pointer[Conn] // the Conn the CQ's notifications go to, once started
+
 	// A ring move (grow.go): our ring offered and not moved into yet, and
 	// the old one until its bytes are consumed; staging for the peer's
 	// new ring until we move, and the old staging until its bytes are
 	// acknowledged. Guarded by the Conn's mutex.
 	nextRing, oldRing, nextStage, oldStage verbs.MR
-	owned                                  bool                 // resources not yet handed to a Conn
-	rwr                                    verbs.RecvWR         // reused by postSlot (callers serialise): no allocation per post
-	conn                                   atomic.Pointer[Conn] // the Conn the CQ's notifications go to, once started
 }
 
 // NewEndpoint opens a device from p and prepares a queue pair, the receive
