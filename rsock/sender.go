@@ -261,6 +261,29 @@ func (s *sender) readerDone() {
 	}
 }
 
+// delivered reports whether every frame queued so far has been written
+// and acknowledged by the peer's TCP (SIOCOUTQ): a reset that meets the
+// socket now can destroy none of our bytes.
+func (s *sender) delivered() bool {
+	s.mu.Lock()
+	idle := !s.running && len(s.q) == 0 && s.err == nil
+	s.mu.Unlock()
+	if !idle {
+		return false
+	}
+	rc, err := s.raw.SyscallConn()
+	if err != nil {
+		return false
+	}
+	left := -1
+	_ = rc.Control(func(fd uintptr) {
+		if n, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ); err == nil {
+			left = n
+		}
+	})
+	return left == 0
+}
+
 // wake signals ch (capacity 1) without blocking.
 func wake(ch chan struct{}) {
 	select {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	pool "github.com/libp2p/go-buffer-pool"
@@ -33,12 +32,13 @@ const (
 // frames, and each direction moves to a ring (verbs or shm) at an exact
 // stream cursor once the ring is ready: the sender queues Switch{X} behind
 // its last Data frame and writes into the ring from then on; the receiver
-// reads Data up to X, then the ring. One goroutine reads the socket
-// (readLoop); a sender writes it.
+// reads Data up to X, then the ring. One reader at a time reads the socket
+// (a Read, or readLoop: reading.go); a sender writes it.
 type swConn struct {
 	c      *Conn
 	set    *settings
 	raw    *net.TCPConn
+	in     *inbox // the socket's frames; used by one reader at a time (reading.go)
 	client bool
 	ln     *Listener // server: whose endpoint setups this counts against
 	out    *sender
@@ -62,8 +62,8 @@ type swConn struct {
 	peerGrows  bool                  // the peer follows a move of our ring (handshake FlagGrow, UpgradeGrow)
 	upStarted  atomic.Bool           // the client's upgrade has begun (kick)
 	parked     atomic.Bool           // the reader waits for the application to make room (tests)
-	upTimer    *time.Timer
-	moved      atomic.Uint64 // bytes read and written on TCP, for the policy
+	upTimer    *time.Timer           // the client's upgrade policy; the server's reader (start)
+	moved      atomic.Uint64         // bytes read and written on TCP, for the policy
 
 	bytesRead, bytesWritten, writes atomic.Uint64 // on TCP; the ring counts its own
 
@@ -95,6 +95,13 @@ type swConn struct {
 	settled   chan struct{} // closed once no direction will move any more (settleLocked)
 	goodbye   sync.Once
 
+	// The socket's reader (reading.go), guarded by mu.
+	appReading  bool // a Read reads the socket itself
+	bgReader    bool // readLoop reads the socket, to its end
+	wantReader  bool // readLoop takes over once the Read reading the socket ends
+	interrupted bool // that Read's socket deadline was moved to now, to end it
+	readerEnded bool // the socket's end or failure was read: no one reads it any more
+
 	// Failover (failover.go), guarded by mu.
 	switchAt    uint64        // the stream cursor of our Switch (sendOn)
 	moving      chan struct{} // a failover runs; closed when it ends
@@ -117,6 +124,7 @@ type SwitchEvent struct {
 func newSwConn(c *Conn, s *settings, raw *net.TCPConn, client bool) *swConn {
 	w := &swConn{
 		c: c, set: s, raw: raw, client: client,
+		in:      newInbox(raw),
 		out:     newSender(raw),
 		done:    make(chan struct{}),
 		rnote:   make(chan struct{}, 1),
@@ -131,21 +139,26 @@ func newSwConn(c *Conn, s *settings, raw *net.TCPConn, client bool) *swConn {
 	return w
 }
 
-// start runs the reader and, on the client, arms the upgrade policy.
+// start arms the client's upgrade policy, or the server's reader: until
+// then a Read reads the socket itself (reading.go).
 func (w *swConn) start(transports []handshake.Transport) {
 	w.transports = transports
-	go w.readLoop()
-	if !w.client || len(transports) == 0 {
-		return
+	if len(transports) == 0 {
+		return // no upgrade: only the application's reads read the socket
+	}
+	after, f := w.set.upgradeAfter, w.kick
+	if !w.client {
+		after, f = serverReaderAfter, w.needReader
 	}
 	w.mu.Lock()
-	w.upTimer = time.AfterFunc(w.set.upgradeAfter, w.kick)
+	w.upTimer = time.AfterFunc(after, f)
 	w.mu.Unlock()
 }
 
 // kick starts the client's upgrade, once.
 func (w *swConn) kick() {
 	if w.client && len(w.transports) > 0 && w.upStarted.CompareAndSwap(false, true) {
+		w.needReader() // the server's answers come whether or not the application reads
 		go w.clientUpgrade()
 	}
 }
@@ -202,6 +215,17 @@ func (w *swConn) Read(b []byte) (int, error) {
 		}
 		if w.rdl.Expired() {
 			return 0, os.ErrDeadlineExceeded
+		}
+		if n, err, took := w.readSocket(b); took {
+			if n > 0 {
+				w.bytesRead.Add(uint64(n))
+				w.counted(n)
+				return n, nil
+			}
+			if err != nil {
+				return 0, err
+			}
+			continue // a frame changed the state, or the read was ended for a reason
 		}
 		select {
 		case <-w.rnote:
@@ -445,6 +469,7 @@ func (w *swConn) CloseRead() error {
 	}
 	w.rclosed = true
 	w.dropQueueLocked()
+	w.needReaderLocked() // Data that comes is dropped, and control frames acted on
 	r := w.ring
 	w.mu.Unlock()
 	wake(w.rnote)
@@ -491,6 +516,7 @@ func (w *swConn) Close() error {
 	}
 	r := w.ring
 	failed := w.err
+	ending := r == nil && w.claimReaderLocked()
 	w.mu.Unlock()
 	if r != nil {
 		return r.Close()
@@ -505,6 +531,9 @@ func (w *swConn) Close() error {
 		g = &handshake.Goodbye{Abort: true, Reason: "closed before the failover sent its bytes again"}
 	} else if w.linger != nil && *w.linger == 0 {
 		g = &handshake.Goodbye{Abort: true, Reason: "closed with linger 0 (abort)"}
+	}
+	if ending {
+		w.closeReading(g == nil)
 	}
 	w.Goodbye(g)
 	return nil
@@ -548,6 +577,9 @@ func (w *swConn) setDeadline(t time.Time, read, write bool) error {
 	if read {
 		w.rdlT = t
 		w.rdl.Set(t)
+		if w.appReading && !w.interrupted {
+			_ = w.raw.SetReadDeadline(t)
+		}
 		if w.ring != nil {
 			_ = w.ring.SetReadDeadline(t)
 		}
@@ -628,6 +660,7 @@ func (w *swConn) fail(err error) {
 	}
 	w.err = err
 	w.settleLocked()
+	w.needReaderLocked() // a Read reading the socket returns err; readLoop reads to the end
 	r := w.ring
 	w.mu.Unlock()
 	wake(w.rnote)
@@ -639,233 +672,6 @@ func (w *swConn) fail(err error) {
 		w.set.logReset(w.c, err)
 	}
 	w.Goodbye(&handshake.Goodbye{Abort: true, Reason: why})
-}
-
-// readLoop reads the bootstrap until it ends.
-func (w *swConn) readLoop() {
-	defer w.out.readerDone()
-	for {
-		h, msg, err := handshake.Next(w.raw)
-		if err == nil && h.Type == handshake.TypeData {
-			err = w.readData(int(h.Length))
-		} else if err == nil && w.isClosed() {
-			continue // after Close: read on to the peer's end, acting on nothing
-		} else if err == nil {
-			var last bool
-			if last, err = w.handle(msg); last && err == nil {
-				return
-			}
-		}
-		if err != nil {
-			w.ended(err)
-			return
-		}
-	}
-}
-
-// readData reads a Data payload of n bytes and queues it for Read.
-func (w *swConn) readData(n int) error {
-	buf := pool.Get(n)
-	if _, err := io.ReadFull(w.raw, buf); err != nil {
-		pool.Put(buf)
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
-		return err
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.switched {
-		pool.Put(buf)
-		return protocolError("data after the peer's switch")
-	}
-	if w.eof {
-		pool.Put(buf)
-		return protocolError("data after the peer's fin")
-	}
-	w.rcvd += uint64(n)
-	if w.rclosed || w.closed {
-		pool.Put(buf)
-		return nil
-	}
-	w.rq = append(w.rq, buf)
-	w.rqLen += n
-	w.rqCost += n + entryCost
-	wake(w.rnote)
-	for w.rqCost >= recvQueue && !w.closed && !w.rclosed {
-		if w.owe != nil && !w.owe.known {
-			// A Write may wait for the peer's Resume, behind this Data.
-			if w.rqCost >= recvQueue+resumeLag {
-				return protocolError("more than %d bytes of data without its resume", resumeLag)
-			}
-			break
-		}
-		w.parked.Store(true)
-		w.mu.Unlock()
-		select {
-		case <-w.space:
-		case <-w.done:
-		}
-		w.mu.Lock()
-		w.parked.Store(false)
-	}
-	return nil
-}
-
-// protocolErr is a peer that broke the switching protocol's rules.
-type protocolErr struct{ why string }
-
-func (e *protocolErr) Error() string { return "the peer broke the switching protocol: " + e.why }
-
-func protocolError(format string, args ...any) error {
-	return &protocolErr{fmt.Sprintf(format, args...)}
-}
-
-// handle acts on a control frame; last is true after the peer's goodbye.
-func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
-	switch m := msg.(type) {
-	case *handshake.Accept, *handshake.Decline:
-		if !w.client || !w.awaiting() {
-			return false, protocolError("%v without an offer", msg.Type())
-		}
-		w.answers <- msg
-	case *handshake.UpgradeOffer:
-		if w.client {
-			return false, protocolError("an offer to the client")
-		}
-		w.mu.Lock()
-		busy := w.upgrading || w.ring != nil || w.moving != nil || w.awaitResume
-		mine := make(chan struct{})
-		if !busy {
-			w.upgrading = true
-			w.upDone = mine
-		}
-		w.mu.Unlock()
-		if busy {
-			return false, protocolError("an offer while another upgrade runs, a ring exists or a failover is not over")
-		}
-		go w.serveUpgrade(m.Offer, mine)
-	case *handshake.Confirm:
-		if w.client || !w.awaiting() {
-			return false, protocolError("a confirm without an accept")
-		}
-		if m.Code == handshake.DeclineNone {
-			w.mu.Lock()
-			w.agreed = true // the client's Switch may follow at once
-			w.mu.Unlock()
-		}
-		w.answers <- msg
-	case *handshake.Switch:
-		return false, w.peerSwitched(m.Cursor)
-	case *handshake.Resume:
-		return false, w.peerResumed(m.Cursor)
-	case *handshake.Fin:
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if w.switched || w.eof || m.Cursor != w.rcvd {
-			return false, protocolError("fin at %d after %d data bytes (switched %v, fin %v)", m.Cursor, w.rcvd, w.switched, w.eof)
-		}
-		w.eof = true
-		w.settleLocked()
-		wake(w.rnote)
-	case *handshake.Goodbye:
-		return true, w.peerGoodbye(m)
-	default:
-		return false, protocolError("unexpected %v", msg.Type())
-	}
-	return false, nil
-}
-
-// awaiting reports whether an upgrade waits for the peer's answer.
-func (w *swConn) awaiting() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.upgrading && len(w.answers) == 0
-}
-
-// peerSwitched handles the peer's Switch{x}: its Data ends at x, its
-// bytes go on in the ring.
-func (w *swConn) peerSwitched(x uint64) error {
-	w.mu.Lock()
-	wait := w.upDone
-	agreed := w.agreed || w.staleSwitch
-	w.mu.Unlock()
-	if !agreed {
-		return protocolError("a switch without an agreed ring")
-	}
-	if wait != nil {
-		// The client switches right after its Confirm: the server's side
-		// of the ring may still be starting (and the client's may not be
-		// installed yet when the server's Switch comes).
-		select {
-		case <-wait:
-		case <-w.done:
-			return nil
-		}
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.staleSwitch && w.ring == nil {
-		// Sent before our failover took the ring away: the peer sends
-		// the bytes after x again as Data.
-		if x != w.rcvd {
-			return protocolError("switch at stream byte %d after %d data bytes", x, w.rcvd)
-		}
-		w.staleSwitch = false
-		return nil
-	}
-	switch {
-	case !w.agreed:
-		return protocolError("a switch without an agreed ring")
-	case w.switched || w.eof:
-		return protocolError("a switch after a switch or fin")
-	case x != w.rcvd:
-		return protocolError("switch at stream byte %d after %d data bytes", x, w.rcvd)
-	case w.ring == nil:
-		return &stream.ResetError{Reason: "the peer switched to a ring this side could not start"}
-	}
-	w.switched = true
-	w.settleLocked()
-	w.noteLocked("receive", "tcp", w.c.label.Load().transport, fmt.Sprintf("peer switched at stream byte %d", x))
-	wake(w.rnote)
-	return nil
-}
-
-// peerGoodbye handles the peer's goodbye: an abort resets; an orderly one
-// ends the stream at its cursor, checked against what arrived.
-func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
-	if g.Abort {
-		return &stream.ResetError{Reason: "peer aborted: " + g.Reason}
-	}
-	w.awaitMove()
-	// Checked and published in one section: a failover that comes after
-	// it finds the goodbye (gone, peerFinal) and checks it itself.
-	w.mu.Lock()
-	r := w.ring
-	switched, rcvd := w.switched, w.rcvd
-	var ringFinal uint64
-	switch {
-	case switched && g.FinalProd < rcvd:
-		w.mu.Unlock()
-		return protocolError("goodbye at %d before its switch at %d", g.FinalProd, rcvd)
-	case switched:
-		ringFinal = g.FinalProd - rcvd
-		w.peerFinal = g.FinalProd
-	case g.FinalProd != rcvd:
-		w.mu.Unlock()
-		return &stream.ResetError{Reason: "peer's goodbye does not match the data it sent", Err: fmt.Errorf("have %d bytes, goodbye says %d", rcvd, g.FinalProd)}
-	default:
-		w.eof = true
-	}
-	w.goneLocked()
-	w.mu.Unlock()
-	testHookGoodbye.run(w)
-	if r != nil {
-		r.PeerSaid(&handshake.Goodbye{FinalProd: ringFinal}, nil)
-	}
-	wake(w.rnote)
-	wake(w.wnote)
-	return nil
 }
 
 // Test hooks: run where a race with a failover is widest.
@@ -886,49 +692,6 @@ func (h *hook) run(w *swConn) {
 	if f := h.f.Load(); f != nil {
 		(*f)(w)
 	}
-}
-
-// ended handles the end of the bootstrap: after Close, nothing; else a
-// peer that vanished or broke the protocol resets the connection.
-func (w *swConn) ended(err error) {
-	if w.isClosed() {
-		return
-	}
-	var re *stream.ResetError
-	var pe *protocolErr
-	switch {
-	case errors.As(err, &re), errors.As(err, &pe):
-	case err == io.EOF && w.peerClosedOnTCP():
-		return
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
-		err = &stream.ResetError{Reason: "peer vanished (bootstrap connection closed without goodbye)", Err: err}
-	default:
-		err = &stream.ResetError{Reason: "bootstrap connection failed", Err: err}
-	}
-	w.fail(err)
-}
-
-// peerClosedOnTCP handles the end of the bootstrap at a frame boundary
-// while the peer's sending is on TCP: that is its orderly close (all its
-// bytes came before), as for plain TCP. It reports false when the peer's
-// sending is on a ring (the end is then no goodbye: the peer vanished).
-func (w *swConn) peerClosedOnTCP() bool {
-	w.mu.Lock()
-	if w.switched || w.awaitResume || w.moving != nil {
-		// Its bytes were on a ring, or a failover has not heard from it.
-		w.mu.Unlock()
-		return false
-	}
-	w.eof = true
-	w.goneLocked()
-	r := w.ring
-	w.mu.Unlock()
-	wake(w.rnote)
-	wake(w.wnote)
-	if r != nil {
-		r.PeerSaid(&handshake.Goodbye{}, nil) // its ring carried nothing
-	}
-	return true
 }
 
 // info fills ci's switch log and returns the ring, if any, whose counters

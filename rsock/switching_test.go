@@ -552,7 +552,14 @@ func TestSwitchHostilePeer(t *testing.T) {
 			}
 			_ = s.SetReadDeadline(time.Now().Add(time.Minute))
 			got, err := io.ReadAll(s)
-			assert.Equal(t, "12345", string(got))
+			if tc.want == "vanished" {
+				// A Read that reads the socket itself hands on a Data
+				// payload as it arrives, as TCP does; the cut shows as
+				// the reset that follows.
+				assert.Contains(t, []string{"12345", "12345short"}, string(got))
+			} else {
+				assert.Equal(t, "12345", string(got))
+			}
 			require.Error(t, err)
 			assert.ErrorIs(t, err, syscall.ECONNRESET)
 			assert.Contains(t, err.Error(), tc.want)

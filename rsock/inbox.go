@@ -1,0 +1,187 @@
+package rsock
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+
+	pool "github.com/libp2p/go-buffer-pool"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+)
+
+// inboxSize is the buffer an inbox reads the socket into: several small
+// frames, or a frame's header and the start of its payload, per system
+// call. Longer control frames get a buffer of their size.
+const inboxSize = 4 << 10
+
+// errWouldBlock is an inbox read with wait false that found nothing.
+var errWouldBlock = errors.New("rsock: nothing to read now")
+
+// inbox reads a switching connection's frames from its bootstrap socket
+// (docs/protocol.md §9.2) through a pooled buffer, which it holds only
+// while it holds bytes: an idle connection holds none. Reads are
+// resumable: one cut short (a deadline, or wait false) loses nothing, and
+// the next goes on where it stopped. Callers serialise its use.
+type inbox struct {
+	rc   syscall.RawConn // nil if the socket gave none: err
+	err  error
+	buf  []byte // pooled; nil when empty
+	r, w int    // buf[r:w] is unread
+	data int    // payload bytes of the current Data frame not yet taken
+}
+
+func newInbox(raw *net.TCPConn) *inbox {
+	rc, err := raw.SyscallConn()
+	return &inbox{rc: rc, err: err}
+}
+
+func (in *inbox) buffered() int { return in.w - in.r }
+
+// fill reads until at least need bytes are buffered. With wait false it
+// returns errWouldBlock rather than wait for the socket. The end of the
+// socket is io.EOF at a frame boundary (nothing buffered and no payload
+// owed), io.ErrUnexpectedEOF inside a frame; the socket's errors, among
+// them os.ErrDeadlineExceeded and net.ErrClosed, come as they are.
+func (in *inbox) fill(need int, wait bool) error {
+	for in.buffered() < need {
+		in.room(need)
+		n, err := in.read(in.buf[in.w:], wait)
+		if err == io.EOF && (in.buffered() > 0 || in.data > 0) {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			in.release()
+			return err
+		}
+		in.w += n
+	}
+	return nil
+}
+
+// read is one read of the socket into p: at least one byte, or
+// errWouldBlock (wait false), io.EOF at the socket's end, or the socket's
+// error.
+func (in *inbox) read(p []byte, wait bool) (int, error) {
+	if in.err != nil {
+		return 0, in.err
+	}
+	var n int
+	var rerr error
+	blocked := false
+	err := in.rc.Read(func(fd uintptr) bool {
+		n, rerr = unix.Read(int(fd), p)
+		switch {
+		case rerr == unix.EINTR:
+			return false
+		case rerr == unix.EAGAIN && wait:
+			return false
+		case rerr == unix.EAGAIN:
+			blocked = true
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case blocked:
+		return 0, errWouldBlock
+	case rerr != nil:
+		return 0, os.NewSyscallError("read", rerr)
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// room makes sure buf can take need unread bytes: a pooled buffer when
+// there is none, the unread bytes moved to its start or into a larger one
+// otherwise.
+func (in *inbox) room(need int) {
+	switch {
+	case in.buf == nil:
+		in.buf, in.r, in.w = pool.Get(max(inboxSize, need)), 0, 0
+	case need > len(in.buf):
+		b := pool.Get(need)
+		in.w = copy(b, in.buf[in.r:in.w])
+		in.r = 0
+		pool.Put(in.buf)
+		in.buf = b
+	case in.r+need > len(in.buf) || in.w == len(in.buf):
+		in.w = copy(in.buf, in.buf[in.r:in.w])
+		in.r = 0
+	}
+}
+
+// release returns the buffer to the pool if it holds nothing unread.
+func (in *inbox) release() {
+	if in.buf != nil && in.r == in.w {
+		pool.Put(in.buf)
+		in.buf, in.r, in.w = nil, 0, 0
+	}
+}
+
+// next reads the next frame, which must not be called inside a Data
+// frame (data > 0). For a Data frame it returns the header and leaves its
+// payload (h.Length bytes, at least 1) for take, with a nil message; for
+// any other frame, the decoded message. Malformed frames are the errors
+// of handshake.ParseHeader and Decode.
+func (in *inbox) next(wait bool) (handshake.Header, handshake.Message, error) {
+	if in.data > 0 {
+		return handshake.Header{}, nil, fmt.Errorf("rsock: inbox: next inside a data frame (%d bytes left)", in.data)
+	}
+	if err := in.fill(handshake.HeaderLen, wait); err != nil {
+		return handshake.Header{}, nil, err
+	}
+	h, err := handshake.ParseHeader(in.buf[in.r : in.r+handshake.HeaderLen])
+	if err != nil {
+		return h, nil, err
+	}
+	if h.Type == handshake.TypeData {
+		if h.Length == 0 {
+			return h, nil, fmt.Errorf("%w: empty data frame", handshake.ErrMalformed)
+		}
+		in.r += handshake.HeaderLen
+		in.data = int(h.Length)
+		in.release()
+		return h, nil, nil
+	}
+	size := handshake.HeaderLen + int(h.Length) // at most MaxBody: ParseHeader checked
+	if err := in.fill(size, wait); err != nil {
+		return h, nil, err
+	}
+	m, err := handshake.Decode(h, in.buf[in.r+handshake.HeaderLen:in.r+size])
+	in.r += size
+	in.release()
+	return h, m, err
+}
+
+// take reads up to len(p) bytes of the current Data frame's payload into
+// p, and at least one unless it fails. A p at least as long as the buffer
+// is read into directly when nothing is buffered.
+func (in *inbox) take(p []byte, wait bool) (int, error) {
+	p = p[:min(len(p), in.data)]
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if in.buffered() == 0 && len(p) >= inboxSize {
+		n, err := in.read(p, wait)
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		in.data -= n
+		return n, err
+	}
+	if err := in.fill(1, wait); err != nil {
+		return 0, err
+	}
+	n := copy(p, in.buf[in.r:in.w])
+	in.r += n
+	in.data -= n
+	in.release()
+	return n, nil
+}

@@ -1,0 +1,501 @@
+package rsock
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	pool "github.com/libp2p/go-buffer-pool"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/stream"
+)
+
+// The reading of a switching connection's bootstrap socket
+// (docs/protocol.md §9.2). One reader at a time reads it, through the
+// connection's inbox:
+//
+//   - While the connection is all on TCP and nothing else needs the
+//     socket read, the application's Read reads it itself (readSocket), as
+//     a net.TCPConn's Read does: Data goes straight into its buffer, and a
+//     control frame is acted on where it arrives.
+//   - readLoop takes over, for good, once frames must be read whether or
+//     not the application reads (needReader): the client's upgrade begins,
+//     the server's reader timer fires (serverReaderAfter: an offer can be
+//     answered then), an offer arrives, CloseRead, a failure, or Close
+//     with the peer's end still to come. A Read reading the socket then is
+//     ended at once (its socket deadline moved to now) and waits for
+//     readLoop's Data like any other.
+//
+// So a short connection runs no goroutine of its own, and a long one the
+// one it needs.
+
+// serverReaderAfter is how long after the handshake a server's
+// background reader starts: by then a client with the default policy may
+// offer an upgrade, and the offer must be answered even if the
+// application does not read.
+const serverReaderAfter = DefaultUpgradeAfter
+
+// readSocket is a Read's turn at the socket: when no one else reads it, it
+// reads frames until b has Data or a frame changed the connection's state
+// (n 0 and err nil: the caller looks again). took is false when the
+// socket is not the Read's to read: it then waits for readLoop.
+func (w *swConn) readSocket(b []byte) (n int, err error, took bool) {
+	w.mu.Lock()
+	if w.bgReader || w.readerEnded {
+		w.mu.Unlock()
+		return 0, nil, false
+	}
+	w.appReading, w.interrupted = true, false
+	_ = w.raw.SetReadDeadline(w.rdlT)
+	w.mu.Unlock()
+
+	n, err = w.readFrames(b)
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.appReading = false
+	if w.interrupted && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = nil // ended for a reason: the caller looks again
+	}
+	w.interrupted = false
+	if w.wantReader {
+		w.needReaderLocked()
+	}
+	return n, err, true
+}
+
+// readFrames reads the socket for a Read (readSocket).
+func (w *swConn) readFrames(b []byte) (int, error) {
+	for {
+		if w.in.data > 0 {
+			n, err := w.in.take(b, true)
+			if err != nil {
+				return 0, w.socketEnded(err)
+			}
+			w.mu.Lock()
+			w.rcvd += uint64(n)
+			drop := w.rclosed || w.closed
+			w.mu.Unlock()
+			if drop {
+				return 0, nil
+			}
+			return n, nil
+		}
+		h, msg, err := w.in.next(true)
+		if err == nil && h.Type == handshake.TypeData {
+			err = w.dataAllowed()
+			if err == nil {
+				continue
+			}
+		}
+		if err != nil {
+			return 0, w.socketEnded(err)
+		}
+		last, err := w.handle(msg)
+		if err != nil {
+			return 0, w.socketEnded(err)
+		}
+		if last {
+			w.readerStopped()
+		}
+		return 0, nil
+	}
+}
+
+// socketEnded handles an error of a Read reading the socket: a deadline
+// is the Read's; anything else ends the reading, and the connection as
+// readLoop's end does (ended). The Read then finds the state it left.
+func (w *swConn) socketEnded(err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return err
+	}
+	w.readerStopped()
+	w.ended(err)
+	return nil
+}
+
+// needReader makes sure readLoop reads the socket, now or as soon as the
+// Read reading it ends.
+func (w *swConn) needReader() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.needReaderLocked()
+}
+
+func (w *swConn) needReaderLocked() {
+	w.wantReader = true
+	switch {
+	case w.bgReader || w.readerEnded:
+	case w.appReading:
+		w.interruptLocked()
+	default:
+		w.bgReader = true
+		_ = w.raw.SetReadDeadline(time.Time{})
+		go w.readLoop()
+	}
+}
+
+// interruptLocked ends the socket read of the Read reading it.
+func (w *swConn) interruptLocked() {
+	if !w.interrupted {
+		w.interrupted = true
+		_ = w.raw.SetReadDeadline(aLongTimeAgo)
+	}
+}
+
+// readerStopped records that nothing reads the socket any more: the
+// sender may close it once its last frame is written.
+func (w *swConn) readerStopped() {
+	w.mu.Lock()
+	w.readerEnded = true
+	w.mu.Unlock()
+	w.out.readerDone()
+}
+
+// claimReaderLocked is Close's hold on the reading: true if no one reads
+// the socket, which is then Close's to end (closeReading). A Read reading
+// it is ended, and readLoop reads on after it.
+func (w *swConn) claimReaderLocked() bool {
+	switch {
+	case w.bgReader || w.readerEnded:
+		return false
+	case w.appReading:
+		w.wantReader = true
+		w.interruptLocked()
+		return false
+	}
+	w.bgReader = true
+	return true
+}
+
+// closeReading ends the reading at an orderly Close on TCP when no one
+// reads the socket (claimReaderLocked). What has arrived is read now and
+// dropped: frames after Close act on nothing, as in readLoop. If the
+// peer's end is among it, or if every byte we sent has reached the peer
+// (sender.delivered), the socket is closed as soon as our last frame is
+// written, as plain TCP's close does: a frame the peer sends later meets
+// a reset, as a write to a closed TCP socket does, and has nothing of ours
+// left to destroy. Otherwise readLoop reads on to the peer's end.
+func (w *swConn) closeReading(orderly bool) {
+	for {
+		err := w.skipFrame()
+		if errors.Is(err, errWouldBlock) {
+			break
+		}
+		if err != nil {
+			w.readerStopped() // the peer's end, or a failure: nothing to wait for
+			return
+		}
+	}
+	if orderly && w.out.delivered() {
+		w.readerStopped()
+		return
+	}
+	go w.readLoop()
+}
+
+// skipFrame reads and drops what the socket holds of one frame, without
+// waiting.
+func (w *swConn) skipFrame() error {
+	if w.in.data > 0 {
+		buf := pool.Get(min(w.in.data, inboxSize))
+		defer pool.Put(buf)
+		_, err := w.in.take(buf, false)
+		return err
+	}
+	_, _, err := w.in.next(false)
+	return err
+}
+
+// readLoop reads the socket until it ends.
+func (w *swConn) readLoop() {
+	defer w.readerStopped()
+	for {
+		var h handshake.Header
+		var msg handshake.Message
+		var err error
+		if w.in.data > 0 {
+			// A Read took part of this frame before readLoop took over.
+			h = handshake.Header{Type: handshake.TypeData, Length: uint16(w.in.data)}
+		} else if h, msg, err = w.in.next(true); err == nil && h.Type == handshake.TypeData {
+			err = w.dataAllowed()
+		}
+		if err == nil && h.Type == handshake.TypeData {
+			err = w.readData(int(h.Length))
+		} else if err == nil && w.isClosed() {
+			continue // after Close: read on to the peer's end, acting on nothing
+		} else if err == nil {
+			var last bool
+			if last, err = w.handle(msg); last && err == nil {
+				return
+			}
+		}
+		if err != nil {
+			w.ended(err)
+			return
+		}
+	}
+}
+
+// dataAllowed checks that a Data frame may come now.
+func (w *swConn) dataAllowed() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.switched {
+		return protocolError("data after the peer's switch")
+	}
+	if w.eof {
+		return protocolError("data after the peer's fin")
+	}
+	return nil
+}
+
+// readData reads n bytes of a Data payload and queues them for Read.
+func (w *swConn) readData(n int) error {
+	buf := pool.Get(n)
+	for k := 0; k < n; {
+		m, err := w.in.take(buf[k:], true)
+		if err != nil {
+			pool.Put(buf)
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		k += m
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.rcvd += uint64(n)
+	if w.rclosed || w.closed {
+		pool.Put(buf)
+		return nil
+	}
+	w.rq = append(w.rq, buf)
+	w.rqLen += n
+	w.rqCost += n + entryCost
+	wake(w.rnote)
+	for w.rqCost >= recvQueue && !w.closed && !w.rclosed {
+		if w.owe != nil && !w.owe.known {
+			// A Write may wait for the peer's Resume, behind this Data.
+			if w.rqCost >= recvQueue+resumeLag {
+				return protocolError("more than %d bytes of data without its resume", resumeLag)
+			}
+			break
+		}
+		w.parked.Store(true)
+		w.mu.Unlock()
+		select {
+		case <-w.space:
+		case <-w.done:
+		}
+		w.mu.Lock()
+		w.parked.Store(false)
+	}
+	return nil
+}
+
+// protocolErr is a peer that broke the switching protocol's rules.
+type protocolErr struct{ why string }
+
+func (e *protocolErr) Error() string { return "the peer broke the switching protocol: " + e.why }
+
+func protocolError(format string, args ...any) error {
+	return &protocolErr{fmt.Sprintf(format, args...)}
+}
+
+// handle acts on a control frame; last is true after the peer's goodbye.
+func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
+	switch m := msg.(type) {
+	case *handshake.Accept, *handshake.Decline:
+		if !w.client || !w.awaiting() {
+			return false, protocolError("%v without an offer", msg.Type())
+		}
+		w.answers <- msg
+	case *handshake.UpgradeOffer:
+		if w.client {
+			return false, protocolError("an offer to the client")
+		}
+		w.mu.Lock()
+		busy := w.upgrading || w.ring != nil || w.moving != nil || w.awaitResume
+		mine := make(chan struct{})
+		if !busy {
+			w.upgrading = true
+			w.upDone = mine
+			w.needReaderLocked() // the client's Confirm comes whether or not the application reads
+		}
+		w.mu.Unlock()
+		if busy {
+			return false, protocolError("an offer while another upgrade runs, a ring exists or a failover is not over")
+		}
+		go w.serveUpgrade(m.Offer, mine)
+	case *handshake.Confirm:
+		if w.client || !w.awaiting() {
+			return false, protocolError("a confirm without an accept")
+		}
+		if m.Code == handshake.DeclineNone {
+			w.mu.Lock()
+			w.agreed = true // the client's Switch may follow at once
+			w.mu.Unlock()
+		}
+		w.answers <- msg
+	case *handshake.Switch:
+		return false, w.peerSwitched(m.Cursor)
+	case *handshake.Resume:
+		return false, w.peerResumed(m.Cursor)
+	case *handshake.Fin:
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.switched || w.eof || m.Cursor != w.rcvd {
+			return false, protocolError("fin at %d after %d data bytes (switched %v, fin %v)", m.Cursor, w.rcvd, w.switched, w.eof)
+		}
+		w.eof = true
+		w.settleLocked()
+		wake(w.rnote)
+	case *handshake.Goodbye:
+		return true, w.peerGoodbye(m)
+	default:
+		return false, protocolError("unexpected %v", msg.Type())
+	}
+	return false, nil
+}
+
+// awaiting reports whether an upgrade waits for the peer's answer.
+func (w *swConn) awaiting() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.upgrading && len(w.answers) == 0
+}
+
+// peerSwitched handles the peer's Switch{x}: its Data ends at x, its
+// bytes go on in the ring.
+func (w *swConn) peerSwitched(x uint64) error {
+	w.mu.Lock()
+	wait := w.upDone
+	agreed := w.agreed || w.staleSwitch
+	w.mu.Unlock()
+	if !agreed {
+		return protocolError("a switch without an agreed ring")
+	}
+	if wait != nil {
+		// The client switches right after its Confirm: the server's side
+		// of the ring may still be starting (and the client's may not be
+		// installed yet when the server's Switch comes).
+		select {
+		case <-wait:
+		case <-w.done:
+			return nil
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.staleSwitch && w.ring == nil {
+		// Sent before our failover took the ring away: the peer sends
+		// the bytes after x again as Data.
+		if x != w.rcvd {
+			return protocolError("switch at stream byte %d after %d data bytes", x, w.rcvd)
+		}
+		w.staleSwitch = false
+		return nil
+	}
+	switch {
+	case !w.agreed:
+		return protocolError("a switch without an agreed ring")
+	case w.switched || w.eof:
+		return protocolError("a switch after a switch or fin")
+	case x != w.rcvd:
+		return protocolError("switch at stream byte %d after %d data bytes", x, w.rcvd)
+	case w.ring == nil:
+		return &stream.ResetError{Reason: "the peer switched to a ring this side could not start"}
+	}
+	w.switched = true
+	w.settleLocked()
+	w.noteLocked("receive", "tcp", w.c.label.Load().transport, fmt.Sprintf("peer switched at stream byte %d", x))
+	wake(w.rnote)
+	return nil
+}
+
+// peerGoodbye handles the peer's goodbye: an abort resets; an orderly one
+// ends the stream at its cursor, checked against what arrived.
+func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
+	if g.Abort {
+		return &stream.ResetError{Reason: "peer aborted: " + g.Reason}
+	}
+	w.awaitMove()
+	// Checked and published in one section: a failover that comes after
+	// it finds the goodbye (gone, peerFinal) and checks it itself.
+	w.mu.Lock()
+	r := w.ring
+	switched, rcvd := w.switched, w.rcvd
+	var ringFinal uint64
+	switch {
+	case switched && g.FinalProd < rcvd:
+		w.mu.Unlock()
+		return protocolError("goodbye at %d before its switch at %d", g.FinalProd, rcvd)
+	case switched:
+		ringFinal = g.FinalProd - rcvd
+		w.peerFinal = g.FinalProd
+	case g.FinalProd != rcvd:
+		w.mu.Unlock()
+		return &stream.ResetError{Reason: "peer's goodbye does not match the data it sent", Err: fmt.Errorf("have %d bytes, goodbye says %d", rcvd, g.FinalProd)}
+	default:
+		w.eof = true
+	}
+	w.goneLocked()
+	w.mu.Unlock()
+	testHookGoodbye.run(w)
+	if r != nil {
+		r.PeerSaid(&handshake.Goodbye{FinalProd: ringFinal}, nil)
+	}
+	wake(w.rnote)
+	wake(w.wnote)
+	return nil
+}
+
+// ended handles the end of the bootstrap: after Close, nothing; else a
+// peer that vanished or broke the protocol resets the connection.
+func (w *swConn) ended(err error) {
+	if w.isClosed() {
+		return
+	}
+	var re *stream.ResetError
+	var pe *protocolErr
+	switch {
+	case errors.As(err, &re), errors.As(err, &pe):
+	case err == io.EOF && w.peerClosedOnTCP():
+		return
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
+		err = &stream.ResetError{Reason: "peer vanished (bootstrap connection closed without goodbye)", Err: err}
+	default:
+		err = &stream.ResetError{Reason: "bootstrap connection failed", Err: err}
+	}
+	w.fail(err)
+}
+
+// peerClosedOnTCP handles the end of the bootstrap at a frame boundary
+// while the peer's sending is on TCP: that is its orderly close (all its
+// bytes came before), as for plain TCP. It reports false when the peer's
+// sending is on a ring (the end is then no goodbye: the peer vanished).
+func (w *swConn) peerClosedOnTCP() bool {
+	w.mu.Lock()
+	if w.switched || w.awaitResume || w.moving != nil {
+		// Its bytes were on a ring, or a failover has not heard from it.
+		w.mu.Unlock()
+		return false
+	}
+	w.eof = true
+	w.goneLocked()
+	r := w.ring
+	w.mu.Unlock()
+	wake(w.rnote)
+	wake(w.wnote)
+	if r != nil {
+		r.PeerSaid(&handshake.Goodbye{}, nil) // its ring carried nothing
+	}
+	return true
+}
