@@ -16,7 +16,7 @@ import (
 )
 
 // The reading of a switching connection's bootstrap socket
-// (docs/protocol.md §9.2). One reader at a time reads it, through the
+// (docs/protocol.md §9.3). One reader at a time reads it, through the
 // connection's inbox:
 //
 //   - While the connection is all on TCP and nothing else needs the

@@ -10,6 +10,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// simPair is dialAccept on a new sim listener with cfg for both ends,
+// closed when the test ends.
+func simPair(t *testing.T, cfg *Config) (c, s *Conn) {
+	t.Helper()
+	registerSim(t)
+	c, s = dialAccept(t, listen(t, cfg), cfg)
+	t.Cleanup(func() {
+		c.Close()
+		s.Close()
+	})
+	return c, s
+}
+
 func (w *swConn) readerState() (bg, ended bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -91,12 +104,7 @@ func TestReadingShortConnection(t *testing.T) {
 // serverReaderAfter after the handshake), and the connection reaches the
 // ring.
 func TestReadingServerAnswersWithoutReads(t *testing.T) {
-	registerSim(t)
-	cfg := swCfg("sim", time.Nanosecond)
-	ln := listen(t, cfg)
-	c, s := dialAccept(t, ln, cfg)
-	defer c.Close()
-	defer s.Close()
+	c, s := simPair(t, swCfg("sim", time.Nanosecond))
 	awaitSettled(t, c, s)
 	assert.Equal(t, "sim", TransportOf(c), c.Info().Reason)
 	assert.Equal(t, "sim", TransportOf(s), s.Info().Reason)
@@ -106,12 +114,7 @@ func TestReadingServerAnswersWithoutReads(t *testing.T) {
 // upgrade begins hands the socket to the reader goroutine and returns the
 // peer's bytes from the ring.
 func TestReadingHandsOverToTheReader(t *testing.T) {
-	registerSim(t)
-	cfg := swCfg("sim", time.Hour)
-	ln := listen(t, cfg)
-	c, s := dialAccept(t, ln, cfg)
-	defer c.Close()
-	defer s.Close()
+	c, s := simPair(t, swCfg("sim", time.Hour))
 	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
 	read := make(chan string, 1)
 	go func() {
