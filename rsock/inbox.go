@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"syscall"
 
 	pool "github.com/libp2p/go-buffer-pool"
 	"golang.org/x/sys/unix"
@@ -28,17 +27,13 @@ var errWouldBlock = errors.New("rsock: nothing to read now")
 // resumable: one cut short (a deadline, or wait false) loses nothing, and
 // the next goes on where it stopped. Callers serialise its use.
 type inbox struct {
-	rc   syscall.RawConn // nil if the socket gave none: err
-	err  error
-	buf  []byte // pooled; nil when empty
-	r, w int    // buf[r:w] is unread
-	data int    // payload bytes of the current Data frame not yet taken
+	src  func(p []byte, wait bool) (int, error) // one read: socketReader's
+	buf  []byte                                 // pooled; nil when empty
+	r, w int                                    // buf[r:w] is unread
+	data int                                    // payload bytes of the current Data frame not yet taken
 }
 
-func newInbox(raw *net.TCPConn) *inbox {
-	rc, err := raw.SyscallConn()
-	return &inbox{rc: rc, err: err}
-}
+func newInbox(raw *net.TCPConn) *inbox { return &inbox{src: socketReader(raw)} }
 
 func (in *inbox) buffered() int { return in.w - in.r }
 
@@ -50,7 +45,7 @@ func (in *inbox) buffered() int { return in.w - in.r }
 func (in *inbox) fill(need int, wait bool) error {
 	for in.buffered() < need {
 		in.room(need)
-		n, err := in.read(in.buf[in.w:], wait)
+		n, err := in.src(in.buf[in.w:], wait)
 		if err == io.EOF && (in.buffered() > 0 || in.data > 0) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -63,39 +58,42 @@ func (in *inbox) fill(need int, wait bool) error {
 	return nil
 }
 
-// read is one read of the socket into p: at least one byte, or
-// errWouldBlock (wait false), io.EOF at the socket's end, or the socket's
-// error.
-func (in *inbox) read(p []byte, wait bool) (int, error) {
-	if in.err != nil {
-		return 0, in.err
+// socketReader returns the reads of raw an inbox makes: one read into p,
+// at least one byte, or errWouldBlock (wait false), io.EOF at the socket's
+// end, or the socket's error.
+func socketReader(raw *net.TCPConn) func(p []byte, wait bool) (int, error) {
+	rc, err := raw.SyscallConn()
+	if err != nil {
+		return func([]byte, bool) (int, error) { return 0, err }
 	}
-	var n int
-	var rerr error
-	blocked := false
-	err := in.rc.Read(func(fd uintptr) bool {
-		n, rerr = unix.Read(int(fd), p)
+	return func(p []byte, wait bool) (int, error) {
+		var n int
+		var rerr error
+		blocked := false
+		err := rc.Read(func(fd uintptr) bool {
+			n, rerr = unix.Read(int(fd), p)
+			switch {
+			case rerr == unix.EINTR:
+				return false
+			case rerr == unix.EAGAIN && wait:
+				return false
+			case rerr == unix.EAGAIN:
+				blocked = true
+			}
+			return true
+		})
 		switch {
-		case rerr == unix.EINTR:
-			return false
-		case rerr == unix.EAGAIN && wait:
-			return false
-		case rerr == unix.EAGAIN:
-			blocked = true
+		case err != nil:
+			return 0, err
+		case blocked:
+			return 0, errWouldBlock
+		case rerr != nil:
+			return 0, os.NewSyscallError("read", rerr)
+		case n == 0:
+			return 0, io.EOF
 		}
-		return true
-	})
-	switch {
-	case err != nil:
-		return 0, err
-	case blocked:
-		return 0, errWouldBlock
-	case rerr != nil:
-		return 0, os.NewSyscallError("read", rerr)
-	case n == 0:
-		return 0, io.EOF
+		return n, nil
 	}
-	return n, nil
 }
 
 // room makes sure buf can take need unread bytes: a pooled buffer when
@@ -169,7 +167,7 @@ func (in *inbox) take(p []byte, wait bool) (int, error) {
 		return 0, nil
 	}
 	if in.buffered() == 0 && len(p) >= inboxSize {
-		n, err := in.read(p, wait)
+		n, err := in.src(p, wait)
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
