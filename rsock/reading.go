@@ -170,6 +170,7 @@ func (w *swConn) claimReaderLocked() bool {
 		return false
 	}
 	w.bgReader = true
+	_ = w.raw.SetReadDeadline(time.Time{}) // a Read's deadline, maybe past, is not Close's
 	return true
 }
 

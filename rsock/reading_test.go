@@ -2,6 +2,7 @@ package rsock
 
 import (
 	"io"
+	"os"
 	"testing"
 	"time"
 
@@ -50,12 +51,18 @@ func TestReadingShortConnection(t *testing.T) {
 	registerSim(t)
 	cfg := swCfg("sim", time.Hour)
 	ln := listen(t, cfg)
-	for _, unread := range []bool{false, true} {
-		name := "all read"
-		if unread {
-			name = "a frame unread at Close"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		unread, late bool
+	}{
+		{"all read", false, false},
+		{"a frame unread at Close", true, false},
+		// A Read that timed out left its deadline, now past, on the
+		// socket: Close reads what is unread all the same.
+		{"a frame unread at Close, after a read timed out", true, true},
+	} {
+		unread := tc.unread
+		t.Run(tc.name, func(t *testing.T) {
 			c, s := dialAccept(t, ln, cfg)
 			defer s.Close()
 			_ = c.SetDeadline(time.Now().Add(time.Minute))
@@ -72,6 +79,11 @@ func TestReadingShortConnection(t *testing.T) {
 			assert.Equal(t, "pong", string(got))
 			bg, _ := c.w.readerState()
 			assert.False(t, bg, "a short connection's Reads read the socket themselves")
+			if tc.late {
+				require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Millisecond)))
+				_, err = c.Read(got)
+				require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+			}
 			if unread {
 				// In c's socket, not read: without Close's reading of
 				// it, the close would be a reset.
