@@ -44,11 +44,11 @@ const serverReaderAfter = DefaultUpgradeAfter
 // reads frames until b has Data or a frame changed the connection's state
 // (n 0 and err nil: the caller looks again). took is false when the
 // socket is not the Read's to read: it then waits for readLoop.
-func (w *swConn) readSocket(b []byte) (n int, err error, took bool) {
+func (w *swConn) readSocket(b []byte) (n int, took bool, err error) {
 	w.mu.Lock()
 	if w.bgReader || w.readerEnded {
 		w.mu.Unlock()
-		return 0, nil, false
+		return 0, false, nil
 	}
 	w.appReading, w.interrupted = true, false
 	_ = w.raw.SetReadDeadline(w.rdlT)
@@ -66,7 +66,7 @@ func (w *swConn) readSocket(b []byte) (n int, err error, took bool) {
 	if w.wantReader {
 		w.needReaderLocked()
 	}
-	return n, err, true
+	return n, true, err
 }
 
 // readFrames reads the socket for a Read (readSocket).

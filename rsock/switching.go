@@ -216,7 +216,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 		if w.rdl.Expired() {
 			return 0, os.ErrDeadlineExceeded
 		}
-		if n, err, took := w.readSocket(b); took {
+		if n, took, err := w.readSocket(b); took {
 			if n > 0 {
 				w.bytesRead.Add(uint64(n))
 				w.counted(n)
