@@ -174,11 +174,11 @@ func (w *swConn) claimReaderLocked() bool {
 	return true
 }
 
-// closeReading ends the reading at an orderly Close on TCP when no one
-// reads the socket (claimReaderLocked). What has arrived is read now and
-// dropped: frames after Close act on nothing, as in readLoop. If the
-// peer's end is among it, or if every byte we sent has reached the peer
-// (sender.delivered), the socket is closed as soon as our last frame is
+// closeReading ends the reading at a Close on TCP when no one reads the
+// socket (claimReaderLocked). What has arrived is read now and dropped:
+// frames after Close act on nothing, as in readLoop. If the peer's end is
+// among it, or if the close is orderly and every byte we sent has reached
+// the peer (sender.delivered), the socket is closed as soon as our last frame is
 // written, as plain TCP's close does: a frame the peer sends later meets
 // a reset, as a write to a closed TCP socket does, and has nothing of ours
 // left to destroy. Otherwise readLoop reads on to the peer's end.
