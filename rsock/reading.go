@@ -86,15 +86,12 @@ func (w *swConn) readFrames(b []byte) (int, error) {
 			}
 			return n, nil
 		}
-		h, msg, err := w.in.next(true)
-		if err == nil && h.Type == handshake.TypeData {
-			err = w.dataAllowed()
-			if err == nil {
-				continue
-			}
-		}
+		msg, err := w.nextFrame()
 		if err != nil {
 			return 0, w.socketEnded(err)
+		}
+		if msg == nil {
+			continue // a Data frame: its payload next
 		}
 		last, err := w.handle(msg)
 		if err != nil {
@@ -217,30 +214,42 @@ func (w *swConn) skipFrame() error {
 func (w *swConn) readLoop() {
 	defer w.readerStopped()
 	for {
-		var h handshake.Header
-		var msg handshake.Message
 		var err error
-		if w.in.data > 0 {
-			// A Read took part of this frame before readLoop took over.
-			h = handshake.Header{Type: handshake.TypeData, Length: uint16(w.in.data)}
-		} else if h, msg, err = w.in.next(true); err == nil && h.Type == handshake.TypeData {
-			err = w.dataAllowed()
-		}
-		if err == nil && h.Type == handshake.TypeData {
-			err = w.readData(int(h.Length))
-		} else if err == nil && w.isClosed() {
-			continue // after Close: read on to the peer's end, acting on nothing
-		} else if err == nil {
-			var last bool
-			if last, err = w.handle(msg); last && err == nil {
-				return
+		// A Read may have taken part of a Data frame before readLoop took
+		// over: its payload's rest comes first.
+		if w.in.data == 0 {
+			var msg handshake.Message
+			msg, err = w.nextFrame()
+			switch {
+			case err != nil || msg == nil:
+			case w.isClosed():
+				continue // after Close: read on to the peer's end, acting on nothing
+			default:
+				var last bool
+				if last, err = w.handle(msg); last && err == nil {
+					return
+				}
 			}
+		}
+		if err == nil && w.in.data > 0 {
+			err = w.readData(w.in.data)
 		}
 		if err != nil {
 			w.ended(err)
 			return
 		}
 	}
+}
+
+// nextFrame reads the next frame's header and, but for a Data frame, its
+// body: the message, or nil for a Data frame, whose payload (in.data
+// bytes) the caller takes next, once checked that Data may come now.
+func (w *swConn) nextFrame() (handshake.Message, error) {
+	h, msg, err := w.in.next(true)
+	if err == nil && h.Type == handshake.TypeData {
+		err = w.dataAllowed()
+	}
+	return msg, err
 }
 
 // dataAllowed checks that a Data frame may come now.
