@@ -51,7 +51,7 @@ func (w *swConn) readSocket(b []byte) (n int, took bool, err error) {
 		return 0, false, nil
 	}
 	w.appReading, w.interrupted = true, false
-	_ = w.raw.SetReadDeadline(w.rdlT)
+	w.socketDeadlineLocked(w.rdlT)
 	w.mu.Unlock()
 
 	n, err = w.readFrames(b)
@@ -132,8 +132,18 @@ func (w *swConn) needReaderLocked() {
 		w.interruptLocked()
 	default:
 		w.bgReader = true
-		_ = w.raw.SetReadDeadline(time.Time{})
+		w.socketDeadlineLocked(time.Time{})
 		go w.readLoop()
+	}
+}
+
+// socketDeadlineLocked sets the socket's read deadline, unless it is set
+// to t already: a Read that takes the socket applies its deadline, and
+// re-arming the same one each time would cost a timer operation per Read.
+func (w *swConn) socketDeadlineLocked(t time.Time) {
+	if !t.Equal(w.socketDL) {
+		w.socketDL = t
+		_ = w.raw.SetReadDeadline(t)
 	}
 }
 
@@ -141,7 +151,7 @@ func (w *swConn) needReaderLocked() {
 func (w *swConn) interruptLocked() {
 	if !w.interrupted {
 		w.interrupted = true
-		_ = w.raw.SetReadDeadline(aLongTimeAgo)
+		w.socketDeadlineLocked(aLongTimeAgo)
 	}
 }
 
@@ -167,7 +177,7 @@ func (w *swConn) claimReaderLocked() bool {
 		return false
 	}
 	w.bgReader = true
-	_ = w.raw.SetReadDeadline(time.Time{}) // a Read's deadline, maybe past, is not Close's
+	w.socketDeadlineLocked(time.Time{}) // a Read's deadline, maybe past, is not Close's
 	return true
 }
 

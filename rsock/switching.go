@@ -96,11 +96,12 @@ type swConn struct {
 	goodbye   sync.Once
 
 	// The socket's reader (reading.go), guarded by mu.
-	appReading  bool // a Read reads the socket itself
-	bgReader    bool // readLoop reads the socket, to its end
-	wantReader  bool // readLoop takes over once the Read reading the socket ends
-	interrupted bool // that Read's socket deadline was moved to now, to end it
-	readerEnded bool // the socket's end or failure was read: no one reads it any more
+	appReading  bool      // a Read reads the socket itself
+	bgReader    bool      // readLoop reads the socket, to its end
+	wantReader  bool      // readLoop takes over once the Read reading the socket ends
+	interrupted bool      // that Read's socket deadline was moved to now, to end it
+	readerEnded bool      // the socket's end or failure was read: no one reads it any more
+	socketDL    time.Time // the socket's read deadline (socketDeadlineLocked)
 
 	// Failover (failover.go), guarded by mu.
 	switchAt    uint64        // the stream cursor of our Switch (sendOn)
@@ -578,7 +579,7 @@ func (w *swConn) setDeadline(t time.Time, read, write bool) error {
 		w.rdlT = t
 		w.rdl.Set(t)
 		if w.appReading && !w.interrupted {
-			_ = w.raw.SetReadDeadline(t)
+			w.socketDeadlineLocked(t)
 		}
 		if w.ring != nil {
 			_ = w.ring.SetReadDeadline(t)
