@@ -547,6 +547,9 @@ func TestSwitchHostilePeer(t *testing.T) {
 				_, err = io.ReadFull(s, got)
 				require.NoError(t, err)
 				assert.Equal(t, "12345", string(got))
+				// The server records its decline once it is sent:
+				// Settled is when the outcome is final.
+				awaitSettledEnd(t, s)
 				assert.Equal(t, CodeDeclined, s.Info().Code)
 				return
 			}
