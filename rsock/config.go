@@ -161,6 +161,20 @@ type Config struct {
 	// connections have no failover. Env RSOCK_NO_FAILOVER=1.
 	NoFailover bool
 
+	// NoEarlyDial makes every Dial wait for the server's answer to its
+	// hello. By default, once a server has answered a switching hello
+	// saying it takes early frames, Dials to its address in the next
+	// ProbeCacheTTL return as soon as their hello is written: the
+	// application's first bytes follow the hello at once, and the answer
+	// comes with the server's first bytes (docs/protocol.md §9.11). That
+	// saves the handshake's round trip. If the address's server stops
+	// speaking rsock in that time, such a connection fails on its first
+	// Read or Write instead of at Dial (bytes written to it may have
+	// reached the new server behind a hello it did not understand), and
+	// the address is forgotten: the next Dial waits for an answer again.
+	// Env RSOCK_NO_EARLY_DIAL=1.
+	NoEarlyDial bool
+
 	// Logger receives fallbacks, remembered probe verdicts, a listener's
 	// failed handshakes (rate-limited) and connections that end in a reset,
 	// with the attributes code, transport, reason and peer (see
@@ -214,8 +228,10 @@ type settings struct {
 	probeCacheTTL time.Duration
 	upgradeAfter  time.Duration // negative: the version-1 handshake
 	upgradeBytes  int
-	failover      bool // a ring failure moves a switching connection to TCP
-	noSwitch      bool // tests: a listener that answers like a version-1 server
+	upgradeReason string // ConnInfo.Reason of a connection on TCP until its upgrade
+	earlyDial     bool   // dials to a server that answered UpgradeEarly do not wait for its answer
+	failover      bool   // a ring failure moves a switching connection to TCP
+	noSwitch      bool   // tests: a listener that answers like a version-1 server
 	device        string
 	port          int
 	gidIndex      int // -1: automatic
@@ -337,13 +353,17 @@ func (c *Config) resolve() (*settings, error) {
 	if s.upgradeBytes, err = intField("UpgradeBytes", cfg.UpgradeBytes, "RSOCK_UPGRADE_BYTES", DefaultUpgradeBytes, parseSize); err != nil {
 		return nil, err
 	}
-	noFailover := cfg.NoFailover
-	if e := strings.TrimSpace(os.Getenv("RSOCK_NO_FAILOVER")); e != "" && !noFailover {
-		if noFailover, err = strconv.ParseBool(e); err != nil {
-			return nil, &ConfigError{Field: "NoFailover", Env: "RSOCK_NO_FAILOVER", Value: e, Err: err}
-		}
+	noFailover, err := boolField("NoFailover", cfg.NoFailover, "RSOCK_NO_FAILOVER")
+	if err != nil {
+		return nil, err
 	}
 	s.failover = !noFailover && s.fallback
+	noEarly, err := boolField("NoEarlyDial", cfg.NoEarlyDial, "RSOCK_NO_EARLY_DIAL")
+	if err != nil {
+		return nil, err
+	}
+	s.earlyDial = !noEarly
+	s.upgradeReason = fmt.Sprintf("on TCP until the upgrade (after %v or %d bytes)", s.upgradeAfter, s.upgradeBytes)
 	if s.pool, err = intField("EndpointPool", cfg.EndpointPool, "RSOCK_ENDPOINT_POOL", DefaultEndpointPool, strconv.Atoi); err != nil {
 		return nil, err
 	}
@@ -466,4 +486,18 @@ func parseSize(s string) (int, error) {
 		return 0, fmt.Errorf("out of range")
 	}
 	return n * mult, nil
+}
+
+// boolField resolves a boolean Config field that the environment can set
+// but not clear: true in Config wins.
+func boolField(field string, v bool, env string) (bool, error) {
+	e := strings.TrimSpace(os.Getenv(env))
+	if v || e == "" {
+		return v, nil
+	}
+	b, err := strconv.ParseBool(e)
+	if err != nil {
+		return false, &ConfigError{Field: field, Env: env, Value: e, Err: err}
+	}
+	return b, nil
 }

@@ -189,6 +189,7 @@ func plainServer(t *testing.T, handler func(net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
+	forgetEarly(ln.Addr().String()) // the port may have been an rsock listener's
 	go func() {
 		for {
 			c, err := ln.Accept()

@@ -115,6 +115,16 @@ func (in *inbox) room(need int) {
 	}
 }
 
+// preload puts b, bytes read from the socket before the inbox existed, in
+// front of what it reads.
+func (in *inbox) preload(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	in.room(len(b))
+	in.w += copy(in.buf[in.w:], b)
+}
+
 // release returns the buffer to the pool if it holds nothing unread.
 func (in *inbox) release() {
 	if in.buf != nil && in.r == in.w {

@@ -45,13 +45,22 @@ func (c *Conn) rescueLateHello() error {
 		c.setPrefixLocked(nil)
 		return fmt.Errorf("rsock: a late rsock hello did not parse: %w", err)
 	}
-	if _, ok := msg.(*handshake.Hello); !ok {
+	hello, ok := msg.(*handshake.Hello)
+	if !ok {
 		c.setPrefixLocked(nil)
 		return fmt.Errorf("rsock: a late rsock client opened with %v", msg.Type())
 	}
 	const why = "the hello arrived after the listener's sniff timeout"
 	if err := handshake.Write(c.tcp, &handshake.Decline{Code: handshake.DeclinePolicy, Reason: why}); err != nil {
 		return err
+	}
+	if hello.Flags&handshake.FlagEarly != 0 {
+		// Its frames follow the hello: they cannot be read as plain
+		// TCP. The client fails with ErrEarlyRefused, and so does this
+		// connection.
+		c.setPrefixLocked(nil)
+		c.tcp.Close()
+		return fmt.Errorf("rsock: a late early hello (%s): the frames after it are not plain TCP", why)
 	}
 	c.setPrefixLocked(nil)
 	to := &label{transport: "tcp", code: CodeDeclined, fallback: true, reason: "declined: " + why}

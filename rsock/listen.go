@@ -287,16 +287,17 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	// would otherwise be taken for a plain server, and remembered as one).
 	// The first frame that follows leaves its magic out (handshake.WriteAfterMagic).
 	rest := first[len(handshake.Magic):n]
-	if hello := completeSwitchHello(rest); hello != nil && !s.noSwitch {
+	if hello, k := switchHelloIn(rest); hello != nil && !s.noSwitch {
 		l.waiting.remove(src, raw)
 		waiting = false
-		return s.serveSwitch(l, raw, hello, true)
+		return s.serveSwitch(l, raw, hello, true, rest[k:])
 	}
 	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
 		raw.Close()
 		return nil, err
 	}
-	msg, err := handshake.ReadAfterMagic(io.MultiReader(bytes.NewReader(rest), raw))
+	hr := bytes.NewReader(rest)
+	msg, err := handshake.ReadAfterMagic(io.MultiReader(hr, raw))
 	if err != nil {
 		if errors.Is(err, handshake.ErrVersion) {
 			_ = handshake.WriteAfterMagic(raw, &handshake.Decline{Code: handshake.DeclineVersion, Reason: fmt.Sprintf("server speaks version %d", handshake.Version)})
@@ -312,7 +313,8 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		return nil, fmt.Errorf("rsock: client opened with %v, want hello", msg.Type())
 	}
 	if hello.Flags&handshake.FlagSwitch != 0 && !s.noSwitch {
-		return s.serveSwitch(l, raw, hello, false)
+		// An early client's frames may have come with its hello.
+		return s.serveSwitch(l, raw, hello, false, rest[len(rest)-hr.Len():])
 	}
 	select {
 	case l.setups <- struct{}{}:
@@ -339,17 +341,18 @@ func sniffMagic(c net.Conn, b []byte) (int, error) {
 	return n, nil
 }
 
-// completeSwitchHello returns the switching Hello that b holds exactly (the
-// bytes after the magic), or nil.
-func completeSwitchHello(b []byte) *handshake.Hello {
+// switchHelloIn returns the switching Hello that b (the bytes after the
+// magic) starts with, and its length; nil if b holds no complete one.
+// What follows it is an early client's frames.
+func switchHelloIn(b []byte) (*handshake.Hello, int) {
 	r := bytes.NewReader(b)
 	m, err := handshake.ReadAfterMagic(r)
-	if err != nil || r.Len() != 0 {
-		return nil
+	if err != nil {
+		return nil, 0
 	}
 	h, ok := m.(*handshake.Hello)
 	if !ok || h.Flags&handshake.FlagSwitch == 0 {
-		return nil
+		return nil, 0
 	}
-	return h
+	return h, len(b) - r.Len()
 }

@@ -271,6 +271,17 @@ func (s *settings) decline(network string, raw *net.TCPConn, code handshake.Decl
 	return plainConn(network, raw, nil, CodeDeclined, len(s.transports) > 0, "declined: "+reason), nil
 }
 
+// taken returns the transports of an Upgrade that we offered.
+func taken(offers []handshake.Offer, ts []handshake.Transport) []handshake.Transport {
+	var out []handshake.Transport
+	for _, t := range ts {
+		if indexOffer(offers, t) >= 0 {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 func indexOffer(offers []handshake.Offer, t handshake.Transport) int {
 	for i, o := range offers {
 		if o.Transport == t {
@@ -493,6 +504,10 @@ func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.
 // Upgrade makes a Conn on TCP that upgrades later (upgrade.go).
 func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net.TCPConn, names []string) (*Conn, error) {
 	hello := switchHello(names)
+	early := s.earlyDial && s.probeCacheTTL > 0 && earlyServers.known(key)
+	if early {
+		hello.Flags |= handshake.FlagEarly
+	}
 	frame, err := handshake.Append(nil, hello)
 	if err == nil {
 		_, err = raw.Write(frame)
@@ -501,6 +516,11 @@ func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net
 		raw.Close()
 		return nil, helloWriteError(ctx, err)
 	}
+	if early {
+		// The server answered UpgradeEarly lately: the connection is
+		// usable now, and the answer is read with the first frames.
+		return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: hello.Offers}), nil
+	}
 	registry.probes.Add(1)
 	msg, err := s.readAnswer(ctx, raw)
 	if err != nil {
@@ -508,13 +528,11 @@ func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net
 	}
 	switch m := msg.(type) {
 	case *handshake.Upgrade:
-		var ts []handshake.Transport
-		for _, t := range m.Transports {
-			if indexOffer(hello.Offers, t) >= 0 {
-				ts = append(ts, t)
-			}
+		ts := taken(hello.Offers, m.Transports)
+		reason := s.upgradeReason
+		if m.Flags&handshake.UpgradeEarly != 0 && s.earlyDial && s.probeCacheTTL > 0 {
+			earlyServers.add(key, s.probeCacheTTL)
 		}
-		reason := fmt.Sprintf("on TCP until the upgrade (after %v or %d bytes)", s.upgradeAfter, s.upgradeBytes)
 		if len(ts) == 0 {
 			reason = "the server takes none of the transports offered here"
 			if !s.fallback {
@@ -522,7 +540,7 @@ func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net
 				return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 			}
 		}
-		return s.switchConn(network, raw, nil, ts, m.Flags&handshake.UpgradeGrow != 0, reason), nil
+		return s.switchConn(network, raw, nil, switchStart{transports: ts, grow: m.Flags&handshake.UpgradeGrow != 0, reason: reason}), nil
 	case *handshake.Decline:
 		// A version-1 server declines offers without rings as
 		// unavailable (a switching one answers Upgrade, and declines a

@@ -266,6 +266,9 @@ func (w *swConn) nextFrame() (handshake.Message, error) {
 func (w *swConn) dataAllowed() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.pending != nil {
+		return w.pending.refused("data before its answer")
+	}
 	if w.switched {
 		return protocolError("data after the peer's switch")
 	}
@@ -331,6 +334,9 @@ func protocolError(format string, args ...any) error {
 
 // handle acts on a control frame; last is true after the peer's goodbye.
 func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
+	if w.client && w.awaitingAnswer() {
+		return false, w.answered(msg)
+	}
 	switch m := msg.(type) {
 	case *handshake.Accept, *handshake.Decline:
 		if !w.client || !w.awaiting() {
@@ -383,6 +389,14 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		return false, protocolError("unexpected %v", msg.Type())
 	}
 	return false, nil
+}
+
+// awaitingAnswer reports whether the client waits for the answer to its
+// early hello.
+func (w *swConn) awaitingAnswer() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pending != nil
 }
 
 // awaiting reports whether an upgrade waits for the peer's answer.
@@ -482,6 +496,11 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 func (w *swConn) ended(err error) {
 	if w.isClosed() {
 		return
+	}
+	if p := w.takePending(); p != nil {
+		if !errors.Is(err, ErrEarlyRefused) {
+			err = p.refused(err.Error())
+		}
 	}
 	var re *stream.ResetError
 	var pe *protocolErr

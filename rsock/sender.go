@@ -39,6 +39,9 @@ type sender struct {
 	closeTimer *time.Timer
 	shut       bool // the queue drained after finish: FIN sent (shutLocked)
 	readerGone bool // the reader has stopped (readerDone)
+	// held is a frame that goes out in front of the next one queued, or
+	// at flush or finish (hold).
+	held []byte
 }
 
 func newSender(raw *net.TCPConn) *sender {
@@ -51,6 +54,12 @@ func newSender(raw *net.TCPConn) *sender {
 // directly, without blocking, from the caller: most frames then need no
 // goroutine at all.
 func (s *sender) queueLocked(frame []byte) {
+	if s.held != nil {
+		both := append(append(pool.Get(len(s.held) + len(frame))[:0], s.held...), frame...)
+		pool.Put(s.held)
+		pool.Put(frame)
+		frame, s.held = both, nil
+	}
 	if !s.running && len(s.q) == 0 && s.err == nil {
 		n := s.writeNow(frame)
 		if n == len(frame) {
@@ -68,6 +77,34 @@ func (s *sender) queueLocked(frame []byte) {
 	if !s.running {
 		s.running = true
 		go s.run()
+	}
+}
+
+// hold keeps frame (pooled), the answer to an early hello, to go out in
+// front of the next frame queued, or at flush or finish, whichever comes
+// first: the answer and the first reply then share a segment, and the
+// peer one wake-up.
+func (s *sender) hold(frame []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held = frame
+}
+
+// flush queues the held frame, if any.
+func (s *sender) flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.flushLocked()
+}
+
+func (s *sender) flushLocked() {
+	if f := s.held; f != nil {
+		s.held = nil
+		if s.err != nil || s.closing {
+			pool.Put(f)
+			return
+		}
+		s.queueLocked(f)
 	}
 }
 
@@ -215,6 +252,7 @@ func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (in
 func (s *sender) finish(wait time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.flushLocked()
 	s.closing = true
 	if !s.running {
 		s.shutLocked()
@@ -266,7 +304,7 @@ func (s *sender) readerDone() {
 // socket now can destroy none of our bytes.
 func (s *sender) delivered() bool {
 	s.mu.Lock()
-	idle := !s.running && len(s.q) == 0 && s.err == nil
+	idle := !s.running && len(s.q) == 0 && s.err == nil && s.held == nil
 	s.mu.Unlock()
 	if !idle {
 		return false

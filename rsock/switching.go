@@ -58,8 +58,8 @@ type swConn struct {
 	wnote chan struct{} // cap 1: wakes a Write waiting for a failover (failover.go)
 	space chan struct{} // cap 1: wakes the reader waiting for queue room
 
-	transports []handshake.Transport // client: what the server takes, in our order
-	peerGrows  bool                  // the peer follows a move of our ring (handshake FlagGrow, UpgradeGrow)
+	transports []handshake.Transport // client: what the server takes, in our order (set under mu while pending)
+	peerGrows  bool                  // the peer follows a move of our ring (handshake FlagGrow, UpgradeGrow; as transports)
 	upStarted  atomic.Bool           // the client's upgrade has begun (kick)
 	parked     atomic.Bool           // the reader waits for the application to make room (tests)
 	upTimer    *time.Timer           // the client's upgrade policy; the server's reader (start)
@@ -94,6 +94,7 @@ type swConn struct {
 	stayed    bool          // the upgrade ended without a ring
 	settled   chan struct{} // closed once no direction will move any more (settleLocked)
 	goodbye   sync.Once
+	pending   *earlyHello // client: the answer to our early hello is still to come
 
 	// The socket's reader (reading.go), guarded by mu.
 	appReading  bool      // a Read reads the socket itself
@@ -144,24 +145,46 @@ func newSwConn(c *Conn, s *settings, raw *net.TCPConn, client bool) *swConn {
 // then a Read reads the socket itself (reading.go).
 func (w *swConn) start(transports []handshake.Transport) {
 	w.transports = transports
-	if len(transports) == 0 {
+	if len(transports) == 0 && w.pending == nil {
 		return // no upgrade: only the application's reads read the socket
 	}
 	after, f := w.set.upgradeAfter, w.kick
 	if !w.client {
-		after, f = serverReaderAfter, w.needReader
+		after, f = serverReaderAfter, w.serverReaderDue
 	}
 	w.mu.Lock()
 	w.upTimer = time.AfterFunc(after, f)
 	w.mu.Unlock()
 }
 
-// kick starts the client's upgrade, once.
+// kick starts the client's upgrade, once. Before the answer to an early
+// hello, which names the transports, it has the answer read, and the
+// upgrade begins when it comes (answered).
 func (w *swConn) kick() {
-	if w.client && len(w.transports) > 0 && w.upStarted.CompareAndSwap(false, true) {
+	if !w.client {
+		return
+	}
+	w.mu.Lock()
+	if w.pending != nil {
+		w.pending.kicked = true
+		w.needReaderLocked()
+		w.mu.Unlock()
+		return
+	}
+	can := len(w.transports) > 0
+	w.mu.Unlock()
+	if can && w.upStarted.CompareAndSwap(false, true) {
 		w.needReader() // the server's answers come whether or not the application reads
 		go w.clientUpgrade()
 	}
+}
+
+// serverReaderDue is the server's reader timer: what it holds for the
+// client (the answer to an early hello) goes out, and readLoop reads on,
+// so that an offer is answered whether or not the application reads.
+func (w *swConn) serverReaderDue() {
+	w.out.flush()
+	w.needReader()
 }
 
 // counted notes n bytes moved on TCP and starts the upgrade once the

@@ -885,6 +885,7 @@ func serveByHand(t *testing.T, f func(raw net.Conn) error) (string, <-chan error
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
+	forgetEarly(ln.Addr().String()) // the port may have been an rsock listener's
 	done := make(chan error, 1)
 	go func() {
 		done <- func() error {

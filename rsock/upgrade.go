@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	pool "github.com/libp2p/go-buffer-pool"
+
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/stream"
 	"github.com/rdmanet/rdmanet/internal/transport"
@@ -42,8 +44,11 @@ func switchHello(names []string) *handshake.Hello {
 // transports this server would take of those offered, in its order. The
 // connection goes to Accept at once, on TCP.
 // withMagic says the magic has not been sent yet and goes with it.
-func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, withMagic bool) (*Conn, error) {
-	up := &handshake.Upgrade{Flags: handshake.UpgradeGrow}
+// arrived holds what came after the hello: an early client's first frames.
+// The answer to an early hello is held until the server's first frame
+// (sender.hold), or serverReaderAfter.
+func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, withMagic bool, arrived []byte) (*Conn, error) {
+	up := &handshake.Upgrade{Flags: handshake.UpgradeGrow | handshake.UpgradeEarly}
 	for _, name := range s.serveOrder() {
 		t, _ := handshake.TransportByName(name)
 		if _, built := transport.Lookup(name); built && indexOffer(hello.Offers, t) >= 0 {
@@ -58,11 +63,22 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 			answer = &handshake.Decline{Code: handshake.DeclineNoCommonTransport, Reason: "no common transport"}
 		}
 	}
-	write := handshake.WriteAfterMagic
-	if withMagic {
-		write = handshake.Write
+	frame, err := handshake.Append(pool.Get(128)[:0], answer)
+	if !withMagic {
+		frame = frame[len(handshake.Magic):]
 	}
-	if err := write(raw, answer); err != nil {
+	st := switchStart{transports: up.Transports, grow: hello.Flags&handshake.FlagGrow != 0, reason: reason, arrived: arrived}
+	// Only a connection that may upgrade has the reader timer that
+	// flushes a held answer.
+	hold := answer == handshake.Message(up) && len(up.Transports) > 0 && hello.Flags&handshake.FlagEarly != 0
+	switch {
+	case err == nil && hold:
+		st.held = frame
+	case err == nil:
+		_, err = raw.Write(frame)
+		pool.Put(frame)
+	}
+	if err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
 	}
@@ -70,29 +86,52 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 		raw.Close()
 		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 	}
-	return s.switchConn(l.network, raw, l, up.Transports, hello.Flags&handshake.FlagGrow != 0, reason), nil
+	return s.switchConn(l.network, raw, l, st), nil
+}
+
+// switchStart is how a switching connection starts (switchConn).
+type switchStart struct {
+	transports []handshake.Transport // what the peer takes; for the client, in our order
+	grow       bool                  // the peer follows a ring move (Hello FlagGrow, Upgrade UpgradeGrow)
+	reason     string                // ConnInfo.Reason until the upgrade
+	// early: the client sent its hello with FlagEarly and awaits the
+	// answer, which sets transports and grow (swConn.answered).
+	early  bool
+	key    string            // the early client's address key (earlyServers)
+	offers []handshake.Offer // the early client's hello's
+	// The server's side: the answer held until its first frame (an early
+	// hello), and the frames that came with the hello.
+	held    []byte
+	arrived []byte
 }
 
 // switchConn makes the Conn of a switching connection on raw and starts it.
-// ln is the listener of a server's connection, nil on the client; grow
-// says the peer follows a ring move (Hello FlagGrow, Upgrade UpgradeGrow).
-func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, transports []handshake.Transport, grow bool, reason string) *Conn {
+// ln is the listener of a server's connection, nil on the client.
+func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st switchStart) *Conn {
 	_ = raw.SetDeadline(time.Time{})
-	l := label{transport: "tcp", code: CodeUpgrading, reason: reason}
-	if len(transports) == 0 {
+	l := label{transport: "tcp", code: CodeUpgrading, reason: st.reason}
+	stays := len(st.transports) == 0 && !st.early
+	if stays {
 		l.code, l.fallback = CodeDeclined, true
 	}
 	c := newConn(network, l)
 	c.tcp = raw
 	c.w = newSwConn(c, s, raw, ln == nil)
 	c.w.ln = ln
-	c.w.peerGrows = grow
-	if len(transports) == 0 {
+	c.w.peerGrows = st.grow
+	if st.early {
+		c.w.pending = &earlyHello{key: st.key, offers: st.offers}
+	}
+	if stays {
 		c.w.stayed = true
 		close(c.w.settled)
 	}
+	if st.held != nil {
+		c.w.out.hold(st.held)
+	}
+	c.w.in.preload(st.arrived)
 	c.register()
-	c.w.start(transports)
+	c.w.start(st.transports)
 	return c
 }
 

@@ -45,7 +45,7 @@
 // Transports: 1 verbs, 2 shm, 3 sim; unknown values are kept, and a server
 // skips offers it does not understand. Decline codes: 1 no common transport,
 // 2 unavailable, 3 resources, 4 failed, 5 policy, 6 version; unknown codes
-// are kept. Hello flags: bit 0 FlagSwitch, bit 1 FlagGrow; Upgrade: bit 0 UpgradeGrow; receivers
+// are kept. Hello flags: bit 0 FlagSwitch, bit 1 FlagGrow, bit 2 FlagEarly; Upgrade: bit 0 UpgradeGrow, bit 1 UpgradeEarly; receivers
 // ignore unknown bits of both and keep the value. Goodbye flag bits other
 // than Abort are ignored and dropped. Info is
 // an opaque provider description. Reasons are UTF-8.

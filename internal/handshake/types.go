@@ -66,6 +66,11 @@ const (
 	// server's ring may start small and grow (GROW and MOVED state
 	// messages, docs/protocol.md §3.11).
 	FlagGrow uint16 = 1 << 1
+	// FlagEarly says the client did not wait for the answer: its frames
+	// may follow the hello at once, and the server may hold its Upgrade
+	// until its own first frame (docs/protocol.md §9.11). A client sets it
+	// only for a server that answered UpgradeEarly before.
+	FlagEarly uint16 = 1 << 2
 )
 
 // Upgrade flags.
@@ -73,6 +78,10 @@ const (
 	// UpgradeGrow says the server follows a move of the client's ring, as
 	// FlagGrow says of the client.
 	UpgradeGrow uint16 = 1 << 0
+	// UpgradeEarly says the server reads whatever follows a switching
+	// hello as the connection's frames, whether or not its client waited
+	// for this answer: later hellos to it may carry FlagEarly.
+	UpgradeEarly uint16 = 1 << 1
 )
 
 func (t Type) String() string {

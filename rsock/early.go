@@ -1,0 +1,84 @@
+package rsock
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/stream"
+)
+
+// The early dial (docs/protocol.md §9.11). A switching server that reads
+// whatever follows a hello as the connection's frames says so in its
+// Upgrade (UpgradeEarly). For ProbeCacheTTL after such an answer, Dials to
+// its address send their hello with FlagEarly and return at once: the
+// application's first frames follow the hello, and the server's answer
+// comes in front of its first frame. The handshake's round trip is gone
+// from a short connection's life. If the answer is anything else, the
+// connection fails with ErrEarlyRefused, and the address is forgotten.
+
+// ErrEarlyRefused is wrapped by the errors of a connection dialed without
+// waiting for the server's answer (Config.NoEarlyDial) whose server did not
+// answer as a switching rsock server: a server that no longer speaks rsock
+// at that address, or that declined the hello. Bytes written to such a
+// connection may have reached that server behind a hello it did not
+// understand. The next Dial to the address waits for the answer again.
+var ErrEarlyRefused = errors.New("rsock: the server did not take an early dial")
+
+// earlyServers remembers addresses whose servers answered UpgradeEarly.
+var earlyServers = &probeCache{entries: map[string]probeEntry{}, need: 1}
+
+// earlyHello is an early dial's state until the server's answer.
+type earlyHello struct {
+	key    string            // the address (earlyServers)
+	offers []handshake.Offer // the hello's
+	kicked bool              // the upgrade policy fired before the answer (kick)
+}
+
+// answered handles the first frame of the server of an early dial: its
+// Upgrade sets the transports, and starts the upgrade if the policy fired
+// meanwhile; anything else refuses the dial.
+func (w *swConn) answered(msg handshake.Message) error {
+	w.mu.Lock()
+	p := w.pending
+	w.pending = nil
+	w.mu.Unlock()
+	up, ok := msg.(*handshake.Upgrade)
+	switch {
+	case !ok:
+		if d, isDecline := msg.(*handshake.Decline); isDecline {
+			return p.refused(fmt.Sprintf("it declined: %v: %s", d.Code, d.Reason))
+		}
+		return p.refused(fmt.Sprintf("it answered with %v", msg.Type()))
+	case up.Flags&handshake.UpgradeEarly == 0:
+		return p.refused("its answer does not say it takes early frames")
+	}
+	ts := taken(p.offers, up.Transports)
+	w.mu.Lock()
+	w.transports, w.peerGrows = ts, up.Flags&handshake.UpgradeGrow != 0
+	w.mu.Unlock()
+	if len(ts) == 0 {
+		w.stayOnTCP(CodeDeclined, "the server takes none of the transports offered here")
+		return nil
+	}
+	if p.kicked {
+		w.kick()
+	}
+	return nil
+}
+
+// takePending ends the wait for the answer: the bootstrap ended or failed
+// first. It returns the early dial's state, or nil if there was none.
+func (w *swConn) takePending() *earlyHello {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p := w.pending
+	w.pending = nil
+	return p
+}
+
+// refused forgets the address and returns the connection's error.
+func (p *earlyHello) refused(why string) error {
+	earlyServers.forget(p.key)
+	return &stream.ResetError{Reason: "the server did not answer the early hello as a switching rsock server: " + why, Err: ErrEarlyRefused}
+}
