@@ -64,7 +64,7 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 		}
 	}
 	frame, err := handshake.Append(pool.Get(128)[:0], answer)
-	if !withMagic {
+	if err == nil && !withMagic {
 		frame = frame[len(handshake.Magic):]
 	}
 	st := switchStart{transports: up.Transports, grow: hello.Flags&handshake.FlagGrow != 0, reason: reason, arrived: arrived}
