@@ -35,14 +35,10 @@ type earlyHello struct {
 	kicked bool              // the upgrade policy fired before the answer (kick)
 }
 
-// answered handles the first frame of the server of an early dial: its
-// Upgrade sets the transports, and starts the upgrade if the policy fired
-// meanwhile; anything else refuses the dial.
-func (w *swConn) answered(msg handshake.Message) error {
-	w.mu.Lock()
-	p := w.pending
-	w.pending = nil
-	w.mu.Unlock()
+// answered handles the first frame of the server of an early dial (p,
+// taken by takePending): its Upgrade sets the transports, and starts the
+// upgrade if the policy fired meanwhile; anything else refuses the dial.
+func (w *swConn) answered(p *earlyHello, msg handshake.Message) error {
 	up, ok := msg.(*handshake.Upgrade)
 	switch {
 	case !ok:
@@ -67,8 +63,9 @@ func (w *swConn) answered(msg handshake.Message) error {
 	return nil
 }
 
-// takePending ends the wait for the answer: the bootstrap ended or failed
-// first. It returns the early dial's state, or nil if there was none.
+// takePending ends the wait for the answer to an early hello: the answer
+// came, or the bootstrap ended or broke the rules first. It returns the
+// early dial's state, or nil if there was none.
 func (w *swConn) takePending() *earlyHello {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -54,15 +54,14 @@ func (c *Conn) rescueLateHello() error {
 	if err := handshake.Write(c.tcp, &handshake.Decline{Code: handshake.DeclinePolicy, Reason: why}); err != nil {
 		return err
 	}
+	c.setPrefixLocked(nil)
 	if hello.Flags&handshake.FlagEarly != 0 {
 		// Its frames follow the hello: they cannot be read as plain
 		// TCP. The client fails with ErrEarlyRefused, and so does this
 		// connection.
-		c.setPrefixLocked(nil)
 		c.tcp.Close()
 		return fmt.Errorf("rsock: a late early hello (%s): the frames after it are not plain TCP", why)
 	}
-	c.setPrefixLocked(nil)
 	to := &label{transport: "tcp", code: CodeDeclined, fallback: true, reason: "declined: " + why}
 	c.relabel(to)
 	return nil

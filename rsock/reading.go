@@ -266,8 +266,9 @@ func (w *swConn) nextFrame() (handshake.Message, error) {
 func (w *swConn) dataAllowed() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.pending != nil {
-		return w.pending.refused("data before its answer")
+	if p := w.pending; p != nil {
+		w.pending = nil
+		return p.refused("data before its answer")
 	}
 	if w.switched {
 		return protocolError("data after the peer's switch")
@@ -334,8 +335,10 @@ func protocolError(format string, args ...any) error {
 
 // handle acts on a control frame; last is true after the peer's goodbye.
 func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
-	if w.client && w.awaitingAnswer() {
-		return false, w.answered(msg)
+	if w.client {
+		if p := w.takePending(); p != nil {
+			return false, w.answered(p, msg)
+		}
 	}
 	switch m := msg.(type) {
 	case *handshake.Accept, *handshake.Decline:
@@ -389,14 +392,6 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		return false, protocolError("unexpected %v", msg.Type())
 	}
 	return false, nil
-}
-
-// awaitingAnswer reports whether the client waits for the answer to its
-// early hello.
-func (w *swConn) awaitingAnswer() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.pending != nil
 }
 
 // awaiting reports whether an upgrade waits for the peer's answer.
@@ -498,9 +493,7 @@ func (w *swConn) ended(err error) {
 		return
 	}
 	if p := w.takePending(); p != nil {
-		if !errors.Is(err, ErrEarlyRefused) {
-			err = p.refused(err.Error())
-		}
+		err = p.refused(err.Error())
 	}
 	var re *stream.ResetError
 	var pe *protocolErr
