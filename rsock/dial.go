@@ -95,6 +95,9 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 		return nil, err
 	}
 	tc := raw.(*net.TCPConn)
+	if c := s.dialEarly(network, key, tc); c != nil {
+		return c, nil
+	}
 	// HandshakeTimeout bounds everything from here to the switch.
 	hctx, cancel := context.WithTimeout(ctx, s.handshake)
 	defer cancel()

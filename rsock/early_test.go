@@ -226,3 +226,118 @@ func TestLateEarlyHello(t *testing.T) {
 	require.NoError(t, err)
 	assert.IsType(t, &handshake.Decline{}, m)
 }
+
+// TestEarlyHelloHeld: an early dial holds its hello for its first frame,
+// so that the two share a segment. The hello goes out with the first
+// Write; at once when the application reads first (a server that speaks
+// first waits for it); helloHold after the dial when the application does
+// neither; and at Close.
+func TestEarlyHelloHeld(t *testing.T) {
+	registerSim(t)
+	defer func(d time.Duration) { helloHold = d }(helloHold)
+	early := make(chan struct{}, 4)
+	got := make(chan string, 4)
+	addr, served := handServer(t, func(i int, raw net.Conn, hello *handshake.Hello) error {
+		if hello.Flags&handshake.FlagEarly == 0 {
+			if err := handshake.Write(raw, earlyUpgrade); err != nil {
+				return err
+			}
+		} else {
+			early <- struct{}{}
+			// Speak first: the answer and one byte of Data.
+			answer, err := handshake.Append(nil, earlyUpgrade)
+			if err != nil {
+				return err
+			}
+			var h [handshake.HeaderLen]byte
+			handshake.PutDataHeader(&h, 1)
+			if _, err := raw.Write(append(append(answer, h[:]...), 's')); err != nil {
+				return err
+			}
+		}
+		var data []byte
+		for {
+			hd, m, err := handshake.Next(raw)
+			if err == io.EOF {
+				got <- string(data)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if m == nil {
+				b := make([]byte, hd.Length)
+				if _, err := io.ReadFull(raw, b); err != nil {
+					return err
+				}
+				data = append(data, b...)
+			}
+		}
+	})
+	cfg := swCfg("sim", time.Hour)
+	prime, err := (&Dialer{Config: cfg}).Dial("tcp", addr)
+	require.NoError(t, err)
+	require.NoError(t, prime.Close())
+	require.NoError(t, <-served)
+	<-got
+
+	dial := func(hold time.Duration) *Conn {
+		t.Helper()
+		helloHold = hold
+		c, err := (&Dialer{Config: cfg}).Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() }) // a failed case frees the server for the next
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c.(*Conn)
+	}
+	wait := func(ch <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the server never got the early hello")
+		}
+	}
+	held := func(c *Conn) bool {
+		c.w.out.mu.Lock()
+		defer c.w.out.mu.Unlock()
+		return c.w.out.held != nil
+	}
+
+	t.Run("with the first write", func(t *testing.T) {
+		c := dial(time.Hour)
+		assert.True(t, held(c), "nothing sent before the first frame")
+		_, err := c.Write([]byte("x"))
+		require.NoError(t, err)
+		assert.False(t, held(c))
+		wait(early)
+		require.NoError(t, c.Close())
+		assert.Equal(t, "x", <-got)
+		require.NoError(t, <-served)
+	})
+	t.Run("when the application reads first", func(t *testing.T) {
+		c := dial(time.Hour)
+		b := make([]byte, 1)
+		_, err := io.ReadFull(c, b) // the server answers only once the hello came
+		require.NoError(t, err)
+		assert.Equal(t, "s", string(b))
+		wait(early)
+		require.NoError(t, c.Close())
+		assert.Equal(t, "", <-got)
+		require.NoError(t, <-served)
+	})
+	t.Run("after helloHold", func(t *testing.T) {
+		c := dial(time.Millisecond)
+		wait(early)
+		require.NoError(t, c.Close())
+		assert.Equal(t, "", <-got)
+		require.NoError(t, <-served)
+	})
+	t.Run("at close", func(t *testing.T) {
+		c := dial(time.Hour)
+		require.NoError(t, c.Close())
+		require.NoError(t, <-served) // io.EOF had the hello not come
+		wait(early)
+		assert.Equal(t, "", <-got)
+	})
+}

@@ -211,13 +211,13 @@ func (l *Listener) serveConn(raw *net.TCPConn) {
 	defer l.wg.Done()
 	stop := context.AfterFunc(l.ctx, func() { _ = raw.SetDeadline(aLongTimeAgo) })
 	defer stop()
-	peer := raw.RemoteAddr().String()
+	peer := raw.RemoteAddr() // before the handshake, which may close raw
 	c, err := l.handshake(raw)
 	if err != nil {
 		l.handshakeErrors.Add(1)
 		failed(err)
 		logLimited(l.s.log, &l.logLimit, slog.LevelWarn, "rsock: handshake dropped",
-			slog.String("reason", err.Error()), slog.String("peer", peer))
+			slog.String("reason", err.Error()), slog.String("peer", fmt.Sprint(peer)))
 		return
 	}
 	l.s.logConn(c, "server")
@@ -268,11 +268,15 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		raw.Close()
 		return nil, err
 	}
+	// A switching hello that came whole with the magic is answered now:
+	// nothing is left to wait for.
+	rest := first[len(handshake.Magic):n]
+	if hello, k := switchHelloIn(rest); hello != nil && !s.noSwitch {
+		return s.serveSwitch(l, raw, hello, true, rest[k:])
+	}
 	// An rsock client: the whole handshake is bounded from here, and until
 	// its hello is complete it holds one of its source's waiting places.
 	_ = raw.SetDeadline(time.Now().Add(s.handshake))
-	ctx, cancel := context.WithTimeout(l.ctx, s.handshake)
-	defer cancel()
 	src := l.waiting.add(raw)
 	waiting := true
 	defer func() {
@@ -286,12 +290,6 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	// endpoint (a burst of dials to a host that registers memory slowly
 	// would otherwise be taken for a plain server, and remembered as one).
 	// The first frame that follows leaves its magic out (handshake.WriteAfterMagic).
-	rest := first[len(handshake.Magic):n]
-	if hello, k := switchHelloIn(rest); hello != nil && !s.noSwitch {
-		l.waiting.remove(src, raw)
-		waiting = false
-		return s.serveSwitch(l, raw, hello, true, rest[k:])
-	}
 	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
 		raw.Close()
 		return nil, err
@@ -323,6 +321,8 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		l.busy.Add(1)
 		return s.decline(l.network, raw, handshake.DeclineResources, fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups))
 	}
+	ctx, cancel := context.WithTimeout(l.ctx, s.handshake)
+	defer cancel()
 	return s.serve(ctx, l.network, raw, hello)
 }
 

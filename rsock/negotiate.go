@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	pool "github.com/libp2p/go-buffer-pool"
+
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/stream"
 	"github.com/rdmanet/rdmanet/internal/transport"
@@ -337,10 +339,9 @@ type notRsockError struct{ why string }
 
 func (e *notRsockError) Error() string { return "server does not speak rsock: " + e.why }
 
-// dialHandshake runs the client side on raw. It returns the Conn, or a
-// *notRsockError when the server turned out not to speak rsock (raw is then
-// closed and the caller dials again plainly), or another error (raw closed).
-func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *net.TCPConn) (*Conn, error) {
+// offerable returns the configured transports that raw's connection may
+// offer, in order, and why the others may not.
+func (s *settings) offerable(raw *net.TCPConn) ([]string, reasons) {
 	var why reasons
 	var names []string
 	for _, name := range s.transports {
@@ -353,10 +354,48 @@ func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *
 			names = append(names, name)
 		}
 	}
+	return names, why
+}
+
+// switching reports whether a dial to key uses the switching handshake
+// (§9), not version 1's.
+func (s *settings) switching(key string) bool {
+	return s.upgradeAfter >= 0 && !(s.probeCacheTTL > 0 && v1Servers.known(key))
+}
+
+// dialEarly makes the connection of an early dial (§9.11) on raw when a
+// dial to key is one: the server at key answered UpgradeEarly lately, and
+// something may be offered. The hello is the connection's first frame,
+// queued like any other (it never waits for the socket, so the dial needs
+// no deadline), and the answer is read with the server's first frames. It
+// returns nil when the dial is not early.
+func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
+	if !s.earlyDial || s.probeCacheTTL <= 0 || !s.switching(key) || !earlyServers.known(key) {
+		return nil
+	}
+	names, _ := s.offerable(raw)
+	if len(names) == 0 {
+		return nil
+	}
+	hello := switchHello(names)
+	hello.Flags |= handshake.FlagEarly
+	frame, err := handshake.Append(pool.Get(128)[:0], hello)
+	if err != nil {
+		pool.Put(frame)
+		return nil
+	}
+	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: hello.Offers, hello: frame})
+}
+
+// dialHandshake runs the client side on raw. It returns the Conn, or a
+// *notRsockError when the server turned out not to speak rsock (raw is then
+// closed and the caller dials again plainly), or another error (raw closed).
+func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *net.TCPConn) (*Conn, error) {
+	names, why := s.offerable(raw)
 	if len(names) == 0 {
 		return s.nothingToOffer(network, raw, why)
 	}
-	if s.upgradeAfter >= 0 && !(s.probeCacheTTL > 0 && v1Servers.known(key)) {
+	if s.switching(key) {
 		return s.dialSwitch(ctx, network, key, raw, names)
 	}
 	// The magic goes out at once, so the listener classifies us as an
@@ -504,10 +543,6 @@ func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.
 // Upgrade makes a Conn on TCP that upgrades later (upgrade.go).
 func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net.TCPConn, names []string) (*Conn, error) {
 	hello := switchHello(names)
-	early := s.earlyDial && s.probeCacheTTL > 0 && earlyServers.known(key)
-	if early {
-		hello.Flags |= handshake.FlagEarly
-	}
 	frame, err := handshake.Append(nil, hello)
 	if err == nil {
 		_, err = raw.Write(frame)
@@ -515,11 +550,6 @@ func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net
 	if err != nil {
 		raw.Close()
 		return nil, helloWriteError(ctx, err)
-	}
-	if early {
-		// The server answered UpgradeEarly lately: the connection is
-		// usable now, and the answer is read with the first frames.
-		return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: hello.Offers}), nil
 	}
 	registry.probes.Add(1)
 	msg, err := s.readAnswer(ctx, raw)

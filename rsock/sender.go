@@ -80,10 +80,10 @@ func (s *sender) queueLocked(frame []byte) {
 	}
 }
 
-// hold keeps frame (pooled), the answer to an early hello, to go out in
-// front of the next frame queued, or at flush or finish, whichever comes
-// first: the answer and the first reply then share a segment, and the
-// peer one wake-up.
+// hold keeps frame (pooled), an early hello or the answer to one, to go
+// out in front of the next frame queued, or at flush or finish, whichever
+// comes first: the hello and the request, or the answer and the reply,
+// then share a segment, and the peer one wake-up.
 func (s *sender) hold(frame []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

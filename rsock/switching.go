@@ -149,21 +149,42 @@ func (w *swConn) start(transports []handshake.Transport) {
 		return // no upgrade: only the application's reads read the socket
 	}
 	after, f := w.set.upgradeAfter, w.kick
-	if !w.client {
+	switch {
+	case !w.client:
 		after, f = serverReaderAfter, w.serverReaderDue
+	case w.pending != nil && after > helloHold:
+		// The early hello waits for the first frame no longer than
+		// helloHold; the policy's time runs on from there.
+		rest := after - helloHold
+		after, f = helloHold, func() {
+			w.out.flush()
+			w.mu.Lock()
+			if !w.closed {
+				w.upTimer = time.AfterFunc(rest, w.kick)
+			}
+			w.mu.Unlock()
+		}
 	}
 	w.mu.Lock()
 	w.upTimer = time.AfterFunc(after, f)
 	w.mu.Unlock()
 }
 
+// helloHold bounds how long an early dial holds its hello for the first
+// frame (the application's first Write) to go out with: a Read, the
+// upgrade policy and Close send it at once. A server takes a client that
+// stays silent for SniffTimeout for a plain one. A variable for tests.
+var helloHold = DefaultUpgradeAfter
+
 // kick starts the client's upgrade, once. Before the answer to an early
-// hello, which names the transports, it has the answer read, and the
-// upgrade begins when it comes (answered).
+// hello, which names the transports, it sends the hello if it is still
+// held and has the answer read, and the upgrade begins when it comes
+// (answered).
 func (w *swConn) kick() {
 	if !w.client {
 		return
 	}
+	w.out.flush()
 	w.mu.Lock()
 	if w.pending != nil {
 		w.pending.kicked = true
@@ -239,6 +260,9 @@ func (w *swConn) Read(b []byte) (int, error) {
 		}
 		if w.rdl.Expired() {
 			return 0, os.ErrDeadlineExceeded
+		}
+		if w.client {
+			w.out.flush() // a held early hello: the server may wait for it to speak first
 		}
 		if n, took, err := w.readSocket(b); took {
 			if n > 0 {

@@ -103,6 +103,9 @@ type switchStart struct {
 	// hello), and the frames that came with the hello.
 	held    []byte
 	arrived []byte
+	// The early client's hello (pooled), its first frame: held, to go out
+	// with the next (swConn.start).
+	hello []byte
 }
 
 // switchConn makes the Conn of a switching connection on raw and starts it.
@@ -128,6 +131,9 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 	}
 	if st.held != nil {
 		c.w.out.hold(st.held)
+	}
+	if st.hello != nil {
+		c.w.out.hold(st.hello)
 	}
 	c.w.in.preload(st.arrived)
 	c.register()

@@ -10,14 +10,16 @@ import (
 )
 
 // profileFlags ask a client or server to profile itself: a CPU profile
-// (go tool pprof) and an execution trace (go tool trace), written when the
-// command ends. They explain where a figure's time goes.
+// and a profile of allocations (go tool pprof), and an execution trace (go
+// tool trace), written when the command ends. They explain where a
+// figure's time goes.
 type profileFlags struct {
-	cpu, trace string
+	cpu, mem, trace string
 }
 
 func (p *profileFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.cpu, "cpuprofile", "", "write a CPU profile of this process to this file")
+	fs.StringVar(&p.mem, "memprofile", "", "write a profile of this process's allocations (all of them, sampled) to this file")
 	fs.StringVar(&p.trace, "trace", "", "write an execution trace of this process to this file")
 }
 
@@ -61,6 +63,13 @@ func (p *profileFlags) start() (stop func() error, err error) {
 			return nil, errors.Join(fmt.Errorf("execution trace: %w", err), stop())
 		}
 		stops = append(stops, trace.Stop)
+	}
+	if p.mem != "" {
+		f, err := open(p.mem)
+		if err != nil {
+			return nil, errors.Join(err, stop())
+		}
+		stops = append(stops, func() { _ = pprof.Lookup("allocs").WriteTo(f, 0) })
 	}
 	return stop, nil
 }
