@@ -124,7 +124,8 @@ type Config struct {
 	// connection starts on its TCP connection, usable as soon as the
 	// server has answered (one round trip, however long a ring takes to
 	// set up), and sets up its ring in the background once it has lived
-	// UpgradeAfter or moved UpgradeBytes bytes (read and written, on
+	// UpgradeAfter (up to 1 ms later: one clock runs every connection's
+	// timed steps) or moved UpgradeBytes bytes (read and written, on
 	// TCP), whichever comes first; each direction then moves to the ring
 	// without losing, repeating or reordering a byte. A short connection
 	// thus costs about what TCP costs, and a long one reaches the ring
@@ -164,9 +165,10 @@ type Config struct {
 	// NoEarlyDial makes every Dial wait for the server's answer to its
 	// hello. By default, once a server has answered a switching hello
 	// saying it takes early frames, Dials to its address in the next
-	// ProbeCacheTTL return as soon as their hello is written: the
-	// application's first bytes follow the hello at once, and the answer
-	// comes with the server's first bytes (docs/protocol.md §9.11). That
+	// ProbeCacheTTL return at once: the hello leaves with the
+	// application's first bytes (or at its first Read, or about 1 ms after
+	// the Dial), and the answer comes with the server's first bytes
+	// (docs/protocol.md §9.11). That
 	// saves the handshake's round trip. If the address's server stops
 	// speaking rsock in that time, such a connection fails on its first
 	// Read or Write instead of at Dial (bytes written to it may have

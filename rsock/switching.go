@@ -12,6 +12,7 @@ import (
 
 	pool "github.com/libp2p/go-buffer-pool"
 
+	"github.com/rdmanet/rdmanet/internal/alarm"
 	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/stream"
@@ -58,12 +59,12 @@ type swConn struct {
 	wnote chan struct{} // cap 1: wakes a Write waiting for a failover (failover.go)
 	space chan struct{} // cap 1: wakes the reader waiting for queue room
 
-	transports []handshake.Transport // client: what the server takes, in our order (set under mu while pending)
-	peerGrows  bool                  // the peer follows a move of our ring (handshake FlagGrow, UpgradeGrow; as transports)
-	upStarted  atomic.Bool           // the client's upgrade has begun (kick)
-	parked     atomic.Bool           // the reader waits for the application to make room (tests)
-	upTimer    *time.Timer           // the client's upgrade policy; the server's reader (start)
-	moved      atomic.Uint64         // bytes read and written on TCP, for the policy
+	transports []handshake.Transport    // client: what the server takes, in our order (set under mu while pending)
+	peerGrows  bool                     // the peer follows a move of our ring (handshake FlagGrow, UpgradeGrow; as transports)
+	upStarted  atomic.Bool              // the client's upgrade has begun (kick)
+	parked     atomic.Bool              // the reader waits for the application to make room (tests)
+	upTimer    interface{ Stop() bool } // the client's upgrade policy; the server's reader (start)
+	moved      atomic.Uint64            // bytes read and written on TCP, for the policy
 
 	bytesRead, bytesWritten, writes atomic.Uint64 // on TCP; the ring counts its own
 
@@ -160,15 +161,24 @@ func (w *swConn) start(transports []handshake.Transport) {
 			w.out.flush()
 			w.mu.Lock()
 			if !w.closed {
-				w.upTimer = time.AfterFunc(rest, w.kick)
+				w.upTimer = clock.Set(rest, w.kick)
 			}
 			w.mu.Unlock()
 		}
 	}
 	w.mu.Lock()
-	w.upTimer = time.AfterFunc(after, f)
+	w.upTimer = clock.Set(after, f)
 	w.mu.Unlock()
 }
+
+// clock runs the first timed step of every switching connection (start):
+// one runtime timer for the process, not one per connection, which a
+// short connection would arm and stop for nothing (internal/alarm).
+var clock = alarm.New(clockTick)
+
+// clockTick is how late clock may run a step: an upgrade begins between
+// UpgradeAfter and UpgradeAfter+clockTick after the dial.
+const clockTick = time.Millisecond
 
 // helloHold bounds how long an early dial holds its hello for the first
 // frame (the application's first Write) to go out with: a Read, the

@@ -1,0 +1,110 @@
+// Package alarm runs callbacks after a delay, off one runtime timer for
+// all of them.
+//
+// It serves steps that are set often and mostly stopped before they are
+// due: a switching connection's first timed step, which most connections
+// close before. A runtime timer per step costs a timer operation at each
+// end, and often the wake-up of the thread that polls the network, which
+// must learn of the earlier deadline. A Clock touches its timer only for
+// an alarm due before the time the timer is set for, and runs at most once
+// a tick: an alarm fires when it is due or up to one tick later. A stopped
+// alarm costs its place in the list until the clock next runs.
+package alarm
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Clock runs alarms, each callback on a goroutine of its own (as
+// time.AfterFunc does): one that blocks delays no other. Use New.
+type Clock struct {
+	tick time.Duration
+
+	mu     sync.Mutex
+	alarms []*Alarm
+	timer  *time.Timer
+	next   time.Time // when the timer fires; zero when it is not set
+}
+
+// Alarm is a callback set on a Clock.
+type Alarm struct {
+	due     time.Time
+	f       func()
+	stopped atomic.Bool
+}
+
+// New returns a Clock that runs at most once every tick.
+func New(tick time.Duration) *Clock {
+	c := &Clock{tick: tick}
+	c.timer = time.AfterFunc(time.Hour, c.fire)
+	c.timer.Stop()
+	return c
+}
+
+// Tick is the clock's tick: how late an alarm may fire.
+func (c *Clock) Tick() time.Duration { return c.tick }
+
+// Set sets an alarm that calls f once d has passed, at the clock's next
+// tick from then. Only an alarm due before the clock's next tick touches
+// its timer.
+func (c *Clock) Set(d time.Duration, f func()) *Alarm {
+	now := time.Now()
+	a := &Alarm{due: now.Add(d), f: f}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.alarms = append(c.alarms, a)
+	if c.next.IsZero() || a.due.Before(c.next) {
+		c.armLocked(now, a.due)
+	}
+	return a
+}
+
+// armLocked sets the timer for due, or one tick from now if that is
+// later: the clock runs at most once a tick.
+func (c *Clock) armLocked(now, due time.Time) {
+	at := max(due.Sub(now), c.tick)
+	c.next = now.Add(at)
+	c.timer.Reset(at)
+}
+
+// Stop keeps the alarm from firing, and reports whether it had neither
+// fired nor been stopped yet.
+func (a *Alarm) Stop() bool { return a.stopped.CompareAndSwap(false, true) }
+
+// fire runs the alarms that are due, drops the stopped ones, and sets the
+// timer for the soonest of the others.
+func (c *Clock) fire() {
+	now := time.Now()
+	var due []*Alarm
+	var soonest time.Time
+	c.mu.Lock()
+	kept := c.alarms[:0]
+	for _, a := range c.alarms {
+		switch {
+		case a.stopped.Load():
+		case !a.due.After(now):
+			due = append(due, a)
+		default:
+			kept = append(kept, a)
+			if soonest.IsZero() || a.due.Before(soonest) {
+				soonest = a.due
+			}
+		}
+	}
+	clear(c.alarms[len(kept):])
+	c.alarms = kept
+	if len(kept) == 0 {
+		c.alarms = nil // let a burst's backing array go
+		c.next = time.Time{}
+	} else {
+		c.armLocked(now, soonest)
+	}
+	c.mu.Unlock()
+	for _, a := range due {
+		if a.Stop() {
+			go a.f()
+		}
+	}
+}
