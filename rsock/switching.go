@@ -167,7 +167,13 @@ func (w *swConn) start(transports []handshake.Transport) {
 		}
 	}
 	w.mu.Lock()
-	w.upTimer = clock.Set(after, f)
+	if after < clockTick {
+		// Sooner than the clock can run it: at once, as UpgradeAfter 1ns
+		// asks.
+		w.upTimer = time.AfterFunc(after, f)
+	} else {
+		w.upTimer = clock.Set(after, f)
+	}
 	w.mu.Unlock()
 }
 
