@@ -46,16 +46,20 @@ func New(tick time.Duration) *Clock {
 // Tick is the clock's tick: how late an alarm may fire.
 func (c *Clock) Tick() time.Duration { return c.tick }
 
-// Set sets an alarm that calls f once d has passed, at the clock's next
-// tick from then. Only an alarm due before the clock's next tick touches
-// its timer.
+// Set sets an alarm that calls f once d has passed, or up to a tick later
+// (a d shorter than the tick waits a tick). Only an alarm that needs the
+// clock to run sooner than it is set to touches its timer.
 func (c *Clock) Set(d time.Duration, f func()) *Alarm {
 	now := time.Now()
 	a := &Alarm{due: now.Add(d), f: f}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.alarms = append(c.alarms, a)
-	if c.next.IsZero() || a.due.Before(c.next) {
+	at := a.due
+	if soonest := now.Add(c.tick); at.Before(soonest) {
+		at = soonest
+	}
+	if c.next.IsZero() || at.Before(c.next) {
 		c.armLocked(now, a.due)
 	}
 	return a

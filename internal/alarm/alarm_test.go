@@ -74,6 +74,22 @@ func TestAlarmSooner(t *testing.T) {
 	wait(t, done)
 }
 
+// TestAlarmNeverLater: an alarm set while the clock waits for an earlier
+// one never moves the clock's run later, whatever its delay.
+func TestAlarmNeverLater(t *testing.T) {
+	c := New(time.Hour)
+	first := c.Set(time.Hour, func() {})
+	defer first.Stop()
+	c.mu.Lock()
+	next := c.next
+	c.mu.Unlock()
+	second := c.Set(time.Nanosecond, func() {}) // due sooner, but the clock runs at most once a tick
+	defer second.Stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	assert.Equal(t, next, c.next)
+}
+
 // TestAlarmBlocked: a callback that blocks delays no other alarm, even one
 // due at the same time.
 func TestAlarmBlocked(t *testing.T) {
