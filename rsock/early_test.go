@@ -281,7 +281,8 @@ func TestEarlyHelloHeld(t *testing.T) {
 	require.NoError(t, <-served)
 	<-got
 
-	dial := func(hold time.Duration) *Conn {
+	// The helpers take the subtest's t: a failure ends that case only.
+	dial := func(t *testing.T, hold time.Duration) *Conn {
 		t.Helper()
 		helloHold = hold
 		c, err := (&Dialer{Config: cfg}).Dial("tcp", addr)
@@ -290,13 +291,22 @@ func TestEarlyHelloHeld(t *testing.T) {
 		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 		return c.(*Conn)
 	}
-	wait := func(ch <-chan struct{}) {
+	wait := func(t *testing.T, ch <-chan struct{}) {
 		t.Helper()
 		select {
 		case <-ch:
 		case <-time.After(10 * time.Second):
 			t.Fatal("the server never got the early hello")
 		}
+	}
+	// end closes c, and checks what the server got before the client's end
+	// (served first: without the hello the server reads nothing, and says
+	// so there).
+	end := func(t *testing.T, c *Conn, want string) {
+		t.Helper()
+		require.NoError(t, c.Close())
+		require.NoError(t, <-served)
+		assert.Equal(t, want, <-got)
 	}
 	held := func(c *Conn) bool {
 		c.w.out.mu.Lock()
@@ -305,39 +315,31 @@ func TestEarlyHelloHeld(t *testing.T) {
 	}
 
 	t.Run("with the first write", func(t *testing.T) {
-		c := dial(time.Hour)
+		c := dial(t, time.Hour)
 		assert.True(t, held(c), "nothing sent before the first frame")
 		_, err := c.Write([]byte("x"))
 		require.NoError(t, err)
 		assert.False(t, held(c))
-		wait(early)
-		require.NoError(t, c.Close())
-		assert.Equal(t, "x", <-got)
-		require.NoError(t, <-served)
+		wait(t, early)
+		end(t, c, "x")
 	})
 	t.Run("when the application reads first", func(t *testing.T) {
-		c := dial(time.Hour)
+		c := dial(t, time.Hour)
 		b := make([]byte, 1)
 		_, err := io.ReadFull(c, b) // the server answers only once the hello came
 		require.NoError(t, err)
 		assert.Equal(t, "s", string(b))
-		wait(early)
-		require.NoError(t, c.Close())
-		assert.Equal(t, "", <-got)
-		require.NoError(t, <-served)
+		wait(t, early)
+		end(t, c, "")
 	})
 	t.Run("after helloHold", func(t *testing.T) {
-		c := dial(time.Millisecond)
-		wait(early)
-		require.NoError(t, c.Close())
-		assert.Equal(t, "", <-got)
-		require.NoError(t, <-served)
+		c := dial(t, time.Millisecond)
+		wait(t, early)
+		end(t, c, "")
 	})
 	t.Run("at close", func(t *testing.T) {
-		c := dial(time.Hour)
-		require.NoError(t, c.Close())
-		require.NoError(t, <-served) // io.EOF had the hello not come
-		wait(early)
-		assert.Equal(t, "", <-got)
+		c := dial(t, time.Hour)
+		end(t, c, "") // io.EOF from served had the hello not come
+		wait(t, early)
 	})
 }

@@ -384,7 +384,7 @@ func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
 		pool.Put(frame)
 		return nil
 	}
-	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: hello.Offers, hello: frame})
+	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: hello.Offers, held: frame})
 }
 
 // dialHandshake runs the client side on raw. It returns the Conn, or a

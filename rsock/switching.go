@@ -161,20 +161,24 @@ func (w *swConn) start(transports []handshake.Transport) {
 			w.out.flush()
 			w.mu.Lock()
 			if !w.closed {
-				w.upTimer = clock.Set(rest, w.kick)
+				w.upTimer = schedule(rest, w.kick)
 			}
 			w.mu.Unlock()
 		}
 	}
 	w.mu.Lock()
-	if after < clockTick {
-		// Sooner than the clock can run it: at once, as UpgradeAfter 1ns
-		// asks.
-		w.upTimer = time.AfterFunc(after, f)
-	} else {
-		w.upTimer = clock.Set(after, f)
-	}
+	w.upTimer = schedule(after, f)
 	w.mu.Unlock()
+}
+
+// schedule runs f once d has passed: off clock, or on a runtime timer of
+// its own when d is shorter than clock's tick (UpgradeAfter 1ns asks for
+// at once, not up to a tick later).
+func schedule(d time.Duration, f func()) interface{ Stop() bool } {
+	if d < clockTick {
+		return time.AfterFunc(d, f)
+	}
+	return clock.Set(d, f)
 }
 
 // clock runs the first timed step of every switching connection (start):

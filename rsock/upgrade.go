@@ -99,13 +99,12 @@ type switchStart struct {
 	early  bool
 	key    string            // the early client's address key (earlyServers)
 	offers []handshake.Offer // the early client's hello's
-	// The server's side: the answer held until its first frame (an early
-	// hello), and the frames that came with the hello.
+	// held (pooled) goes out with the connection's next frame
+	// (sender.hold): the server's answer to an early hello, or the early
+	// client's hello. arrived, on the server, is what came after the
+	// client's hello: an early client's first frames.
 	held    []byte
 	arrived []byte
-	// The early client's hello (pooled), its first frame: held, to go out
-	// with the next (swConn.start).
-	hello []byte
 }
 
 // switchConn makes the Conn of a switching connection on raw and starts it.
@@ -131,9 +130,6 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 	}
 	if st.held != nil {
 		c.w.out.hold(st.held)
-	}
-	if st.hello != nil {
-		c.w.out.hold(st.hello)
 	}
 	c.w.in.preload(st.arrived)
 	c.register()
