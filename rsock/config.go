@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
@@ -241,6 +243,9 @@ type settings struct {
 	pool          int // 0: no endpoint pool
 	poolIdle      time.Duration
 	log           *slog.Logger
+
+	earlyHellos [2]atomic.Pointer[helloFrame] // earlyHelloFor's, [1] for a peer maybe on this host
+	answers     sync.Map                      // uint64 (switchAnswer's key) -> *upAnswer
 }
 
 // defaultUpgradeAfter is UpgradeAfter's default: DefaultUpgradeAfter, or
@@ -276,6 +281,68 @@ func (e *ConfigError) Unwrap() error { return e.Err }
 func CheckConfig(cfg *Config) error {
 	_, err := cfg.resolve()
 	return err
+}
+
+// resolveShared is resolve for a caller that does not change the settings
+// (Dial): it returns the last dial's settings when the Config's fields and
+// the RSOCK_* variables are as they were then. A program dials with one
+// Config, or none, and an unchanging environment, so most dials skip
+// parsing it all again.
+func (c *Config) resolveShared() (*settings, error) {
+	k := memoKeyOf(c)
+	if m := settingsMemo.Load(); m != nil && m.key == k {
+		return m.s, nil
+	}
+	s, err := c.resolve()
+	if err == nil {
+		settingsMemo.Store(&memoEntry{key: k, s: s})
+	}
+	return s, err
+}
+
+var settingsMemo atomic.Pointer[memoEntry]
+
+type memoEntry struct {
+	key memoKey
+	s   *settings
+}
+
+// configEnv lists the variables resolve reads.
+var configEnv = [...]string{
+	"RSOCK_TRANSPORTS", "RSOCK_RING_SIZE", "RSOCK_RING_START", "RSOCK_CREDITS",
+	"RSOCK_BUSY_POLL", "RSOCK_HANDSHAKE_TIMEOUT", "RSOCK_SNIFF_TIMEOUT", "RSOCK_PROBE_TIMEOUT",
+	"RSOCK_PROBE_CACHE_TTL", "RSOCK_UPGRADE_AFTER", "RSOCK_UPGRADE_BYTES", "RSOCK_NO_FAILOVER",
+	"RSOCK_NO_EARLY_DIAL", "RSOCK_ENDPOINT_POOL", "RSOCK_ENDPOINT_POOL_IDLE", "RSOCK_DEVICE",
+	"RSOCK_PORT", "RSOCK_VERBS_CM", "RSOCK_GID_INDEX",
+}
+
+// memoKey is everything a resolution depends on: each Config field (the
+// transports joined) and each variable of configEnv.
+type memoKey struct {
+	nilConfig                                                           bool
+	transports                                                          string
+	ringSize, ringStart, credits, port, gidIndex, pool, upgradeBytes    int
+	busyPoll, handshake, sniff, probe, probeCacheTTL, poolIdle, upAfter time.Duration
+	device                                                              string
+	viaCM, noFailover, noEarlyDial                                      bool
+	logger                                                              *slog.Logger
+	env                                                                 [len(configEnv)]string
+}
+
+func memoKeyOf(c *Config) memoKey {
+	k := memoKey{nilConfig: c == nil}
+	if c != nil {
+		k.transports = strings.Join(c.Transports, ",")
+		k.ringSize, k.ringStart, k.credits, k.port, k.gidIndex = c.RingSize, c.RingStart, c.Credits, c.Port, c.GIDIndex
+		k.pool, k.upgradeBytes = c.EndpointPool, c.UpgradeBytes
+		k.busyPoll, k.handshake, k.sniff, k.probe = c.BusyPoll, c.HandshakeTimeout, c.SniffTimeout, c.ProbeTimeout
+		k.probeCacheTTL, k.poolIdle, k.upAfter = c.ProbeCacheTTL, c.EndpointPoolIdle, c.UpgradeAfter
+		k.device, k.viaCM, k.noFailover, k.noEarlyDial, k.logger = c.Device, c.ConnectionManager, c.NoFailover, c.NoEarlyDial, c.Logger
+	}
+	for i, name := range configEnv {
+		k.env[i] = os.Getenv(name)
+	}
+	return k
 }
 
 func (c *Config) resolve() (*settings, error) {

@@ -3,8 +3,14 @@ package rsock
 import (
 	"errors"
 	"net"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // BusyPoll: the default when unset, the environment when the field is
@@ -103,4 +109,60 @@ func TestEndpointPoolSetting(t *testing.T) {
 			t.Errorf("%s=%s: %v, want a ConfigError", bad[0], bad[1], err)
 		}
 	}
+}
+
+// The dialer's memo of its settings depends on every Config field and
+// every variable resolve reads: changing any one of them misses it.
+func TestSettingsMemoKey(t *testing.T) {
+	base := memoKeyOf(&Config{})
+	require.NotEqual(t, base, memoKeyOf(nil), "nil and empty Config: the same settings, but kept apart")
+	cfgType := reflect.TypeOf(Config{})
+	for i := range cfgType.NumField() {
+		f := cfgType.Field(i)
+		var c Config
+		v := reflect.ValueOf(&c).Elem().Field(i)
+		switch v.Kind() {
+		case reflect.Slice:
+			v.Set(reflect.ValueOf([]string{"shm"}))
+		case reflect.Int, reflect.Int64:
+			v.SetInt(7)
+		case reflect.Bool:
+			v.SetBool(true)
+		case reflect.String:
+			v.SetString("x")
+		case reflect.Pointer:
+			v.Set(reflect.New(f.Type.Elem()))
+		default:
+			t.Fatalf("Config.%s: a %v the memo's key does not know", f.Name, v.Kind())
+		}
+		require.NotEqual(t, base, memoKeyOf(&c), "Config.%s is not in the memo's key", f.Name)
+	}
+	src, err := os.ReadFile("config.go")
+	require.NoError(t, err)
+	read := regexp.MustCompile(`"RSOCK_[A-Z_]+"`).FindAllString(string(src), -1)
+	require.NotEmpty(t, read)
+	for _, q := range read {
+		name := strings.Trim(q, `"`)
+		require.Contains(t, configEnv[:], name, "resolve reads %s: the memo's key must too", name)
+		t.Setenv(name, "1")
+		require.NotEqual(t, base, memoKeyOf(&Config{}), "%s is not in the memo's key", name)
+		os.Unsetenv(name)
+	}
+}
+
+// A dial after the environment changed sees the change.
+func TestSettingsMemoFollowsEnv(t *testing.T) {
+	t.Setenv("RSOCK_UPGRADE_BYTES", "")
+	s1, err := (*Config)(nil).resolveShared()
+	require.NoError(t, err)
+	s2, err := (*Config)(nil).resolveShared()
+	require.NoError(t, err)
+	require.Same(t, s1, s2, "unchanged: the memo")
+	t.Setenv("RSOCK_UPGRADE_BYTES", "1k")
+	s3, err := (*Config)(nil).resolveShared()
+	require.NoError(t, err)
+	require.Equal(t, 1024, s3.upgradeBytes)
+	t.Setenv("RSOCK_UPGRADE_BYTES", "nonsense")
+	_, err = (*Config)(nil).resolveShared()
+	require.Error(t, err, "a bad variable is reported, not hidden by the memo")
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 
 	pool "github.com/libp2p/go-buffer-pool"
 	"golang.org/x/sys/unix"
@@ -66,34 +67,53 @@ func socketReader(raw *net.TCPConn) func(p []byte, wait bool) (int, error) {
 	if err != nil {
 		return func([]byte, bool) (int, error) { return 0, err }
 	}
-	return func(p []byte, wait bool) (int, error) {
-		var n int
-		var rerr error
-		blocked := false
-		err := rc.Read(func(fd uintptr) bool {
-			n, rerr = unix.Read(int(fd), p)
-			switch {
-			case rerr == unix.EINTR:
-				return false
-			case rerr == unix.EAGAIN && wait:
-				return false
-			case rerr == unix.EAGAIN:
-				blocked = true
-			}
-			return true
-		})
-		switch {
-		case err != nil:
-			return 0, err
-		case blocked:
-			return 0, errWouldBlock
-		case rerr != nil:
-			return 0, os.NewSyscallError("read", rerr)
-		case n == 0:
-			return 0, io.EOF
-		}
-		return n, nil
+	r := &sockReader{rc: rc}
+	r.fn = r.readFD
+	return r.read
+}
+
+// sockReader is socketReader's state: one read's arguments and results
+// live here, not in a closure, so that a read allocates nothing. Its
+// inbox serialises the reads.
+type sockReader struct {
+	rc      syscall.RawConn
+	fn      func(fd uintptr) bool // readFD, bound once
+	p       []byte
+	n       int
+	err     error
+	wait    bool
+	blocked bool
+}
+
+func (r *sockReader) read(p []byte, wait bool) (int, error) {
+	r.p, r.wait, r.blocked, r.n, r.err = p, wait, false, 0, nil
+	err := r.rc.Read(r.fn)
+	n, rerr, blocked := r.n, r.err, r.blocked
+	r.p, r.err = nil, nil
+	switch {
+	case err != nil:
+		return 0, err
+	case blocked:
+		return 0, errWouldBlock
+	case rerr != nil:
+		return 0, os.NewSyscallError("read", rerr)
+	case n == 0:
+		return 0, io.EOF
 	}
+	return n, nil
+}
+
+func (r *sockReader) readFD(fd uintptr) bool {
+	r.n, r.err = unix.Read(int(fd), r.p)
+	switch {
+	case r.err == unix.EINTR:
+		return false
+	case r.err == unix.EAGAIN && r.wait:
+		return false
+	case r.err == unix.EAGAIN:
+		r.blocked = true
+	}
+	return true
 }
 
 // room makes sure buf can take need unread bytes: a pooled buffer when

@@ -81,6 +81,7 @@ type Listener struct {
 	done    chan struct{}
 	setups  chan struct{} // places of the handshakes preparing an endpoint
 	waiting waitingSet    // handshakes between the magic and a complete hello
+	running inflight      // sockets whose handshake runs, for Close to end
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -160,6 +161,7 @@ func (l *Listener) shutdown(cause error) error {
 		l.errMu.Unlock()
 		close(l.done)
 		l.cancel()
+		l.running.end()
 		err = l.ln.Close()
 	})
 	return err
@@ -200,6 +202,47 @@ func (l *Listener) acceptLoop() {
 	}
 }
 
+// inflight is the set of sockets whose handshake runs. Once ended (the
+// listener closed) it interrupts each, and takes no more.
+type inflight struct {
+	mu    sync.Mutex
+	m     map[*net.TCPConn]struct{}
+	ended bool
+}
+
+// add puts raw in the set: false if the set has ended.
+func (f *inflight) add(raw *net.TCPConn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		return false
+	}
+	if f.m == nil {
+		f.m = make(map[*net.TCPConn]struct{})
+	}
+	f.m[raw] = struct{}{}
+	return true
+}
+
+// remove takes raw out of the set: false if the set ended while raw was
+// in it (and its I/O was interrupted).
+func (f *inflight) remove(raw *net.TCPConn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.m, raw)
+	return !f.ended
+}
+
+// end interrupts the I/O of every socket in the set, now and after.
+func (f *inflight) end() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ended = true
+	for raw := range f.m {
+		_ = raw.SetDeadline(aLongTimeAgo)
+	}
+}
+
 func isTemporary(err error) bool {
 	var t interface{ Temporary() bool }
 	return errors.As(err, &t) && t.Temporary()
@@ -209,10 +252,13 @@ func isTemporary(err error) bool {
 // result to Accept.
 func (l *Listener) serveConn(raw *net.TCPConn) {
 	defer l.wg.Done()
-	stop := context.AfterFunc(l.ctx, func() { _ = raw.SetDeadline(aLongTimeAgo) })
-	defer stop()
+	if !l.running.add(raw) {
+		raw.Close() // the listener closed under us
+		return
+	}
 	peer := raw.RemoteAddr() // before the handshake, which may close raw
 	c, err := l.handshake(raw)
+	ended := !l.running.remove(raw)
 	if err != nil {
 		l.handshakeErrors.Add(1)
 		failed(err)
@@ -221,7 +267,7 @@ func (l *Listener) serveConn(raw *net.TCPConn) {
 		return
 	}
 	l.s.logConn(c, "server")
-	if !stop() {
+	if ended {
 		c.Close() // the listener closed under us
 		return
 	}
@@ -248,21 +294,7 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	n, err := sniffMagic(raw, first[:])
 	head := first[:n]
 	if n < len(handshake.Magic) || !handshake.MatchesMagicPrefix(head) {
-		// A plain client: the bytes it sent (if any) are its own, or it
-		// waits for the server to speak first.
-		if err != nil && n == 0 && !isTimeout(err) && !errors.Is(err, io.EOF) {
-			raw.Close()
-			return nil, err
-		}
-		if !s.fallback {
-			raw.Close()
-			return nil, fmt.Errorf("%w: plain TCP client", ErrNoTransport)
-		}
-		c := plainConn(l.network, raw, bytes.Clone(head[:n]), CodePlainClient, false, "client does not speak rsock")
-		// A timeout with nothing or only part of the magic read may be an
-		// rsock client that was slow to start: watch its first bytes.
-		c.late.Store(isTimeout(err) && handshake.MatchesMagicPrefix(head[:n]))
-		return c, nil
+		return l.plainClient(raw, head, err)
 	}
 	if err != nil {
 		raw.Close()
@@ -274,6 +306,33 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	if hello, k := switchHelloIn(rest); hello != nil && !s.noSwitch {
 		return s.serveSwitch(l, raw, hello, true, rest[k:])
 	}
+	return l.awaitHello(raw, rest)
+}
+
+// plainClient is the Conn of a client whose first bytes, head (read with
+// err), are not the magic.
+func (l *Listener) plainClient(raw *net.TCPConn, head []byte, err error) (*Conn, error) {
+	// A plain client: the bytes it sent (if any) are its own, or it
+	// waits for the server to speak first.
+	if err != nil && len(head) == 0 && !isTimeout(err) && !errors.Is(err, io.EOF) {
+		raw.Close()
+		return nil, err
+	}
+	if !l.s.fallback {
+		raw.Close()
+		return nil, fmt.Errorf("%w: plain TCP client", ErrNoTransport)
+	}
+	c := plainConn(l.network, raw, bytes.Clone(head), CodePlainClient, false, "client does not speak rsock")
+	// A timeout with nothing or only part of the magic read may be an
+	// rsock client that was slow to start: watch its first bytes.
+	c.late.Store(isTimeout(err) && handshake.MatchesMagicPrefix(head))
+	return c, nil
+}
+
+// awaitHello runs the handshake of an rsock client whose hello did not
+// come whole with the magic; rest is what came after the magic.
+func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
+	s := l.s
 	// An rsock client: the whole handshake is bounded from here, and until
 	// its hello is complete it holds one of its source's waiting places.
 	_ = raw.SetDeadline(time.Now().Add(s.handshake))

@@ -373,18 +373,46 @@ func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
 	if !s.earlyDial || s.probeCacheTTL <= 0 || !s.switching(key) || !earlyServers.known(key) {
 		return nil
 	}
+	h := s.earlyHelloFor(raw)
+	if h == nil {
+		return nil
+	}
+	frame := append(pool.Get(len(h.frame))[:0], h.frame...)
+	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: h.offers, held: frame})
+}
+
+// helloFrame is an early dial's hello, made once per settings for each
+// answer of offerable: its offers (shared, read only) and its frame.
+type helloFrame struct {
+	offers []handshake.Offer
+	frame  []byte
+}
+
+// earlyHelloFor returns the early hello of a dial on raw, or nil if it
+// has nothing to offer.
+func (s *settings) earlyHelloFor(raw *net.TCPConn) *helloFrame {
+	i := 0
+	if maybeSameHost(raw) {
+		i = 1
+	}
+	if h := s.earlyHellos[i].Load(); h != nil {
+		return h
+	}
 	names, _ := s.offerable(raw)
-	if len(names) == 0 {
+	h := &helloFrame{}
+	if len(names) > 0 {
+		hello := switchHello(names)
+		hello.Flags |= handshake.FlagEarly
+		frame, err := handshake.Append(nil, hello)
+		if err == nil {
+			h.offers, h.frame = hello.Offers, frame
+		}
+	}
+	s.earlyHellos[i].Store(h)
+	if h.frame == nil {
 		return nil
 	}
-	hello := switchHello(names)
-	hello.Flags |= handshake.FlagEarly
-	frame, err := handshake.Append(pool.Get(128)[:0], hello)
-	if err != nil {
-		pool.Put(frame)
-		return nil
-	}
-	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: hello.Offers, held: frame})
+	return h
 }
 
 // dialHandshake runs the client side on raw. It returns the Conn, or a

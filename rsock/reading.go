@@ -498,9 +498,9 @@ func (w *swConn) ended(err error) {
 	var re *stream.ResetError
 	var pe *protocolErr
 	switch {
-	case errors.As(err, &re), errors.As(err, &pe):
 	case err == io.EOF && w.peerClosedOnTCP():
 		return
+	case errors.As(err, &re), errors.As(err, &pe):
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
 		err = &stream.ResetError{Reason: "peer vanished (bootstrap connection closed without goodbye)", Err: err}
 	default:

@@ -48,45 +48,79 @@ func switchHello(names []string) *handshake.Hello {
 // The answer to an early hello is held until the server's first frame
 // (sender.hold), or serverReaderAfter.
 func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, withMagic bool, arrived []byte) (*Conn, error) {
-	up := &handshake.Upgrade{Flags: handshake.UpgradeGrow | handshake.UpgradeEarly}
-	for _, name := range s.serveOrder() {
-		t, _ := handshake.TransportByName(name)
-		if _, built := transport.Lookup(name); built && indexOffer(hello.Offers, t) >= 0 {
-			up.Transports = append(up.Transports, t)
-		}
+	a := s.switchAnswer(hello.Offers)
+	if a.err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("rsock: writing upgrade: %w", a.err)
 	}
-	var answer handshake.Message = up
-	reason := "on TCP until the client upgrades"
-	if len(up.Transports) == 0 {
-		reason = "no common transport: " + s.transportList()
-		if !s.fallback {
-			answer = &handshake.Decline{Code: handshake.DeclineNoCommonTransport, Reason: "no common transport"}
-		}
-	}
-	frame, err := handshake.Append(pool.Get(128)[:0], answer)
-	if err == nil && !withMagic {
+	frame := a.frame
+	if !withMagic {
 		frame = frame[len(handshake.Magic):]
 	}
-	st := switchStart{transports: up.Transports, grow: hello.Flags&handshake.FlagGrow != 0, reason: reason, arrived: arrived}
+	if !a.upgrade {
+		return nil, a.refuse(raw, frame)
+	}
+	st := switchStart{transports: a.transports, grow: hello.Flags&handshake.FlagGrow != 0, reason: a.reason, arrived: arrived}
 	// Only a connection that may upgrade has the reader timer that
 	// flushes a held answer.
-	hold := answer == handshake.Message(up) && len(up.Transports) > 0 && hello.Flags&handshake.FlagEarly != 0
-	switch {
-	case err == nil && hold:
-		st.held = frame
-	case err == nil:
-		_, err = raw.Write(frame)
-		pool.Put(frame)
-	}
-	if err != nil {
+	if len(a.transports) > 0 && hello.Flags&handshake.FlagEarly != 0 {
+		st.held = append(pool.Get(len(frame))[:0], frame...)
+	} else if _, err := raw.Write(frame); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
 	}
-	if answer != handshake.Message(up) {
-		raw.Close()
-		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
-	}
 	return s.switchConn(l.network, raw, l, st), nil
+}
+
+// upAnswer is a switching server's answer to a hello's offers: made once
+// per settings for each set of offered transports it would take
+// (switchAnswer), and shared read only.
+type upAnswer struct {
+	upgrade    bool                  // Upgrade; otherwise Decline
+	transports []handshake.Transport // the Upgrade's
+	reason     string                // ConnInfo.Reason until the upgrade, or why not
+	frame      []byte                // the encoded answer, magic first
+	err        error                 // encoding it failed
+}
+
+// refuse sends the Decline frame and closes raw.
+func (a *upAnswer) refuse(raw *net.TCPConn, frame []byte) error {
+	_, err := raw.Write(frame)
+	raw.Close()
+	if err != nil {
+		return fmt.Errorf("rsock: writing upgrade: %w", err)
+	}
+	return fmt.Errorf("%w: %s", ErrNoTransport, a.reason)
+}
+
+// switchAnswer returns the answer to a switching hello's offers: Upgrade,
+// naming the transports this server would take of those offered, in its
+// order.
+func (s *settings) switchAnswer(offers []handshake.Offer) *upAnswer {
+	var ts []handshake.Transport
+	var key uint64 // which of serveOrder's transports are taken
+	for i, name := range s.serveOrder() {
+		t, _ := handshake.TransportByName(name)
+		if _, built := transport.Lookup(name); built && indexOffer(offers, t) >= 0 {
+			ts = append(ts, t)
+			key |= 1 << i
+		}
+	}
+	if a, ok := s.answers.Load(key); ok {
+		return a.(*upAnswer)
+	}
+	a := &upAnswer{upgrade: true, transports: ts, reason: "on TCP until the client upgrades"}
+	var answer handshake.Message = &handshake.Upgrade{Flags: handshake.UpgradeGrow | handshake.UpgradeEarly, Transports: ts}
+	if len(ts) == 0 {
+		a.reason = "no common transport: " + s.transportList()
+		if !s.fallback {
+			a.upgrade = false
+			answer = &handshake.Decline{Code: handshake.DeclineNoCommonTransport, Reason: "no common transport"}
+		}
+	}
+	a.frame, a.err = handshake.Append(nil, answer)
+	got, _ := s.answers.LoadOrStore(key, a)
+	return got.(*upAnswer)
 }
 
 // switchStart is how a switching connection starts (switchConn).

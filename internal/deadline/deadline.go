@@ -14,17 +14,33 @@ import (
 // design follows the net package's pipe: moving a deadline while an
 // operation blocks takes effect at once.
 //
-// Every Read and Write checks its deadline (expired), often many times per
-// millisecond on a busy stream, so the check is one atomic load and no
-// lock, and so is wait: mu serialises only the setters. cur always holds
-// the current cancel channel; passed is set just before it is closed.
+// Every Read and Write checks its deadline (Expired), often many times per
+// millisecond on a busy stream, so the check is atomic loads (and a read of
+// the monotonic clock while a deadline is set) and no lock; Wait takes the
+// lock once per Deadline, and mu serialises the setters.
+//
+// A Deadline arms no timer until someone waits on it: until then, Expired
+// compares the clock with the time set. Most deadlines are set and moved
+// without anyone blocking past them (a connection that sets one for each
+// request and is answered in time), and they cost no timer at all. Once
+// Wait has been called, every future deadline arms one, so that the
+// channel closes on time for the waiters to come.
 type Deadline struct {
 	mu     sync.Mutex
 	timer  *time.Timer
+	waited atomic.Bool   // Wait has been called: future deadlines arm timer; set under mu
+	at     atomic.Int64  // when the deadline passes (clock), 0 if none; set under mu
 	cancel chan struct{} // closed when the deadline passes; replaced under mu
 	cur    atomic.Value  // cancel's current value (a chan struct{}), for the lock-free readers
 	passed atomic.Bool   // cancel is closed (or about to be)
 }
+
+// epoch anchors clock: time.Since reads the monotonic clock.
+var epoch = time.Now()
+
+// clock is the monotonic time in nanoseconds since epoch, plus one, so
+// that it is never zero.
+func clock() int64 { return int64(time.Since(epoch)) + 1 }
 
 // New returns a disarmed Deadline.
 func New() *Deadline {
@@ -52,6 +68,7 @@ func (d *Deadline) Set(t time.Time) {
 		<-d.cancel // the timer fired (or is firing): wait until it closed cancel
 	}
 	d.timer = nil
+	d.at.Store(0)
 	closed := isClosed(d.cancel)
 	if t.IsZero() {
 		if closed {
@@ -63,14 +80,27 @@ func (d *Deadline) Set(t time.Time) {
 		if closed {
 			d.replace()
 		}
-		ch := d.cancel
-		d.timer = time.AfterFunc(dur, func() {
-			d.passed.Store(true)
-			close(ch)
-		})
+		d.at.Store(clock() + int64(dur))
+		if d.waited.Load() {
+			d.armLocked(dur)
+		}
 		return
 	}
-	if !closed {
+	d.expireLocked()
+}
+
+// armLocked starts the timer that closes cancel in dur.
+func (d *Deadline) armLocked(dur time.Duration) {
+	ch := d.cancel
+	d.timer = time.AfterFunc(dur, func() {
+		d.passed.Store(true)
+		close(ch)
+	})
+}
+
+// expireLocked closes cancel now, unless it is closed.
+func (d *Deadline) expireLocked() {
+	if !d.passed.Load() {
 		d.passed.Store(true)
 		close(d.cancel)
 	}
@@ -78,10 +108,32 @@ func (d *Deadline) Set(t time.Time) {
 
 // Wait returns a channel that is closed when the deadline passes. A later
 // Set may replace it: wait on a fresh one each time.
-func (d *Deadline) Wait() <-chan struct{} { return d.cur.Load().(chan struct{}) }
+func (d *Deadline) Wait() <-chan struct{} {
+	if !d.waited.Load() {
+		d.mu.Lock()
+		if !d.waited.Load() {
+			d.waited.Store(true)
+			if at := d.at.Load(); at != 0 {
+				if dur := time.Duration(at - clock()); dur > 0 {
+					d.armLocked(dur)
+				} else {
+					d.expireLocked()
+				}
+			}
+		}
+		d.mu.Unlock()
+	}
+	return d.cur.Load().(chan struct{})
+}
 
 // Expired reports whether the deadline has passed.
-func (d *Deadline) Expired() bool { return d.passed.Load() }
+func (d *Deadline) Expired() bool {
+	if d.passed.Load() {
+		return true
+	}
+	at := d.at.Load()
+	return at != 0 && clock() >= at
+}
 
 func isClosed(ch <-chan struct{}) bool {
 	select {
