@@ -19,8 +19,8 @@ import (
 // the monotonic clock while a deadline is set) and no lock; Wait takes the
 // lock once per Deadline, and mu serialises the setters.
 //
-// A Deadline arms no timer until someone waits on it: until then, Expired
-// compares the clock with the time set. Most deadlines are set and moved
+// A Deadline arms no timer, and makes no channel, until someone waits on
+// it: until then, Expired compares the clock with the time set. Most deadlines are set and moved
 // without anyone blocking past them (a connection that sets one for each
 // request and is answered in time), and they cost no timer at all. Once
 // Wait has been called, every future deadline arms one, so that the
@@ -30,9 +30,9 @@ type Deadline struct {
 	timer  *time.Timer
 	waited atomic.Bool   // Wait has been called: future deadlines arm timer; set under mu
 	at     atomic.Int64  // when the deadline passes (clock), 0 if none; set under mu
-	cancel chan struct{} // closed when the deadline passes; replaced under mu
+	cancel chan struct{} // closed when the deadline passes; replaced under mu; nil until waited
 	cur    atomic.Value  // cancel's current value (a chan struct{}), for the lock-free readers
-	passed atomic.Bool   // cancel is closed (or about to be)
+	passed atomic.Bool   // the deadline has passed: cancel, if any, is closed (or about to be)
 }
 
 // epoch anchors clock: time.Since reads the monotonic clock.
@@ -50,13 +50,18 @@ func New() *Deadline {
 }
 
 // Init makes a zero Deadline usable (disarmed); call it before d is shared.
-func (d *Deadline) Init() { d.replace() }
+// (A zero Deadline is usable as it is; Init is kept for its callers.)
+func (d *Deadline) Init() {}
 
-// replace installs a fresh cancel channel; called under mu (or by Init).
+// replace installs a fresh cancel channel, or none until Wait asks for
+// one; called under mu.
 func (d *Deadline) replace() {
-	d.cancel = make(chan struct{})
 	d.passed.Store(false)
-	d.cur.Store(d.cancel)
+	d.cancel = nil
+	if d.waited.Load() {
+		d.cancel = make(chan struct{})
+		d.cur.Store(d.cancel)
+	}
 }
 
 // Set arms the deadline for t; the zero time disarms it. A t in the past
@@ -69,7 +74,7 @@ func (d *Deadline) Set(t time.Time) {
 	}
 	d.timer = nil
 	d.at.Store(0)
-	closed := isClosed(d.cancel)
+	closed := d.passed.Load()
 	if t.IsZero() {
 		if closed {
 			d.replace()
@@ -102,7 +107,9 @@ func (d *Deadline) armLocked(dur time.Duration) {
 func (d *Deadline) expireLocked() {
 	if !d.passed.Load() {
 		d.passed.Store(true)
-		close(d.cancel)
+		if d.cancel != nil {
+			close(d.cancel)
+		}
 	}
 }
 
@@ -112,8 +119,13 @@ func (d *Deadline) Wait() <-chan struct{} {
 	if !d.waited.Load() {
 		d.mu.Lock()
 		if !d.waited.Load() {
+			d.cancel = make(chan struct{})
+			if d.passed.Load() {
+				close(d.cancel)
+			}
+			d.cur.Store(d.cancel) // before waited: the lock-free path loads it
 			d.waited.Store(true)
-			if at := d.at.Load(); at != 0 {
+			if at := d.at.Load(); at != 0 && !d.passed.Load() {
 				if dur := time.Duration(at - clock()); dur > 0 {
 					d.armLocked(dur)
 				} else {

@@ -18,6 +18,7 @@ func TestUnwaitedExpires(t *testing.T) {
 	require.False(t, d.Expired())
 	d.Set(time.Now().Add(time.Millisecond))
 	require.Nil(t, d.timer)
+	require.Nil(t, d.cancel, "no waiter: no channel")
 	require.Eventually(t, d.Expired, 5*time.Second, time.Millisecond)
 	// The first waiter after the time finds the channel closed.
 	require.True(t, closed(d.Wait()), "expired before Wait: closed at once")
@@ -90,4 +91,22 @@ func TestConcurrent(t *testing.T) {
 		d.Set(time.Now().Add(time.Duration(i%3-1) * time.Microsecond))
 	}
 	<-done
+}
+
+// The first Waits race: each gets the one channel, never a missing one.
+func TestFirstWaitsRace(t *testing.T) {
+	for range 100 {
+		var d Deadline
+		d.Set(time.Now().Add(time.Hour))
+		chs := make(chan (<-chan struct{}), 4)
+		for range 4 {
+			go func() { chs <- d.Wait() }()
+		}
+		first := <-chs
+		for range 3 {
+			require.Equal(t, first, <-chs)
+		}
+		d.Set(time.Now().Add(-time.Second))
+		require.True(t, closed(first), "the waiters' channel closes at expiry")
+	}
 }
