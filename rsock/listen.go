@@ -56,6 +56,7 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		ln:       ln.(*net.TCPListener),
 		s:        s,
 		ready:    make(chan *Conn, readyQueue),
+		next:     make(chan *net.TCPConn),
 		done:     make(chan struct{}),
 		setups:   make(chan struct{}, maxSetups),
 		waiting:  waitingSet{max: perSourceWaiting},
@@ -79,9 +80,11 @@ type Listener struct {
 	s       *settings
 	ready   chan *Conn
 	done    chan struct{}
-	setups  chan struct{} // places of the handshakes preparing an endpoint
-	waiting waitingSet    // handshakes between the magic and a complete hello
-	running inflight      // sockets whose handshake runs, for Close to end
+	setups  chan struct{}     // places of the handshakes preparing an endpoint
+	waiting waitingSet        // handshakes between the magic and a complete hello
+	running inflight          // sockets whose handshake runs, for Close to end
+	next    chan *net.TCPConn // unbuffered: to the handshaker waiting for one
+	keeping atomic.Bool       // a handshaker waits on next
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -197,8 +200,32 @@ func (l *Listener) acceptLoop() {
 			return
 		}
 		delay = 0
-		l.wg.Add(1)
-		go l.serveConn(raw)
+		select {
+		case l.next <- raw: // the goroutine kept from the last handshake
+		default:
+			l.wg.Add(1)
+			go l.handshaker(raw)
+		}
+	}
+}
+
+// handshaker runs raw's handshake, then the next one the accept loop hands
+// it while no other waits for one. A goroutine that has run a handshake
+// has the stack the next one needs; a fresh one starts with too small a
+// stack and grows it, a copy per connection.
+func (l *Listener) handshaker(raw *net.TCPConn) {
+	defer l.wg.Done()
+	for {
+		l.serveConn(raw)
+		if !l.keeping.CompareAndSwap(false, true) {
+			return // another waits
+		}
+		select {
+		case raw = <-l.next:
+			l.keeping.Store(false)
+		case <-l.done:
+			return
+		}
 	}
 }
 
@@ -251,7 +278,6 @@ func isTemporary(err error) bool {
 // serveConn sniffs raw's first bytes and runs the handshake, then hands the
 // result to Accept.
 func (l *Listener) serveConn(raw *net.TCPConn) {
-	defer l.wg.Done()
 	if !l.running.add(raw) {
 		raw.Close() // the listener closed under us
 		return
