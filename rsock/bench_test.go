@@ -188,7 +188,7 @@ func BenchmarkUpgradeTime(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		<-c.(*Conn).w.settled
+		<-c.(*Conn).w.settledChan()
 		took = append(took, time.Since(t0))
 		if tr := TransportOf(c); tr != "shm" {
 			b.Fatalf("on %s: %s", tr, c.(*Conn).Info().Reason)

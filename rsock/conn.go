@@ -197,7 +197,7 @@ func InfoOf(c net.Conn) (ConnInfo, bool) {
 // lead to do not reopen it.
 func Settled(c net.Conn) <-chan struct{} {
 	if rc := unwrap(c); rc != nil && rc.w != nil {
-		return rc.w.settled
+		return rc.w.settledChan()
 	}
 	return closedChan
 }

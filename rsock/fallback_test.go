@@ -84,7 +84,7 @@ func awaitSettledEnd(t testing.TB, x *Conn) {
 		return
 	}
 	select {
-	case <-x.w.settled:
+	case <-x.w.settledChan():
 	case <-time.After(time.Minute):
 		t.Fatalf("the upgrade did not settle within a minute: %+v", x.Info())
 	}

@@ -28,13 +28,18 @@ var errWouldBlock = errors.New("rsock: nothing to read now")
 // resumable: one cut short (a deadline, or wait false) loses nothing, and
 // the next goes on where it stopped. Callers serialise its use.
 type inbox struct {
-	src  func(p []byte, wait bool) (int, error) // one read: socketReader's
-	buf  []byte                                 // pooled; nil when empty
-	r, w int                                    // buf[r:w] is unread
-	data int                                    // payload bytes of the current Data frame not yet taken
+	src  source // one read: a sockReader's
+	buf  []byte // pooled; nil when empty
+	r, w int    // buf[r:w] is unread
+	data int    // payload bytes of the current Data frame not yet taken
 }
 
-func newInbox(raw *net.TCPConn) *inbox { return &inbox{src: socketReader(raw)} }
+// source is what an inbox reads: one read into p, at least one byte, or
+// errWouldBlock (wait false), io.EOF at the socket's end, or the socket's
+// error.
+type source interface {
+	read(p []byte, wait bool) (int, error)
+}
 
 func (in *inbox) buffered() int { return in.w - in.r }
 
@@ -46,7 +51,7 @@ func (in *inbox) buffered() int { return in.w - in.r }
 func (in *inbox) fill(need int, wait bool) error {
 	for in.buffered() < need {
 		in.room(need)
-		n, err := in.src(in.buf[in.w:], wait)
+		n, err := in.src.read(in.buf[in.w:], wait)
 		if err == io.EOF && (in.buffered() > 0 || in.data > 0) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -59,24 +64,18 @@ func (in *inbox) fill(need int, wait bool) error {
 	return nil
 }
 
-// socketReader returns the reads of raw an inbox makes: one read into p,
-// at least one byte, or errWouldBlock (wait false), io.EOF at the socket's
-// end, or the socket's error.
-func socketReader(raw *net.TCPConn) func(p []byte, wait bool) (int, error) {
-	rc, err := raw.SyscallConn()
-	if err != nil {
-		return func([]byte, bool) (int, error) { return 0, err }
-	}
-	r := &sockReader{rc: rc}
+// init makes r read raw (socketReader's source).
+func (r *sockReader) init(raw *net.TCPConn) {
+	r.rc, r.rcErr = raw.SyscallConn()
 	r.fn = r.readFD
-	return r.read
 }
 
-// sockReader is socketReader's state: one read's arguments and results
-// live here, not in a closure, so that a read allocates nothing. Its
-// inbox serialises the reads.
+// sockReader is an inbox's source on a socket (init). One read's
+// arguments and results live here, not in a closure, so that a read
+// allocates nothing. Its inbox serialises the reads.
 type sockReader struct {
 	rc      syscall.RawConn
+	rcErr   error                 // SyscallConn's
 	fn      func(fd uintptr) bool // readFD, bound once
 	p       []byte
 	n       int
@@ -86,6 +85,9 @@ type sockReader struct {
 }
 
 func (r *sockReader) read(p []byte, wait bool) (int, error) {
+	if r.rcErr != nil {
+		return 0, r.rcErr
+	}
 	r.p, r.wait, r.blocked, r.n, r.err = p, wait, false, 0, nil
 	err := r.rc.Read(r.fn)
 	n, rerr, blocked := r.n, r.err, r.blocked
@@ -114,6 +116,32 @@ func (r *sockReader) readFD(fd uintptr) bool {
 		r.blocked = true
 	}
 	return true
+}
+
+// readArrived reads into b what has arrived on raw, without waiting: 0 and
+// no error if nothing has, io.EOF at the socket's end.
+func readArrived(raw *net.TCPConn, b []byte) (int, error) {
+	rc, err := raw.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var rerr error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, rerr = unix.Read(int(fd), b)
+		return rerr != unix.EINTR
+	}); err != nil {
+		return 0, err
+	}
+	switch {
+	case rerr == unix.EAGAIN:
+		return 0, nil
+	case rerr != nil:
+		return 0, os.NewSyscallError("read", rerr)
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 // room makes sure buf can take need unread bytes: a pooled buffer when
@@ -197,7 +225,7 @@ func (in *inbox) take(p []byte, wait bool) (int, error) {
 		return 0, nil
 	}
 	if in.buffered() == 0 && len(p) >= inboxSize {
-		n, err := in.src(p, wait)
+		n, err := in.src.read(p, wait)
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}

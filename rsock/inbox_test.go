@@ -74,7 +74,7 @@ func (s *scripted) read(p []byte, wait bool) (int, error) {
 // inboxFrames reads the stream through an inbox fed by src, with reads
 // that do not wait and take buffers of the sizes cuts says.
 func inboxFrames(t *testing.T, src *scripted) ([]string, error) {
-	in := &inbox{src: src.read}
+	in := &inbox{src: src}
 	var got []string
 	var payload []byte
 	for steps := 0; ; steps++ {

@@ -306,18 +306,24 @@ func (l *Listener) serveConn(raw *net.TCPConn) {
 
 func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	s := l.s
-	// A listener that may hand plain clients over classifies a silent one
-	// after SniffTimeout; one that allows no TCP gains nothing from that
-	// and waits the whole handshake for the magic.
-	sniff := s.sniff
-	if !s.fallback {
-		sniff = s.handshake
-	}
-	_ = raw.SetReadDeadline(time.Now().Add(sniff))
 	// The first read takes whatever has arrived: a switching client sends
-	// its magic and hello at once, and is answered in one write.
+	// its magic and hello at once, and is answered in one write. Most
+	// often they are there already, and the sniff needs no deadline.
 	var first [128]byte
-	n, err := sniffMagic(raw, first[:])
+	n, err := readArrived(raw, first[:])
+	timed := false
+	if err == nil && n < len(handshake.Magic) && handshake.MatchesMagicPrefix(first[:n]) {
+		// A listener that may hand plain clients over classifies a silent
+		// one after SniffTimeout; one that allows no TCP gains nothing
+		// from that and waits the whole handshake for the magic.
+		sniff := s.sniff
+		if !s.fallback {
+			sniff = s.handshake
+		}
+		_ = raw.SetReadDeadline(time.Now().Add(sniff))
+		timed = true
+		n, err = sniffMagic(raw, first[:], n)
+	}
 	head := first[:n]
 	if n < len(handshake.Magic) || !handshake.MatchesMagicPrefix(head) {
 		return l.plainClient(raw, head, err)
@@ -328,11 +334,10 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	}
 	// A switching hello that came whole with the magic is answered now:
 	// nothing is left to wait for.
-	rest := first[len(handshake.Magic):n]
-	if hello, k := switchHelloIn(rest); hello != nil && !s.noSwitch {
-		return s.serveSwitch(l, raw, hello, true, rest[k:])
+	if hello, k := switchHelloIn(head); hello != nil && !s.noSwitch {
+		return s.serveSwitch(l, raw, hello, switchFrom{withMagic: true, timed: timed}, head[k:])
 	}
-	return l.awaitHello(raw, rest)
+	return l.awaitHello(raw, head[len(handshake.Magic):])
 }
 
 // plainClient is the Conn of a client whose first bytes, head (read with
@@ -397,7 +402,7 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 	}
 	if hello.Flags&handshake.FlagSwitch != 0 && !s.noSwitch {
 		// An early client's frames may have come with its hello.
-		return s.serveSwitch(l, raw, hello, false, rest[len(rest)-hr.Len():])
+		return s.serveSwitch(l, raw, hello, switchFrom{timed: true}, rest[len(rest)-hr.Len():])
 	}
 	select {
 	case l.setups <- struct{}{}:
@@ -411,11 +416,11 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 	return s.serve(ctx, l.network, raw, hello)
 }
 
-// sniffMagic reads into b until it holds at least the magic's length, its
-// bytes stop matching the magic, or an error; it returns how many bytes it
-// read (possibly more than the magic: whatever had arrived).
-func sniffMagic(c net.Conn, b []byte) (int, error) {
-	n := 0
+// sniffMagic reads into b, whose first n bytes are read already, until it
+// holds at least the magic's length, its bytes stop matching the magic, or
+// an error; it returns how many bytes b holds (possibly more than the
+// magic: whatever had arrived).
+func sniffMagic(c net.Conn, b []byte, n int) (int, error) {
 	for n < len(handshake.Magic) {
 		k, err := c.Read(b[n:])
 		n += k
@@ -426,18 +431,24 @@ func sniffMagic(c net.Conn, b []byte) (int, error) {
 	return n, nil
 }
 
-// switchHelloIn returns the switching Hello that b (the bytes after the
-// magic) starts with, and its length; nil if b holds no complete one.
+// switchHelloIn returns the switching Hello that b (from its magic on)
+// starts with, and the frame's length; nil if b holds no complete one.
 // What follows it is an early client's frames.
 func switchHelloIn(b []byte) (*handshake.Hello, int) {
-	r := bytes.NewReader(b)
-	m, err := handshake.ReadAfterMagic(r)
+	h, err := handshake.ParseHeader(b)
+	if err != nil || h.Type != handshake.TypeHello {
+		return nil, 0
+	}
+	end := handshake.HeaderLen + int(h.Length)
+	if len(b) < end {
+		return nil, 0
+	}
+	m, err := handshake.Decode(h, b[handshake.HeaderLen:end])
 	if err != nil {
 		return nil, 0
 	}
-	h, ok := m.(*handshake.Hello)
-	if !ok || h.Flags&handshake.FlagSwitch == 0 {
-		return nil, 0
+	if hello, ok := m.(*handshake.Hello); ok && hello.Flags&handshake.FlagSwitch != 0 {
+		return hello, end
 	}
-	return h, len(b) - r.Len()
+	return nil, 0
 }

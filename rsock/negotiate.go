@@ -378,7 +378,7 @@ func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
 		return nil
 	}
 	frame := append(pool.Get(len(h.frame))[:0], h.frame...)
-	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: h.offers, held: frame})
+	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: h.offers, held: frame, untimed: true})
 }
 
 // helloFrame is an early dial's hello, made once per settings for each

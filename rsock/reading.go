@@ -354,7 +354,7 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		busy := w.upgrading || w.ring != nil || w.moving != nil || w.awaitResume
 		mine := make(chan struct{})
 		if !busy {
-			w.upgrading = true
+			w.upgradingLocked()
 			w.upDone = mine
 			w.needReaderLocked() // the client's Confirm comes whether or not the application reads
 		}

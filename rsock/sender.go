@@ -44,10 +44,6 @@ type sender struct {
 	held []byte
 }
 
-func newSender(raw *net.TCPConn) *sender {
-	return &sender{raw: raw, room: make(chan struct{}, 1)}
-}
-
 // queueLocked writes frame, or what of it the socket does not take at
 // once, behind the frames queued before it, and makes sure a goroutine
 // writes what is queued. With nothing queued it first tries the socket

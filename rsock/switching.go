@@ -39,10 +39,11 @@ type swConn struct {
 	c      *Conn
 	set    *settings
 	raw    *net.TCPConn
-	in     *inbox // the socket's frames; used by one reader at a time (reading.go)
+	in     inbox      // the socket's frames; used by one reader at a time (reading.go)
+	sock   sockReader // in's source
 	client bool
 	ln     *Listener // server: whose endpoint setups this counts against
-	out    *sender
+	out    sender
 	done   chan struct{} // closed by Close
 	rdl    deadline.Deadline
 	wdl    deadline.Deadline
@@ -77,7 +78,7 @@ type swConn struct {
 	switched  bool          // the peer's Switch came, at rcvd: its bytes are in the ring
 	eof       bool          // the peer's Fin, or its goodbye while sending on TCP
 	gone      bool          // the peer's goodbye: writes fail
-	goneCh    chan struct{} // closed when gone is set: an upgrade waiting for the peer's answer ends
+	goneCh    chan struct{} // closed when gone is set: an upgrade waiting for the peer's answer ends (upgradingLocked makes it)
 	err       error         // the connection failed; set once
 	rclosed   bool          // CloseRead
 	closed    bool          // Close
@@ -85,7 +86,7 @@ type swConn struct {
 	agreed    bool                   // an Accept and Confirm{0} set up ring: the peer may switch
 	upgrading bool                   // an offer is being answered (server) or awaits its answer (client)
 	upDone    chan struct{}          // server: closed when the upgrade in progress ends
-	answers   chan handshake.Message // the peer's Accept or Decline (client), Confirm (server)
+	answers   chan handshake.Message // the peer's Accept or Decline (client), Confirm (server) (upgradingLocked makes it)
 	rdlT      time.Time
 	wdlT      time.Time
 	linger    *int
@@ -93,7 +94,8 @@ type swConn struct {
 	sendOn    bool          // our sending moved to the ring (mirrors wring)
 	sendDone  bool          // CloseWrite on TCP (mirrors wfin)
 	stayed    bool          // the upgrade ended without a ring
-	settled   chan struct{} // closed once no direction will move any more (settleLocked)
+	settled   bool          // no direction will move any more (settleLocked)
+	settledCh chan struct{} // closed once settled; made on demand (settledChan)
 	goodbye   sync.Once
 	pending   *earlyHello // client: the answer to our early hello is still to come
 
@@ -127,18 +129,14 @@ type SwitchEvent struct {
 func newSwConn(c *Conn, s *settings, raw *net.TCPConn, client bool) *swConn {
 	w := &swConn{
 		c: c, set: s, raw: raw, client: client,
-		in:      newInbox(raw),
-		out:     newSender(raw),
-		done:    make(chan struct{}),
-		rnote:   make(chan struct{}, 1),
-		wnote:   make(chan struct{}, 1),
-		space:   make(chan struct{}, 1),
-		answers: make(chan handshake.Message, 1),
-		settled: make(chan struct{}),
-		goneCh:  make(chan struct{}),
+		out:   sender{raw: raw, room: make(chan struct{}, 1)},
+		done:  make(chan struct{}),
+		rnote: make(chan struct{}, 1),
+		wnote: make(chan struct{}, 1),
+		space: make(chan struct{}, 1),
 	}
-	w.rdl.Init()
-	w.wdl.Init()
+	w.sock.init(raw)
+	w.in.src = &w.sock
 	return w
 }
 
@@ -446,7 +444,7 @@ func (w *swConn) switchLocked() {
 // direction is on the ring or finished, or the upgrade ended without a
 // ring, or the connection ended.
 func (w *swConn) settleLocked() {
-	if isClosedCh(w.settled) {
+	if w.settled {
 		return
 	}
 	send := w.sendOn || w.sendDone
@@ -455,8 +453,44 @@ func (w *swConn) settleLocked() {
 	// that runs ends on it, and says how).
 	gone := w.gone && !w.upgrading
 	if w.closed || w.err != nil || w.stayed || gone || (send && recv) {
-		close(w.settled)
+		w.markSettledLocked()
 	}
+}
+
+// upgradingLocked marks an upgrade begun, and makes the channels its
+// steps wait on (once: a connection that never upgrades has none).
+func (w *swConn) upgradingLocked() {
+	w.upgrading = true
+	if w.answers == nil {
+		w.answers = make(chan handshake.Message, 1)
+	}
+	if w.goneCh == nil {
+		w.goneCh = make(chan struct{})
+		if w.gone {
+			close(w.goneCh)
+		}
+	}
+}
+
+// markSettledLocked records that the connection settled.
+func (w *swConn) markSettledLocked() {
+	w.settled = true
+	if w.settledCh != nil {
+		close(w.settledCh)
+	}
+}
+
+// settledChan returns a channel closed once the connection settled.
+func (w *swConn) settledChan() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.settledCh == nil {
+		w.settledCh = make(chan struct{})
+		if w.settled {
+			close(w.settledCh)
+		}
+	}
+	return w.settledCh
 }
 
 // goneLocked records the peer's end (its goodbye, or its orderly close on
@@ -465,7 +499,9 @@ func (w *swConn) settleLocked() {
 func (w *swConn) goneLocked() {
 	if !w.gone {
 		w.gone = true
-		close(w.goneCh)
+		if w.goneCh != nil {
+			close(w.goneCh)
+		}
 	}
 	w.settleLocked()
 }

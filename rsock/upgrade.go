@@ -43,24 +43,25 @@ func switchHello(names []string) *handshake.Hello {
 // serveSwitch answers a Hello with FlagSwitch: Upgrade, naming the
 // transports this server would take of those offered, in its order. The
 // connection goes to Accept at once, on TCP.
-// withMagic says the magic has not been sent yet and goes with it.
+// from says whether the magic has been sent yet, and whether raw has a
+// deadline to clear.
 // arrived holds what came after the hello: an early client's first frames.
 // The answer to an early hello is held until the server's first frame
 // (sender.hold), or serverReaderAfter.
-func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, withMagic bool, arrived []byte) (*Conn, error) {
+func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, from switchFrom, arrived []byte) (*Conn, error) {
 	a := s.switchAnswer(hello.Offers)
 	if a.err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: writing upgrade: %w", a.err)
 	}
 	frame := a.frame
-	if !withMagic {
+	if !from.withMagic {
 		frame = frame[len(handshake.Magic):]
 	}
 	if !a.upgrade {
 		return nil, a.refuse(raw, frame)
 	}
-	st := switchStart{transports: a.transports, grow: hello.Flags&handshake.FlagGrow != 0, reason: a.reason, arrived: arrived}
+	st := switchStart{transports: a.transports, grow: hello.Flags&handshake.FlagGrow != 0, reason: a.reason, arrived: arrived, untimed: !from.timed}
 	// Only a connection that may upgrade has the reader timer that
 	// flushes a held answer.
 	if len(a.transports) > 0 && hello.Flags&handshake.FlagEarly != 0 {
@@ -70,6 +71,12 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 		return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
 	}
 	return s.switchConn(l.network, raw, l, st), nil
+}
+
+// switchFrom is where a switching hello was read (serveSwitch).
+type switchFrom struct {
+	withMagic bool // the magic has not been sent: it goes with the answer
+	timed     bool // raw has a deadline, which the connection clears
 }
 
 // upAnswer is a switching server's answer to a hello's offers: made once
@@ -139,12 +146,15 @@ type switchStart struct {
 	// client's hello: an early client's first frames.
 	held    []byte
 	arrived []byte
+	untimed bool // raw has no deadline to clear
 }
 
 // switchConn makes the Conn of a switching connection on raw and starts it.
 // ln is the listener of a server's connection, nil on the client.
 func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st switchStart) *Conn {
-	_ = raw.SetDeadline(time.Time{})
+	if !st.untimed {
+		_ = raw.SetDeadline(time.Time{})
+	}
 	l := label{transport: "tcp", code: CodeUpgrading, reason: st.reason}
 	stays := len(st.transports) == 0 && !st.early
 	if stays {
@@ -160,7 +170,7 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 	}
 	if stays {
 		c.w.stayed = true
-		close(c.w.settled)
+		c.w.settled = true // nothing waits yet
 	}
 	if st.held != nil {
 		c.w.out.hold(st.held)
@@ -245,7 +255,7 @@ func (w *swConn) clientUpgrade() {
 		ep.Close()
 		return
 	}
-	w.upgrading = true
+	w.upgradingLocked()
 	mine := make(chan struct{})
 	w.upDone = mine
 	w.mu.Unlock()
