@@ -1,0 +1,326 @@
+package rsock
+
+// The listener's handshakes: the first read of each accepted socket, the
+// goroutines that run the handshakes that must wait, and the sniff that
+// tells an rsock client from a plain one (docs/protocol.md §2.1, §9).
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+)
+
+// arrival is an accepted socket, and what was read of it so far.
+type arrival struct {
+	raw  *net.TCPConn
+	buf  [128]byte
+	n    int   // buf[:n] was read
+	err  error // with this error
+	read bool  // the first read was made (readArrived)
+}
+
+// acceptArrived runs a's handshake in Accept when it needs no waiting: a
+// switching hello that has come whole with the magic is answered at
+// once, and its connection returned, one goroutine hand-off fewer than
+// through a handshaker. Any other socket goes on to a handshaker, with
+// what was read of it, and acceptArrived returns nil.
+func (l *Listener) acceptArrived(a *arrival) *Conn {
+	a.n, a.err = readArrived(a.raw, a.buf[:])
+	a.read = true
+	if a.err == nil && !l.s.noSwitch {
+		if hello, k := switchHelloIn(a.buf[:a.n]); hello != nil {
+			peer := a.raw.RemoteAddr()
+			c, err := l.s.serveSwitch(l, a.raw, hello, switchFrom{withMagic: true}, a.buf[k:a.n])
+			if err != nil {
+				l.dropped(err, peer)
+				return nil
+			}
+			l.s.logConn(c, "server")
+			select {
+			case <-l.done:
+				c.Close() // the listener closed under us
+				return nil
+			default:
+				return c
+			}
+		}
+	}
+	l.handOff(a)
+	return nil
+}
+
+// handOff gives a's handshake to the handshaker waiting for one, or to a
+// new one, unless the listener has closed.
+func (l *Listener) handOff(a *arrival) {
+	select {
+	case l.next <- a: // the goroutine kept from the last handshake
+		return
+	default:
+	}
+	// Counted in wg under running's lock, which Close takes before it
+	// waits for wg: an Accept may get here as the listener closes.
+	l.running.mu.Lock()
+	defer l.running.mu.Unlock()
+	if l.running.ended {
+		a.raw.Close()
+		return
+	}
+	l.wg.Add(1)
+	go l.handshaker(a)
+}
+
+// handshaker runs raw's handshake, then the next one the accept loop hands
+// it while no other waits for one. A goroutine that has run a handshake
+// has the stack the next one needs; a fresh one starts with too small a
+// stack and grows it, a copy per connection.
+func (l *Listener) handshaker(a *arrival) {
+	defer l.wg.Done()
+	for {
+		l.serveConn(a)
+		if !l.keeping.CompareAndSwap(false, true) {
+			return // another waits
+		}
+		select {
+		case a = <-l.next:
+			l.keeping.Store(false)
+		case <-l.done:
+			return
+		}
+	}
+}
+
+// inflight is the set of sockets whose handshake runs. Once ended (the
+// listener closed) it interrupts each, and takes no more.
+type inflight struct {
+	mu    sync.Mutex
+	m     map[*net.TCPConn]struct{}
+	ended bool
+}
+
+// add puts raw in the set: false if the set has ended.
+func (f *inflight) add(raw *net.TCPConn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		return false
+	}
+	if f.m == nil {
+		f.m = make(map[*net.TCPConn]struct{})
+	}
+	f.m[raw] = struct{}{}
+	return true
+}
+
+// remove takes raw out of the set: false if the set ended while raw was
+// in it (and its I/O was interrupted).
+func (f *inflight) remove(raw *net.TCPConn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.m, raw)
+	return !f.ended
+}
+
+// end interrupts the I/O of every socket in the set, now and after.
+func (f *inflight) end() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ended = true
+	for raw := range f.m {
+		_ = raw.SetDeadline(aLongTimeAgo)
+	}
+}
+
+// serveConn sniffs raw's first bytes and runs the handshake, then hands the
+// result to Accept.
+func (l *Listener) serveConn(a *arrival) {
+	raw := a.raw
+	if !l.running.add(raw) {
+		raw.Close() // the listener closed under us
+		return
+	}
+	peer := raw.RemoteAddr() // before the handshake, which may close raw
+	c, err := l.handshake(a)
+	ended := !l.running.remove(raw)
+	if err != nil {
+		l.dropped(err, peer)
+		return
+	}
+	l.s.logConn(c, "server")
+	if ended {
+		c.Close() // the listener closed under us
+		return
+	}
+	select {
+	case l.ready <- c:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+// dropped counts and logs a handshake that failed.
+func (l *Listener) dropped(err error, peer net.Addr) {
+	l.handshakeErrors.Add(1)
+	failed(err)
+	logLimited(l.s.log, &l.logLimit, slog.LevelWarn, "rsock: handshake dropped",
+		slog.String("reason", err.Error()), slog.String("peer", fmt.Sprint(peer)))
+}
+
+func (l *Listener) handshake(a *arrival) (*Conn, error) {
+	s := l.s
+	raw := a.raw
+	// The first read takes whatever has arrived: a switching client sends
+	// its magic and hello at once, and is answered in one write. Most
+	// often they are there already, and the sniff needs no deadline.
+	if !a.read {
+		a.n, a.err = readArrived(raw, a.buf[:])
+	}
+	first, n, err := a.buf[:], a.n, a.err
+	timed := false
+	if err == nil && n < len(handshake.Magic) && handshake.MatchesMagicPrefix(first[:n]) {
+		// A listener that may hand plain clients over classifies a silent
+		// one after SniffTimeout; one that allows no TCP gains nothing
+		// from that and waits the whole handshake for the magic.
+		sniff := s.sniff
+		if !s.fallback {
+			sniff = s.handshake
+		}
+		_ = raw.SetReadDeadline(time.Now().Add(sniff))
+		timed = true
+		n, err = sniffMagic(raw, first, n)
+	}
+	head := first[:n]
+	if n < len(handshake.Magic) || !handshake.MatchesMagicPrefix(head) {
+		return l.plainClient(raw, head, err)
+	}
+	if err != nil {
+		raw.Close()
+		return nil, err
+	}
+	// A switching hello that came whole with the magic is answered now:
+	// nothing is left to wait for.
+	if hello, k := switchHelloIn(head); hello != nil && !s.noSwitch {
+		return s.serveSwitch(l, raw, hello, switchFrom{withMagic: true, timed: timed}, head[k:])
+	}
+	return l.awaitHello(raw, head[len(handshake.Magic):])
+}
+
+// plainClient is the Conn of a client whose first bytes, head (read with
+// err), are not the magic.
+func (l *Listener) plainClient(raw *net.TCPConn, head []byte, err error) (*Conn, error) {
+	// A plain client: the bytes it sent (if any) are its own, or it
+	// waits for the server to speak first.
+	if err != nil && len(head) == 0 && !isTimeout(err) && !errors.Is(err, io.EOF) {
+		raw.Close()
+		return nil, err
+	}
+	if !l.s.fallback {
+		raw.Close()
+		return nil, fmt.Errorf("%w: plain TCP client", ErrNoTransport)
+	}
+	c := plainConn(l.network, raw, bytes.Clone(head), CodePlainClient, false, "client does not speak rsock")
+	// A timeout with nothing or only part of the magic read may be an
+	// rsock client that was slow to start: watch its first bytes.
+	c.late.Store(isTimeout(err) && handshake.MatchesMagicPrefix(head))
+	return c, nil
+}
+
+// awaitHello runs the handshake of an rsock client whose hello did not
+// come whole with the magic; rest is what came after the magic.
+func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
+	s := l.s
+	// An rsock client: the whole handshake is bounded from here, and until
+	// its hello is complete it holds one of its source's waiting places.
+	_ = raw.SetDeadline(time.Now().Add(s.handshake))
+	src := l.waiting.add(raw)
+	waiting := true
+	defer func() {
+		if waiting {
+			l.waiting.remove(src, raw)
+		}
+	}()
+	// Answer with the magic at once, before reading the hello and
+	// preparing anything: the client's ProbeTimeout then measures whether
+	// an rsock server is there, not how long this one takes to prepare an
+	// endpoint (a burst of dials to a host that registers memory slowly
+	// would otherwise be taken for a plain server, and remembered as one).
+	// The first frame that follows leaves its magic out (handshake.WriteAfterMagic).
+	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	hr := bytes.NewReader(rest)
+	msg, err := handshake.ReadAfterMagic(io.MultiReader(hr, raw))
+	if err != nil {
+		if errors.Is(err, handshake.ErrVersion) {
+			_ = handshake.WriteAfterMagic(raw, &handshake.Decline{Code: handshake.DeclineVersion, Reason: fmt.Sprintf("server speaks version %d", handshake.Version)})
+		}
+		raw.Close()
+		return nil, err
+	}
+	l.waiting.remove(src, raw)
+	waiting = false
+	hello, ok := msg.(*handshake.Hello)
+	if !ok {
+		raw.Close()
+		return nil, fmt.Errorf("rsock: client opened with %v, want hello", msg.Type())
+	}
+	if hello.Flags&handshake.FlagSwitch != 0 && !s.noSwitch {
+		// An early client's frames may have come with its hello.
+		return s.serveSwitch(l, raw, hello, switchFrom{timed: true}, rest[len(rest)-hr.Len():])
+	}
+	select {
+	case l.setups <- struct{}{}:
+		defer func() { <-l.setups }()
+	default:
+		l.busy.Add(1)
+		return s.decline(l.network, raw, handshake.DeclineResources, fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups))
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, s.handshake)
+	defer cancel()
+	return s.serve(ctx, l.network, raw, hello)
+}
+
+// sniffMagic reads into b, whose first n bytes are read already, until it
+// holds at least the magic's length, its bytes stop matching the magic, or
+// an error; it returns how many bytes b holds (possibly more than the
+// magic: whatever had arrived).
+func sniffMagic(c net.Conn, b []byte, n int) (int, error) {
+	for n < len(handshake.Magic) {
+		k, err := c.Read(b[n:])
+		n += k
+		if err != nil || !handshake.MatchesMagicPrefix(b[:n]) {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// switchHelloIn returns the switching Hello that b (from its magic on)
+// starts with, and the frame's length; nil if b holds no complete one.
+// What follows it is an early client's frames.
+func switchHelloIn(b []byte) (*handshake.Hello, int) {
+	h, err := handshake.ParseHeader(b)
+	if err != nil || h.Type != handshake.TypeHello {
+		return nil, 0
+	}
+	end := handshake.HeaderLen + int(h.Length)
+	if len(b) < end {
+		return nil, 0
+	}
+	m, err := handshake.Decode(h, b[handshake.HeaderLen:end])
+	if err != nil {
+		return nil, 0
+	}
+	if hello, ok := m.(*handshake.Hello); ok && hello.Flags&handshake.FlagSwitch != 0 {
+		return hello, end
+	}
+	return nil, 0
+}
