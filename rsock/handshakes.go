@@ -77,7 +77,7 @@ func (l *Listener) handOff(a *arrival) {
 	go l.handshaker(a)
 }
 
-// handshaker runs raw's handshake, then the next one the accept loop hands
+// handshaker runs a's handshake, then the next one the accept loop hands
 // it while no other waits for one. A goroutine that has run a handshake
 // has the stack the next one needs; a fresh one starts with too small a
 // stack and grows it, a copy per connection.

@@ -121,27 +121,13 @@ func (r *sockReader) readFD(fd uintptr) bool {
 // readArrived reads into b what has arrived on raw, without waiting: 0 and
 // no error if nothing has, io.EOF at the socket's end.
 func readArrived(raw *net.TCPConn, b []byte) (int, error) {
-	rc, err := raw.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var n int
-	var rerr error
-	if err := rc.Read(func(fd uintptr) bool {
-		n, rerr = unix.Read(int(fd), b)
-		return rerr != unix.EINTR
-	}); err != nil {
-		return 0, err
-	}
-	switch {
-	case rerr == unix.EAGAIN:
+	var r sockReader
+	r.init(raw)
+	n, err := r.read(b, false)
+	if err == errWouldBlock {
 		return 0, nil
-	case rerr != nil:
-		return 0, os.NewSyscallError("read", rerr)
-	case n == 0:
-		return 0, io.EOF
 	}
-	return n, nil
+	return n, err
 }
 
 // room makes sure buf can take need unread bytes: a pooled buffer when
