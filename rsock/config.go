@@ -221,6 +221,7 @@ var DefaultTransports = []string{"verbs", "shm", "tcp"}
 // settings is a Config resolved against the environment and the defaults.
 type settings struct {
 	transports    []string // accelerated transports, in order ("tcp" removed)
+	served        []string // transports, host-local first (serveOrder)
 	fallback      bool     // "tcp" was listed
 	ringSize      int
 	ringStart     int
@@ -380,6 +381,7 @@ func (c *Config) resolve() (*settings, error) {
 		}
 		s.transports = append(s.transports, name)
 	}
+	s.served = localFirst(s.transports)
 	if len(s.transports) == 0 && !s.fallback {
 		return nil, &ConfigError{Field: "Transports", Env: env, Value: strings.Join(list, ","), Err: fmt.Errorf("no transport")}
 	}

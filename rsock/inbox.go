@@ -64,7 +64,7 @@ func (in *inbox) fill(need int, wait bool) error {
 	return nil
 }
 
-// init makes r read raw (socketReader's source).
+// init makes r read raw.
 func (r *sockReader) init(raw *net.TCPConn) {
 	r.rc, r.rcErr = raw.SyscallConn()
 	r.fn = r.readFD

@@ -155,7 +155,7 @@ func plainConn(network string, raw *net.TCPConn, prefix []byte, code string, fal
 // client offers: host-local ones (shm) first, because a client offers them
 // only when it may be on this host, and shared memory beats looping through
 // a NIC; then the configured order.
-func (s *settings) serveOrder() []string { return localFirst(s.transports) }
+func (s *settings) serveOrder() []string { return s.served }
 
 // localFirst returns names with the host-local ones first, each group in
 // its order.

@@ -104,17 +104,23 @@ func (a *upAnswer) refuse(raw *net.TCPConn, frame []byte) error {
 // naming the transports this server would take of those offered, in its
 // order.
 func (s *settings) switchAnswer(offers []handshake.Offer) *upAnswer {
-	var ts []handshake.Transport
-	var key uint64 // which of serveOrder's transports are taken
-	for i, name := range s.serveOrder() {
+	order := s.serveOrder()
+	var key uint64 // which of order's transports are taken
+	for i, name := range order {
 		t, _ := handshake.TransportByName(name)
 		if _, built := transport.Lookup(name); built && indexOffer(offers, t) >= 0 {
-			ts = append(ts, t)
 			key |= 1 << i
 		}
 	}
 	if a, ok := s.answers.Load(key); ok {
 		return a.(*upAnswer)
+	}
+	var ts []handshake.Transport
+	for i, name := range order {
+		if key&(1<<i) != 0 {
+			t, _ := handshake.TransportByName(name)
+			ts = append(ts, t)
+		}
 	}
 	a := &upAnswer{upgrade: true, transports: ts, reason: "on TCP until the client upgrades"}
 	var answer handshake.Message = &handshake.Upgrade{Flags: handshake.UpgradeGrow | handshake.UpgradeEarly, Transports: ts}
