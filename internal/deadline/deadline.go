@@ -20,11 +20,12 @@ import (
 // lock once per Deadline, and mu serialises the setters.
 //
 // A Deadline arms no timer, and makes no channel, until someone waits on
-// it: until then, Expired compares the clock with the time set. Most deadlines are set and moved
-// without anyone blocking past them (a connection that sets one for each
-// request and is answered in time), and they cost no timer at all. Once
-// Wait has been called, every future deadline arms one, so that the
-// channel closes on time for the waiters to come.
+// it: until then, Expired compares the clock with the time set. Most
+// deadlines are set and moved without anyone blocking past them (a
+// connection that sets one for each request and is answered in time), and
+// they cost no timer at all. Once Wait has been called, every future
+// deadline arms one, so that the channel closes on time for the waiters to
+// come. The zero Deadline is disarmed and ready to use.
 type Deadline struct {
 	mu     sync.Mutex
 	timer  *time.Timer
@@ -43,15 +44,7 @@ var epoch = time.Now()
 func clock() int64 { return int64(time.Since(epoch)) + 1 }
 
 // New returns a disarmed Deadline.
-func New() *Deadline {
-	d := &Deadline{}
-	d.Init()
-	return d
-}
-
-// Init makes a zero Deadline usable (disarmed); call it before d is shared.
-// (A zero Deadline is usable as it is; Init is kept for its callers.)
-func (d *Deadline) Init() {}
+func New() *Deadline { return &Deadline{} }
 
 // replace installs a fresh cancel channel, or none until Wait asks for
 // one; called under mu.
@@ -145,13 +138,4 @@ func (d *Deadline) Expired() bool {
 	}
 	at := d.at.Load()
 	return at != 0 && clock() >= at
-}
-
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

@@ -121,8 +121,6 @@ func (e *Endpoint) Start(peer Ring, boot Bootstrap) (*Conn, error) {
 	c.ringSize.Store(int64(e.opts.RingSize))
 	c.rd.e.init(evRead, c.done)
 	c.wr.e.init(evWrite, c.done)
-	c.rd.dl.Init()
-	c.wr.dl.Init()
 	c.peek, _ = e.cq.(verbs.Peeker)
 	if e.opts.Failover {
 		c.mover, _ = boot.(Mover)
