@@ -55,12 +55,8 @@ func (c *Clock) Set(d time.Duration, f func()) *Alarm {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.alarms = append(c.alarms, a)
-	at := a.due
-	if soonest := now.Add(c.tick); at.Before(soonest) {
-		at = soonest
-	}
-	if c.next.IsZero() || at.Before(c.next) {
-		c.armLocked(now, a.due)
+	if at := now.Add(max(d, c.tick)); c.next.IsZero() || at.Before(c.next) {
+		c.armLocked(now, a.due) // for at
 	}
 	return a
 }
