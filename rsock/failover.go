@@ -139,7 +139,7 @@ func (w *swConn) failover(cause string) error {
 		// before it: the peer sends again from there.
 		w.staleSwitch = true
 	}
-	if w.gone && !w.eof {
+	if w.gone.set && !w.eof {
 		// The peer's goodbye came while the ring failed: it ends the
 		// stream where it says, which must be what we have.
 		if w.peerFinal != recv {
@@ -234,7 +234,7 @@ func (w *swConn) resendLocked(dl *deadline.Deadline) error {
 		case o == nil:
 			w.mu.Unlock()
 			return nil
-		case w.closed || w.err != nil || w.gone:
+		case w.closed || w.err != nil || w.gone.set:
 			w.mu.Unlock()
 			return w.writeErr()
 		case !o.known:
@@ -338,7 +338,7 @@ func (w *swConn) resendDone(wait time.Duration) bool {
 	}()
 	for {
 		w.mu.Lock()
-		ch, o, gone := w.moving, w.owe, w.gone || w.err != nil
+		ch, o, gone := w.moving, w.owe, w.gone.set || w.err != nil
 		w.mu.Unlock()
 		switch {
 		case ch == nil && (o == nil || gone):

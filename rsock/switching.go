@@ -72,16 +72,15 @@ type swConn struct {
 	mu        sync.Mutex // guards what follows
 	rq        [][]byte   // Data payloads not yet read (pooled); rq[0] from roff
 	roff      int
-	rqLen     int           // bytes in rq
-	rqCost    int           // rqLen plus entryCost per entry: what recvQueue bounds
-	rcvd      uint64        // Data bytes received: the peer's stream cursor on TCP
-	switched  bool          // the peer's Switch came, at rcvd: its bytes are in the ring
-	eof       bool          // the peer's Fin, or its goodbye while sending on TCP
-	gone      bool          // the peer's goodbye: writes fail
-	goneCh    chan struct{} // closed when gone is set: an upgrade waiting for the peer's answer ends (upgradingLocked makes it)
-	err       error         // the connection failed; set once
-	rclosed   bool          // CloseRead
-	closed    bool          // Close
+	rqLen     int    // bytes in rq
+	rqCost    int    // rqLen plus entryCost per entry: what recvQueue bounds
+	rcvd      uint64 // Data bytes received: the peer's stream cursor on TCP
+	switched  bool   // the peer's Switch came, at rcvd: its bytes are in the ring
+	eof       bool   // the peer's Fin, or its goodbye while sending on TCP
+	gone      signal // the peer's goodbye: writes fail, and an upgrade waiting for the peer's answer ends
+	err       error  // the connection failed; set once
+	rclosed   bool   // CloseRead
+	closed    bool   // Close
 	ring      *stream.Conn
 	agreed    bool                   // an Accept and Confirm{0} set up ring: the peer may switch
 	upgrading bool                   // an offer is being answered (server) or awaits its answer (client)
@@ -91,11 +90,10 @@ type swConn struct {
 	wdlT      time.Time
 	linger    *int
 	log       []SwitchEvent
-	sendOn    bool          // our sending moved to the ring (mirrors wring)
-	sendDone  bool          // CloseWrite on TCP (mirrors wfin)
-	stayed    bool          // the upgrade ended without a ring
-	settled   bool          // no direction will move any more (settleLocked)
-	settledCh chan struct{} // closed once settled; made on demand (settledChan)
+	sendOn    bool   // our sending moved to the ring (mirrors wring)
+	sendDone  bool   // CloseWrite on TCP (mirrors wfin)
+	stayed    bool   // the upgrade ended without a ring
+	settled   signal // no direction will move any more (settleLocked)
 	goodbye   sync.Once
 	pending   *earlyHello // client: the answer to our early hello is still to come
 
@@ -404,7 +402,7 @@ func (w *swConn) writeErr() error {
 		return net.ErrClosed
 	case w.err != nil:
 		return w.err
-	case w.wfin || w.gone:
+	case w.wfin || w.gone.set:
 		return stream.ErrBrokenPipe
 	}
 	return nil
@@ -426,7 +424,7 @@ func (w *swConn) switchLocked() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	r := w.ring
-	if r == nil || w.closed || w.err != nil || w.gone || w.moving != nil || w.owe != nil {
+	if r == nil || w.closed || w.err != nil || w.gone.set || w.moving != nil || w.owe != nil {
 		return // (what a failover owes goes first, on TCP)
 	}
 	x, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Switch{Cursor: x} }, false)
@@ -444,16 +442,16 @@ func (w *swConn) switchLocked() {
 // direction is on the ring or finished, or the upgrade ended without a
 // ring, or the connection ended.
 func (w *swConn) settleLocked() {
-	if w.settled {
+	if w.settled.set {
 		return
 	}
 	send := w.sendOn || w.sendDone
 	recv := w.switched || w.eof
 	// The peer's end settles the connection once no upgrade runs (one
 	// that runs ends on it, and says how).
-	gone := w.gone && !w.upgrading
+	gone := w.gone.set && !w.upgrading
 	if w.closed || w.err != nil || w.stayed || gone || (send && recv) {
-		w.markSettledLocked()
+		w.settled.fire()
 	}
 }
 
@@ -464,45 +462,52 @@ func (w *swConn) upgradingLocked() {
 	if w.answers == nil {
 		w.answers = make(chan handshake.Message, 1)
 	}
-	if w.goneCh == nil {
-		w.goneCh = make(chan struct{})
-		if w.gone {
-			close(w.goneCh)
-		}
-	}
-}
-
-// markSettledLocked records that the connection settled.
-func (w *swConn) markSettledLocked() {
-	w.settled = true
-	if w.settledCh != nil {
-		close(w.settledCh)
-	}
+	w.gone.channel()
 }
 
 // settledChan returns a channel closed once the connection settled.
 func (w *swConn) settledChan() <-chan struct{} {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.settledCh == nil {
-		w.settledCh = make(chan struct{})
-		if w.settled {
-			close(w.settledCh)
+	return w.settled.channel()
+}
+
+// signal is a one-time event, guarded by its owner's lock: set once, with
+// a channel closed when it is, made only for a caller that waits (a
+// connection mostly ends without anyone waiting). The channel, once made,
+// is never replaced: a goroutine that made it, or learnt under the lock
+// that it exists, may read ch after.
+type signal struct {
+	set bool
+	ch  chan struct{}
+}
+
+// fire sets the event and closes its channel, once.
+func (s *signal) fire() {
+	if !s.set {
+		s.set = true
+		if s.ch != nil {
+			close(s.ch)
 		}
 	}
-	return w.settledCh
+}
+
+// channel returns the event's channel, closed if it is set.
+func (s *signal) channel() chan struct{} {
+	if s.ch == nil {
+		s.ch = make(chan struct{})
+		if s.set {
+			close(s.ch)
+		}
+	}
+	return s.ch
 }
 
 // goneLocked records the peer's end (its goodbye, or its orderly close on
 // TCP): no upgrade can complete after it, so one waiting for the peer's
 // answer ends, and the connection settles (settleLocked).
 func (w *swConn) goneLocked() {
-	if !w.gone {
-		w.gone = true
-		if w.goneCh != nil {
-			close(w.goneCh)
-		}
-	}
+	w.gone.fire()
 	w.settleLocked()
 }
 
@@ -734,7 +739,7 @@ func (w *swConn) setRing(r *stream.Conn) bool {
 	if w.rclosed {
 		_ = r.CloseRead()
 	}
-	gone := w.gone
+	gone := w.gone.set
 	w.ring = r
 	w.mu.Unlock()
 	if r.Moving() {

@@ -176,7 +176,7 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 	}
 	if stays {
 		c.w.stayed = true
-		c.w.settled = true // nothing waits yet
+		c.w.settled.fire() // nothing waits yet: no channel
 	}
 	if st.held != nil {
 		c.w.out.hold(st.held)
@@ -218,7 +218,7 @@ func (w *swConn) upgraded(name string) {
 // (host-local first), and on an Accept starts the ring and switches.
 func (w *swConn) clientUpgrade() {
 	w.mu.Lock()
-	over, gone := w.closed || w.err != nil, w.gone
+	over, gone := w.closed || w.err != nil, w.gone.set
 	w.mu.Unlock()
 	switch {
 	case over:
@@ -284,7 +284,7 @@ func (w *swConn) clientUpgrade() {
 	case <-w.done:
 		ep.Close()
 		return
-	case <-w.goneCh:
+	case <-w.gone.ch:
 		// The peer's end: its answer, if it sent one, was read before.
 		select {
 		case answer = <-w.answers:
@@ -376,7 +376,7 @@ func reupgradeDelay(n int) time.Duration {
 // between half the backoff and all of it, at random, so that connections
 // that failed over or were declined together do not come back together.
 func (w *swConn) reupgradeLocked() {
-	if !w.client || len(w.transports) == 0 || w.closed || w.err != nil || w.gone || reupgradeScale.Load() < 0 {
+	if !w.client || len(w.transports) == 0 || w.closed || w.err != nil || w.gone.set || reupgradeScale.Load() < 0 {
 		return
 	}
 	if w.upTimer != nil {
@@ -472,7 +472,7 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	case <-w.done:
 		ep.Close()
 		return
-	case <-w.goneCh:
+	case <-w.gone.ch:
 		// The client's end: its Confirm, if it sent one, was read before.
 		select {
 		case m := <-w.answers:
