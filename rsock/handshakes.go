@@ -307,6 +307,9 @@ func sniffMagic(c net.Conn, b []byte, n int) (int, error) {
 // starts with, and the frame's length; nil if b holds no complete one.
 // What follows it is an early client's frames.
 func switchHelloIn(b []byte) (*handshake.Hello, int) {
+	if len(b) < handshake.HeaderLen {
+		return nil, 0 // not whole: no error to build
+	}
 	h, err := handshake.ParseHeader(b)
 	if err != nil || h.Type != handshake.TypeHello {
 		return nil, 0
