@@ -8,7 +8,10 @@
 // must learn of the earlier deadline. A Clock touches its timer only for
 // an alarm due before the time the timer is set for, and runs at most once
 // a tick: an alarm fires when it is due or up to one tick later. A stopped
-// alarm costs its place in the list until the clock next runs.
+// alarm keeps its place in the list until the clock next runs, or until
+// stopped alarms make up half of a list of sweepAt or more, when Set drops
+// them: alarms set far ahead and stopped (a long UpgradeAfter, short
+// connections) do not pile up while the clock waits.
 package alarm
 
 import (
@@ -22,17 +25,24 @@ import (
 type Clock struct {
 	tick time.Duration
 
-	mu     sync.Mutex
-	alarms []*Alarm
-	timer  *time.Timer
-	next   time.Time // when the timer fires; zero when it is not set
+	mu      sync.Mutex
+	alarms  []*Alarm
+	stopped atomic.Int64 // about how many of alarms were stopped: a hint for Set's sweep
+	timer   *time.Timer
+	next    time.Time // when the timer fires; zero when it is not set
 }
+
+// sweepAt is the length from which Set drops stopped alarms from the
+// list, once they are half of it: the list stays within about twice the
+// live alarms or 2*sweepAt, at a cost per Stop that stays constant.
+const sweepAt = 256
 
 // Alarm is a callback set on a Clock.
 type Alarm struct {
 	due     time.Time
 	f       func()
-	stopped atomic.Bool
+	c       *Clock
+	stopped atomic.Bool // stopped or claimed to fire
 }
 
 // New returns a Clock that runs at most once every tick.
@@ -51,9 +61,12 @@ func (c *Clock) Tick() time.Duration { return c.tick }
 // clock to run sooner than it is set to touches its timer.
 func (c *Clock) Set(d time.Duration, f func()) *Alarm {
 	now := time.Now()
-	a := &Alarm{due: now.Add(d), f: f}
+	a := &Alarm{due: now.Add(d), f: f, c: c}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if n := len(c.alarms); n >= sweepAt && c.stopped.Load() >= int64(n/2) {
+		c.dropStoppedLocked()
+	}
 	c.alarms = append(c.alarms, a)
 	if at := now.Add(max(d, c.tick)); c.next.IsZero() || at.Before(c.next) {
 		c.armLocked(now, a.due) // for at
@@ -71,7 +84,27 @@ func (c *Clock) armLocked(now, due time.Time) {
 
 // Stop keeps the alarm from firing, and reports whether it had neither
 // fired nor been stopped yet.
-func (a *Alarm) Stop() bool { return a.stopped.CompareAndSwap(false, true) }
+func (a *Alarm) Stop() bool {
+	if !a.stopped.CompareAndSwap(false, true) {
+		return false
+	}
+	a.c.stopped.Add(1)
+	return true
+}
+
+// dropStoppedLocked removes the stopped alarms from the list. A Stop
+// running meanwhile may go uncounted: its alarm goes at the next sweep.
+func (c *Clock) dropStoppedLocked() {
+	kept := c.alarms[:0]
+	for _, a := range c.alarms {
+		if !a.stopped.Load() {
+			kept = append(kept, a)
+		}
+	}
+	clear(c.alarms[len(kept):])
+	c.alarms = kept
+	c.stopped.Store(0)
+}
 
 // fire runs the alarms that are due, drops the stopped ones, and sets the
 // timer for the soonest of the others.
@@ -95,6 +128,7 @@ func (c *Clock) fire() {
 	}
 	clear(c.alarms[len(kept):])
 	c.alarms = kept
+	c.stopped.Store(0)
 	if len(kept) == 0 {
 		c.alarms = nil // let a burst's backing array go
 		c.next = time.Time{}
@@ -103,7 +137,7 @@ func (c *Clock) fire() {
 	}
 	c.mu.Unlock()
 	for _, a := range due {
-		if a.Stop() {
+		if a.stopped.CompareAndSwap(false, true) { // claimed: out of the list, not counted
 			go a.f()
 		}
 	}

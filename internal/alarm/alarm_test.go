@@ -121,3 +121,23 @@ func wait(t *testing.T, ch <-chan struct{}) {
 		t.Fatal("alarms due long ago have not fired")
 	}
 }
+
+// TestStoppedAlarmsDoNotPileUp: alarms set far ahead and stopped, as a
+// connection's first step is when it closes early, leave no lasting trace
+// while the clock waits for a live one: the list stays near the live
+// alarms' count, and a live alarm among them still fires.
+func TestStoppedAlarmsDoNotPileUp(t *testing.T) {
+	c := New(time.Millisecond)
+	far := c.Set(time.Hour, func() { t.Error("an alarm an hour away fired") })
+	for range 100_000 { // the clock does not run meanwhile: it waits for far
+		c.Set(time.Hour, func() {}).Stop()
+	}
+	c.mu.Lock()
+	n := len(c.alarms)
+	c.mu.Unlock()
+	assert.LessOrEqual(t, n, 2*sweepAt, "alarms held after 100,000 were stopped")
+	fired := make(chan struct{})
+	c.Set(time.Millisecond, func() { close(fired) })
+	wait(t, fired)
+	assert.True(t, far.Stop(), "the live alarm an hour away was dropped")
+}
