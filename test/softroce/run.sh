@@ -27,6 +27,7 @@ repo=$(cd "$here/../.." && pwd)
 cache=${SOFTROCE_CACHE:-$repo/.cache/softroce}
 vm_timeout=${SOFTROCE_TIMEOUT:-240}          # whole guest run (boot, setup, all tests)
 test_timeout=${SOFTROCE_TEST_TIMEOUT:-120}   # each test, enforced inside the guest
+tail_lines=${SOFTROCE_FAIL_TAIL:-40}         # lines of a failed test's output repeated after the results
 mem=${SOFTROCE_MEM:-1024}                    # MiB per guest
 smp=${SOFTROCE_SMP:-}                        # default: 2, or 1 per guest with --two-hosts
 mtu=${SOFTROCE_MTU:-9000}                    # netdev MTU under rxe0 (>= 4200 gives active_mtu 4096)
@@ -688,6 +689,7 @@ stage_end
 passed=0
 failed=0
 lines=()
+failed_tails=() # pairs: a failed test's label, its guest's console log
 for r in "${roles[@]}"; do
 	logf=$work/console-$r.log
 	mark="@@SOFTROCE:$token"
@@ -711,15 +713,26 @@ for r in "${roles[@]}"; do
 		elif [ -n "$res" ]; then
 			failed=$((failed + 1))
 			lines+=("FAIL  $label (${res#FAIL })")
+			failed_tails+=("$label" "$logf")
 		else
 			failed=$((failed + 1))
 			lines+=("FAIL  $label ($why)")
+			failed_tails+=("$label" "$logf")
 		fi
 	done
 	mkdir -p "$cache/logs"
 	cp "$logf" "$cache/logs/last-console-$r.log" 2>/dev/null || true
 done
 
+# The last lines of each failed test's output, between markers that
+# suite.sh repeats at its end: the console above may be long gone from a
+# CI log's tail.
+for ((i = 0; i < ${#failed_tails[@]}; i += 2)); do
+	label=${failed_tails[i]}
+	echo "softroce: --- the last $tail_lines lines of ${label}'s output:"
+	tr -d '\r' <"${failed_tails[i + 1]}" | grep -aF "[${label%@*}] " | tail -n "$tail_lines"
+	echo "softroce: --- end of ${label}"
+done
 echo
 log "results ($kver, qemu $accel, $(qemu-system-x86_64 --version | awk 'NR == 1 { print $4 }')):"
 for l in "${lines[@]}"; do printf '  %s\n' "$l"; done

@@ -116,23 +116,28 @@ tally() { # the summary line of a run.sh log, and its results per device
 }
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+tails=$(mktemp) # run.sh's blocks of failed tests' output, repeated at the end
+trap 'rm -f "$log" "$tails"' EXIT
+keep_tails() { sed -n '/^softroce: --- the last /,/^softroce: --- end of /p' "$1" >>"$tails"; }
 ts=$(date +%s)
 # 2 GiB: TestVerbsThousandConnections holds 2,000 queue pairs at once; rxe
 # maps about 210 KiB of queue memory per QP and CQ into the process, and
 # the race detector doubles the heap (1 GiB ran out of memory).
 SOFTROCE_MEM="${SOFTROCE_MEM:-2048}" GO="$GO" bash test/softroce/run.sh "${one[@]}" 2>&1 | tee "$log"
 tally "$log"
+keep_tails "$log"
 stage "one guest" "$ts"
 
 if [ "${SOFTROCE_SUITE_SKIP_TWO_HOSTS:-0}" != 1 ]; then
 	ts=$(date +%s)
 	GO="$GO" bash test/softroce/run.sh "${two[@]}" 2>&1 | tee "$log"
 	tally "$log"
+	keep_tails "$log"
 	stage "two guests" "$ts"
 fi
 
 stage "total" "$t0"
+cat "$tails"
 for dev in rxe0 siw0 other; do
 	echo "softroce-suite: $dev: ${dev_pass[$dev]:-0} passed, ${dev_fail[$dev]:-0} failed"
 done
