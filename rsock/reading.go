@@ -495,18 +495,26 @@ func (w *swConn) ended(err error) {
 	if p := w.takePending(); p != nil {
 		err = p.refused(err.Error())
 	}
+	if err == io.EOF && w.peerClosedOnTCP() {
+		return
+	}
+	w.fail(bootstrapFailure(err))
+}
+
+// bootstrapFailure is the error a connection fails with when its
+// bootstrap ends with err, which is not a goodbye: err itself if it is
+// already a reset or a broken protocol, else a *stream.ResetError.
+// (Apart from ended, so that an orderly end allocates no error targets.)
+func bootstrapFailure(err error) error {
 	var re *stream.ResetError
 	var pe *protocolErr
 	switch {
-	case err == io.EOF && w.peerClosedOnTCP():
-		return
 	case errors.As(err, &re), errors.As(err, &pe):
+		return err
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
-		err = &stream.ResetError{Reason: "peer vanished (bootstrap connection closed without goodbye)", Err: err}
-	default:
-		err = &stream.ResetError{Reason: "bootstrap connection failed", Err: err}
+		return &stream.ResetError{Reason: "peer vanished (bootstrap connection closed without goodbye)", Err: err}
 	}
-	w.fail(err)
+	return &stream.ResetError{Reason: "bootstrap connection failed", Err: err}
 }
 
 // peerClosedOnTCP handles the end of the bootstrap at a frame boundary
