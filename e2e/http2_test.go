@@ -59,8 +59,12 @@ func TestHTTP2Cleartext(t *testing.T) {
 		}
 		upload(t, c.Client, s.url, 7, scaled[int64](8<<20, 1<<20))
 		download(t, c.Client, s.url, 8, scaled[int64](8<<20, 1<<20))
-		if d, a := c.dials.Load(), s.conns.Load(); d != 1 || a != 1 {
-			t.Fatalf("%d client dials and %d server connections, want 1 and 1", d, a)
+		// Every request went over one connection. (Not the dial count:
+		// net/http's HTTP/2 pool may dial a spare at the first request
+		// and close it unused; seen here, 2 of 150 runs under load. See
+		// TestPlainHTTPClient.)
+		if u := s.used.Load(); u != 1 {
+			t.Fatalf("%d connections served the requests (%d client dials), want 1", u, c.dials.Load())
 		}
 		// An HTTP/1.1 client on the same server still works.
 		c1 := newHTTPClient(t, tc)
@@ -173,17 +177,20 @@ func TestHTTP2TLS(t *testing.T) {
 		}
 		upload(t, c.Client, s.url, 9, scaled[int64](8<<20, 1<<20))
 		download(t, c.Client, s.url, 10, scaled[int64](8<<20, 1<<20))
-		if d := c.dials.Load(); d != 1 {
-			t.Fatalf("%d dials, want 1", d)
+		// One connection served them all (not the dial count: as in
+		// TestHTTP2Cleartext, the pool may dial a spare and close it).
+		if u := s.used.Load(); u != 1 {
+			t.Fatalf("%d connections served the requests (%d client dials), want 1", u, c.dials.Load())
 		}
 
-		// A client offering only http/1.1 gets HTTP/1.1 over TLS.
+		// A client offering only http/1.1 gets HTTP/1.1 over TLS, on a
+		// connection of its own.
 		c1 := tlsClient(t, tc, pool, "http/1.1")
 		if got := get(t, c1.Client, s.url+"/proto"); got != "HTTP/1.1 alpn=http/1.1" {
 			t.Fatalf("http/1.1 over TLS: the server saw %q", got)
 		}
-		if a := s.conns.Load(); a != 2 {
-			t.Errorf("the server saw %d connections, want 2", a)
+		if u := s.used.Load(); u != 2 {
+			t.Errorf("%d connections served the requests, want 2", u)
 		}
 	})
 }
