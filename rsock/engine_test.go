@@ -133,7 +133,10 @@ func oneWakeupPerMessage(t *testing.T, ln *Listener, cfg *Config, tr string) {
 		// Two wake-ups per message (a goroutine between the queue and
 		// the call) would make this 2*rounds.
 		require.LessOrEqual(t, ci.Wakeups+ci.Background, uint64(rounds)*5/4)
-		require.GreaterOrEqual(t, ci.Wakeups, uint64(rounds)/2, "the Reads did not park: not event mode")
+		// A Read parks only if the answer has not come yet: on a loaded
+		// machine many find it there (458 of 1,000 parked once, beside
+		// two CPU hogs), so the bound is only that parking happened.
+		require.GreaterOrEqual(t, ci.Wakeups, uint64(rounds)/10, "the Reads did not park: not event mode")
 		require.Zero(t, ci.SpinHits, "a call busy-polled in event mode")
 	}
 }
