@@ -93,7 +93,7 @@ done
 passed=0
 failed=0
 declare -A dev_pass=() dev_fail=()
-tally() { # the summary line of a run.sh log, and its results per device
+tally() { # the summary line of a run.sh log, its results per device, and its failed tests' output (to tails)
 	local line st name dev
 	line=$(tail -n 1 "$1")
 	if [[ $line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
@@ -113,26 +113,24 @@ tally() { # the summary line of a run.sh log, and its results per device
 			dev_fail[$dev]=$((${dev_fail[$dev]:-0} + 1))
 		fi
 	done < <(sed -n 's/^  \(PASS\|FAIL\)  \([^ ]*\) .*/\1 \2/p' "$1")
+	sed -n '/^softroce: --- the last /,/^softroce: --- end of /p' "$1" >>"$tails"
 }
 
 log=$(mktemp)
 tails=$(mktemp) # run.sh's blocks of failed tests' output, repeated at the end
 trap 'rm -f "$log" "$tails"' EXIT
-keep_tails() { sed -n '/^softroce: --- the last /,/^softroce: --- end of /p' "$1" >>"$tails"; }
 ts=$(date +%s)
 # 2 GiB: TestVerbsThousandConnections holds 2,000 queue pairs at once; rxe
 # maps about 210 KiB of queue memory per QP and CQ into the process, and
 # the race detector doubles the heap (1 GiB ran out of memory).
 SOFTROCE_MEM="${SOFTROCE_MEM:-2048}" GO="$GO" bash test/softroce/run.sh "${one[@]}" 2>&1 | tee "$log"
 tally "$log"
-keep_tails "$log"
 stage "one guest" "$ts"
 
 if [ "${SOFTROCE_SUITE_SKIP_TWO_HOSTS:-0}" != 1 ]; then
 	ts=$(date +%s)
 	GO="$GO" bash test/softroce/run.sh "${two[@]}" 2>&1 | tee "$log"
 	tally "$log"
-	keep_tails "$log"
 	stage "two guests" "$ts"
 fi
 
