@@ -23,21 +23,8 @@ type benchPair struct {
 func benchPairs() []benchPair {
 	return []benchPair{
 		{"plain-tcp", func(b *testing.B) (net.Conn, net.Conn) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ln.Close()
-			ch := make(chan net.Conn, 1)
-			go func() {
-				c, _ := ln.Accept()
-				ch <- c
-			}()
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				b.Fatal(err)
-			}
-			return c, <-ch
+			c, s := tcpPair(b)
+			return c, s
 		}},
 		{"rsock-tcp", func(b *testing.B) (net.Conn, net.Conn) {
 			ln := listen(b, tcpOnly())

@@ -122,27 +122,27 @@ type Config struct {
 	// DefaultEndpointPoolIdle.
 	EndpointPoolIdle time.Duration
 
-	// UpgradeAfter is the upgrade policy of a dialed connection. A
-	// connection starts on its TCP connection, usable as soon as the
-	// server has answered (one round trip, however long a ring takes to
-	// set up), and sets up its ring in the background once it has lived
-	// UpgradeAfter (up to 1 ms later: one clock runs every connection's
-	// timed steps) or moved UpgradeBytes bytes (read and written, on
-	// TCP), whichever comes first; each direction then moves to the ring
-	// without losing, repeating or reordering a byte. A short connection
-	// thus costs about what TCP costs, and a long one reaches the ring
-	// soon after. A tiny value (1ns) upgrades at once. Negative selects
-	// the version-1 handshake instead: the ring is set up before Dial
-	// returns, and the connection never changes transport (a server
-	// older than the switching protocol is remembered and dialed so). A
-	// listener answers both kinds of client whatever its own setting.
-	// Settled tells when a connection's upgrade has run its course.
-	// Without "tcp" in Transports the default is the version-1 handshake
-	// (a connection that may not run on TCP gets its ring before Dial
-	// returns); a switching connection set so explicitly runs on TCP only
+	// UpgradeAfter is the upgrade policy of a dialed connection. A connection
+	// starts on its TCP connection, usable as soon as the server has answered
+	// (one round trip, however long a ring takes to set up), and sets up its
+	// ring in the background once it has lived UpgradeAfter (or a little
+	// later: one clock runs every connection's timed steps, at the next
+	// connection the process makes or from its timer, which runs at most every
+	// 10 ms) or moved UpgradeBytes bytes (read and written, on TCP), whichever
+	// comes first; each direction then moves to the ring without losing,
+	// repeating or reordering a byte. A short connection thus costs about what
+	// TCP costs, and a long one reaches the ring soon after. A tiny value
+	// (1ns) upgrades at once. Negative selects the version-1 handshake
+	// instead: the ring is set up before Dial returns, and the connection
+	// never changes transport (a server older than the switching protocol is
+	// remembered and dialed so). A listener answers both kinds of client
+	// whatever its own setting. Settled tells when a connection's upgrade has
+	// run its course. Without "tcp" in Transports the default is the version-1
+	// handshake (a connection that may not run on TCP gets its ring before
+	// Dial returns); a switching connection set so explicitly runs on TCP only
 	// until its upgrade: one that fails resets it, and a listener with no
-	// transport in common refuses the client. Env RSOCK_UPGRADE_AFTER.
-	// Default DefaultUpgradeAfter.
+	// transport in common refuses the client. Env RSOCK_UPGRADE_AFTER. Default
+	// DefaultUpgradeAfter.
 	UpgradeAfter time.Duration
 
 	// UpgradeBytes is the byte count of the upgrade policy (see

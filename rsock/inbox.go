@@ -65,8 +65,8 @@ func (in *inbox) fill(need int, wait bool) error {
 }
 
 // init makes r read raw.
-func (r *sockReader) init(raw *net.TCPConn) {
-	r.rc, r.rcErr = raw.SyscallConn()
+func (r *sockReader) init(rc syscall.RawConn, err error) {
+	r.rc, r.rcErr = rc, err
 	r.fn = r.readFD
 }
 
@@ -122,7 +122,7 @@ func (r *sockReader) readFD(fd uintptr) bool {
 // no error if nothing has, io.EOF at the socket's end.
 func readArrived(raw *net.TCPConn, b []byte) (int, error) {
 	var r sockReader
-	r.init(raw)
+	r.init(raw.SyscallConn())
 	n, err := r.read(b, false)
 	if err == errWouldBlock {
 		return 0, nil

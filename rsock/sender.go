@@ -4,7 +4,9 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 
 	pool "github.com/libp2p/go-buffer-pool"
 	"golang.org/x/sys/unix"
@@ -25,6 +27,16 @@ const sendQueue = 256 << 10
 // framing for good). Deadlines bound only the wait for queue room.
 type sender struct {
 	raw *net.TCPConn
+	rc  syscall.RawConn // raw's, for writeNow and delivered (init)
+
+	// writeNow's call, guarded by mu: its function is bound once (init),
+	// so that a write allocates nothing.
+	nowBuf []byte
+	nowN   int
+	nowFn  func(fd uintptr) bool
+
+	mem   [unix.SK_MEMINFO_VARS]uint32 // quiet's, guarded by mu
+	memOK bool
 
 	mu      sync.Mutex
 	q       net.Buffers   // frames not yet written, in order (pooled)
@@ -104,23 +116,34 @@ func (s *sender) flushLocked() {
 	}
 }
 
+// init prepares s to write on raw, whose RawConn is rc (nil: writeNow
+// and delivered fail).
+func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
+	s.raw, s.rc = raw, rc
+	s.room = make(chan struct{}, 1)
+	s.nowFn = s.writeFD
+}
+
 // writeNow writes what of b the socket takes without blocking, and
 // returns how much that was (0 on any error: the goroutine's blocking
-// write then meets it again and reports it).
+// write then meets it again and reports it). mu is held.
 func (s *sender) writeNow(b []byte) int {
-	rc, err := s.raw.SyscallConn()
-	if err != nil {
+	if s.rc == nil {
 		return 0
 	}
-	n := 0
-	_ = rc.Write(func(fd uintptr) bool {
-		k, err := unix.Write(int(fd), b)
-		if err == nil {
-			n = k
-		}
-		return true // never wait: the rest is queued
-	})
+	s.nowBuf, s.nowN = b, 0
+	_ = s.rc.Write(s.nowFn)
+	n := s.nowN
+	s.nowBuf = nil
 	return n
+}
+
+// writeFD is writeNow's write.
+func (s *sender) writeFD(fd uintptr) bool {
+	if k, err := unix.Write(int(fd), s.nowBuf); err == nil {
+		s.nowN = k
+	}
+	return true // never wait: the rest is queued
 }
 
 // run writes queued frames until the queue is empty or the socket fails.
@@ -299,23 +322,47 @@ func (s *sender) readerDone() {
 // and acknowledged by the peer's TCP (SIOCOUTQ): a reset that meets the
 // socket now can destroy none of our bytes.
 func (s *sender) delivered() bool {
-	s.mu.Lock()
-	idle := !s.running && len(s.q) == 0 && s.err == nil && s.held == nil
-	s.mu.Unlock()
-	if !idle {
-		return false
-	}
-	rc, err := s.raw.SyscallConn()
-	if err != nil {
+	if !s.idle() {
 		return false
 	}
 	left := -1
-	_ = rc.Control(func(fd uintptr) {
+	_ = s.rc.Control(func(fd uintptr) {
 		if n, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ); err == nil {
 			left = n
 		}
 	})
 	return left == 0
+}
+
+// quiet is delivered, and in the same system call (SO_MEMINFO) that the
+// socket holds nothing the peer sent that is still to be read. Close
+// calls it, once.
+func (s *sender) quiet() bool {
+	if !s.idle() {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.memOK = false
+	_ = s.rc.Control(s.memInfoFD)
+	mi := &s.mem
+	return s.memOK && mi[unix.SK_MEMINFO_RMEM_ALLOC] == 0 && mi[unix.SK_MEMINFO_BACKLOG] == 0 && mi[unix.SK_MEMINFO_WMEM_QUEUED] == 0
+}
+
+// memInfoFD is quiet's system call, into mem; mu is held.
+func (s *sender) memInfoFD(fd uintptr) {
+	l := uint32(len(s.mem) * 4)
+	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_MEMINFO,
+		uintptr(unsafe.Pointer(&s.mem[0])), uintptr(unsafe.Pointer(&l)), 0)
+	s.memOK = errno == 0 && l == uint32(len(s.mem)*4)
+}
+
+// idle reports whether s holds no frame: nothing queued, held or being
+// written, and no failure.
+func (s *sender) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rc != nil && !s.running && len(s.q) == 0 && s.err == nil && s.held == nil
 }
 
 // wake signals ch (capacity 1) without blocking.

@@ -124,18 +124,17 @@ type SwitchEvent struct {
 	Cause     string
 }
 
-func newSwConn(c *Conn, s *settings, raw *net.TCPConn, client bool) *swConn {
-	w := &swConn{
-		c: c, set: s, raw: raw, client: client,
-		out:   sender{raw: raw, room: make(chan struct{}, 1)},
-		done:  make(chan struct{}),
-		rnote: make(chan struct{}, 1),
-		wnote: make(chan struct{}, 1),
-		space: make(chan struct{}, 1),
-	}
-	w.sock.init(raw)
+// init prepares w, the switching side of c on raw.
+func (w *swConn) init(c *Conn, s *settings, raw *net.TCPConn, client bool) {
+	w.c, w.set, w.raw, w.client = c, s, raw, client
+	w.done = make(chan struct{})
+	w.rnote = make(chan struct{}, 1)
+	w.wnote = make(chan struct{}, 1)
+	w.space = make(chan struct{}, 1)
+	rc, err := raw.SyscallConn()
+	w.out.init(raw, rc)
+	w.sock.init(rc, err)
 	w.in.src = &w.sock
-	return w
 }
 
 // start arms the client's upgrade policy, or the server's reader: until
@@ -168,10 +167,10 @@ func (w *swConn) start(transports []handshake.Transport) {
 }
 
 // schedule runs f once d has passed: off clock, or on a runtime timer of
-// its own when d is shorter than clock's tick (UpgradeAfter 1ns asks for
-// at once, not up to a tick later).
+// its own when d is shorter than ownTimerBelow (UpgradeAfter 1ns asks for
+// at once, not whenever the clock next runs).
 func schedule(d time.Duration, f func()) interface{ Stop() bool } {
-	if d < clockTick {
+	if d < ownTimerBelow {
 		return time.AfterFunc(d, f)
 	}
 	return clock.Set(d, f)
@@ -179,12 +178,21 @@ func schedule(d time.Duration, f func()) interface{ Stop() bool } {
 
 // clock runs the first timed step of every switching connection (start):
 // one runtime timer for the process, not one per connection, which a
-// short connection would arm and stop for nothing (internal/alarm).
-var clock = alarm.New(clockTick)
+// short connection would arm and stop for nothing (internal/alarm). A step
+// runs when it is due, at the next connection made in the process or from
+// the clock's timer; it runs late only when the timer ran within the last
+// clockPeriod and no connection was made since the step came due: then by
+// up to clockPeriod.
+var clock = alarm.New(clockPeriod)
 
-// clockTick is how late clock may run a step: an upgrade begins between
-// UpgradeAfter and UpgradeAfter+clockTick after the dial.
-const clockTick = time.Millisecond
+// clockPeriod is how often at most clock's timer runs: a process that
+// makes a stream of short connections, each of which sets a step due in
+// a millisecond and stops it on closing, costs about one timer run per
+// clockPeriod, not one per millisecond.
+const clockPeriod = 10 * time.Millisecond
+
+// ownTimerBelow is the shortest step that clock runs.
+const ownTimerBelow = time.Millisecond
 
 // helloHold bounds how long an early dial holds its hello for the first
 // frame (the application's first Write) to go out with: a Read, the

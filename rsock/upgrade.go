@@ -166,9 +166,19 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 	if stays {
 		l.code, l.fallback = CodeDeclined, true
 	}
-	c := newConn(network, l)
+	// The Conn, its switching side and its first label live and die
+	// together: one allocation.
+	both := &struct {
+		c Conn
+		w swConn
+		l label
+	}{l: l}
+	c := &both.c
+	c.network = network
+	c.label.Store(&both.l)
 	c.tcp = raw
-	c.w = newSwConn(c, s, raw, ln == nil)
+	c.w = &both.w
+	c.w.init(c, s, raw, ln == nil)
 	c.w.ln = ln
 	c.w.peerGrows = st.grow
 	if st.early {

@@ -5,13 +5,23 @@
 // due: a switching connection's first timed step, which most connections
 // close before. A runtime timer per step costs a timer operation at each
 // end, and often the wake-up of the thread that polls the network, which
-// must learn of the earlier deadline. A Clock touches its timer only for
-// an alarm due before the time the timer is set for, and runs at most once
-// a tick: an alarm fires when it is due or up to one tick later. A stopped
-// alarm keeps its place in the list until the clock next runs, or until
-// stopped alarms make up half of a list of sweepAt or more, when Set drops
-// them: alarms set far ahead and stopped (a long UpgradeAfter, short
-// connections) do not pile up while the clock waits.
+// must learn of the earlier deadline. A timer that fires costs more: the
+// thread that runs it wakes a second one to share the work it makes.
+//
+// A Clock fires an alarm once it is due, at whichever comes first: the
+// next Set on the clock, or the clock's timer. The timer runs at most
+// once a period, and is touched only for an alarm due before the time it
+// is set for. A clock on which alarms are set often (a process that makes
+// connections often) so runs its alarms about on time from Set, and its
+// timer about once a period, however many alarms come and go; a quiet
+// clock runs them on time from its timer. An alarm comes late only when
+// it falls due within a period of the timer's last run and no Set
+// follows: then by up to a period.
+//
+// A stopped alarm keeps its place in the list until the clock next runs,
+// or until stopped alarms make up half of a list of sweepAt or more, when
+// Set drops them: alarms set far ahead and stopped (a long UpgradeAfter,
+// short connections) do not pile up while the clock waits.
 package alarm
 
 import (
@@ -23,13 +33,15 @@ import (
 // Clock runs alarms, each callback on a goroutine of its own (as
 // time.AfterFunc does): one that blocks delays no other. Use New.
 type Clock struct {
-	tick time.Duration
+	period time.Duration
 
 	mu      sync.Mutex
 	alarms  []*Alarm
 	stopped atomic.Int64 // about how many of alarms were stopped: a hint for Set's sweep
+	soonest time.Time    // no alarm of the list is due before; zero when the list is empty
 	timer   *time.Timer
 	next    time.Time // when the timer fires; zero when it is not set
+	ran     time.Time // when the timer last ran
 }
 
 // sweepAt is the length from which Set drops stopped alarms from the
@@ -45,41 +57,54 @@ type Alarm struct {
 	stopped atomic.Bool // stopped or claimed to fire
 }
 
-// New returns a Clock that runs at most once every tick.
-func New(tick time.Duration) *Clock {
-	c := &Clock{tick: tick}
+// New returns a Clock whose timer runs at most once every period.
+func New(period time.Duration) *Clock {
+	c := &Clock{period: period}
 	c.timer = time.AfterFunc(time.Hour, c.fire)
 	c.timer.Stop()
 	return c
 }
 
-// Tick is the clock's tick: how late an alarm may fire.
-func (c *Clock) Tick() time.Duration { return c.tick }
+// Period is the clock's period: at most how late an alarm fires.
+func (c *Clock) Period() time.Duration { return c.period }
 
-// Set sets an alarm that calls f once d has passed, or up to a tick later
-// (a d shorter than the tick waits a tick). Only an alarm that needs the
-// clock to run sooner than it is set to touches its timer.
+// Set sets an alarm that calls f once d has passed (see the package
+// documentation for how much later), and fires the alarms that are due.
 func (c *Clock) Set(d time.Duration, f func()) *Alarm {
 	now := time.Now()
 	a := &Alarm{due: now.Add(d), f: f, c: c}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if n := len(c.alarms); n >= sweepAt && c.stopped.Load() >= int64(n/2) {
+	var due []*Alarm
+	if !c.soonest.IsZero() && !now.Before(c.soonest) {
+		due = c.takeDueLocked(now)
+	} else if n := len(c.alarms); n >= sweepAt && c.stopped.Load() >= int64(n/2) {
 		c.dropStoppedLocked()
 	}
 	c.alarms = append(c.alarms, a)
-	if at := now.Add(max(d, c.tick)); c.next.IsZero() || at.Before(c.next) {
-		c.armLocked(now, a.due) // for at
+	if c.soonest.IsZero() || a.due.Before(c.soonest) {
+		c.soonest = a.due
 	}
+	if at := c.runAt(a.due); c.next.IsZero() || at.Before(c.next) {
+		c.armLocked(now, at)
+	}
+	c.mu.Unlock()
+	run(due)
 	return a
 }
 
-// armLocked sets the timer for due, or one tick from now if that is
-// later: the clock runs at most once a tick.
-func (c *Clock) armLocked(now, due time.Time) {
-	at := max(due.Sub(now), c.tick)
-	c.next = now.Add(at)
-	c.timer.Reset(at)
+// runAt is when the timer may run for an alarm due at due: then, or a
+// period after its last run, whichever is later.
+func (c *Clock) runAt(due time.Time) time.Time {
+	if at := c.ran.Add(c.period); !c.ran.IsZero() && at.After(due) {
+		return at
+	}
+	return due
+}
+
+// armLocked sets the timer for at.
+func (c *Clock) armLocked(now, at time.Time) {
+	c.next = at
+	c.timer.Reset(max(at.Sub(now), 0))
 }
 
 // Stop keeps the alarm from firing, and reports whether it had neither
@@ -106,14 +131,12 @@ func (c *Clock) dropStoppedLocked() {
 	c.stopped.Store(0)
 }
 
-// fire runs the alarms that are due, drops the stopped ones, and sets the
-// timer for the soonest of the others.
-func (c *Clock) fire() {
-	now := time.Now()
+// takeDueLocked removes from the list the alarms due at now, which it
+// returns, and the stopped ones, and notes when the next one is due.
+func (c *Clock) takeDueLocked(now time.Time) []*Alarm {
 	var due []*Alarm
-	var soonest time.Time
-	c.mu.Lock()
 	kept := c.alarms[:0]
+	c.soonest = time.Time{}
 	for _, a := range c.alarms {
 		switch {
 		case a.stopped.Load():
@@ -121,8 +144,8 @@ func (c *Clock) fire() {
 			due = append(due, a)
 		default:
 			kept = append(kept, a)
-			if soonest.IsZero() || a.due.Before(soonest) {
-				soonest = a.due
+			if c.soonest.IsZero() || a.due.Before(c.soonest) {
+				c.soonest = a.due
 			}
 		}
 	}
@@ -131,11 +154,29 @@ func (c *Clock) fire() {
 	c.stopped.Store(0)
 	if len(kept) == 0 {
 		c.alarms = nil // let a burst's backing array go
+	}
+	return due
+}
+
+// fire is the timer's run: it fires the alarms that are due, drops the
+// stopped ones, and sets the timer for the soonest of the others.
+func (c *Clock) fire() {
+	now := time.Now()
+	c.mu.Lock()
+	c.ran = now
+	due := c.takeDueLocked(now)
+	if c.soonest.IsZero() {
 		c.next = time.Time{}
 	} else {
-		c.armLocked(now, soonest)
+		c.armLocked(now, c.runAt(c.soonest))
 	}
 	c.mu.Unlock()
+	run(due)
+}
+
+// run calls the callbacks of the alarms taken from the list, each on its
+// own goroutine, unless they were stopped meanwhile.
+func run(due []*Alarm) {
 	for _, a := range due {
 		if a.stopped.CompareAndSwap(false, true) { // claimed: out of the list, not counted
 			go a.f()

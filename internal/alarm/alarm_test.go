@@ -1,6 +1,7 @@
 package alarm
 
 import (
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -83,11 +84,45 @@ func TestAlarmNeverLater(t *testing.T) {
 	c.mu.Lock()
 	next := c.next
 	c.mu.Unlock()
-	second := c.Set(time.Nanosecond, func() {}) // due sooner, but the clock runs at most once a tick
+	second := c.Set(2*time.Hour, func() {})
 	defer second.Stop()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	assert.Equal(t, next, c.next)
+}
+
+// TestAlarmPeriod: the timer runs at most once a period: after a run, an
+// alarm due sooner than a period later waits for the period's end (or a
+// Set), and the timer is not touched for it.
+func TestAlarmPeriod(t *testing.T) {
+	c := New(time.Hour)
+	ran := make(chan struct{})
+	c.Set(time.Millisecond, func() { close(ran) }) // the clock is idle: its timer runs on time
+	wait(t, ran)
+	a := c.Set(time.Nanosecond, func() { t.Error("an alarm fired before the period's end with no Set after it") })
+	defer a.Stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	assert.Equal(t, c.ran.Add(time.Hour), c.next, "the timer runs a period after its last run")
+}
+
+// TestAlarmFiredBySet: an alarm due while the timer waits for its period
+// fires at the next Set, without the timer.
+func TestAlarmFiredBySet(t *testing.T) {
+	c := New(time.Hour)
+	ran := make(chan struct{})
+	c.Set(time.Millisecond, func() { close(ran) })
+	wait(t, ran) // the timer has run: it runs again only in an hour
+	fired := make(chan struct{})
+	c.Set(time.Millisecond, func() { close(fired) })
+	// The alarm read the clock before set: it is due by set+1ms.
+	set := time.Now()
+	for time.Since(set) < time.Millisecond {
+		runtime.Gosched()
+	}
+	later := c.Set(time.Hour, func() {})
+	defer later.Stop()
+	wait(t, fired)
 }
 
 // TestAlarmBlocked: a callback that blocks delays no other alarm, even one
