@@ -322,7 +322,10 @@ func (s *sender) readerDone() {
 // and acknowledged by the peer's TCP (SIOCOUTQ): a reset that meets the
 // socket now can destroy none of our bytes.
 func (s *sender) delivered() bool {
-	if !s.idle() {
+	s.mu.Lock()
+	idle := s.idleLocked()
+	s.mu.Unlock()
+	if !idle {
 		return false
 	}
 	left := -1
@@ -338,11 +341,11 @@ func (s *sender) delivered() bool {
 // socket holds nothing the peer sent that is still to be read. Close
 // calls it, once.
 func (s *sender) quiet() bool {
-	if !s.idle() {
-		return false
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.idleLocked() {
+		return false
+	}
 	s.memOK = false
 	_ = s.rc.Control(s.memInfoFD)
 	mi := &s.mem
@@ -357,11 +360,9 @@ func (s *sender) memInfoFD(fd uintptr) {
 	s.memOK = errno == 0 && l == uint32(len(s.mem)*4)
 }
 
-// idle reports whether s holds no frame: nothing queued, held or being
-// written, and no failure.
-func (s *sender) idle() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// idleLocked reports whether s holds no frame: nothing queued, held or
+// being written, and no failure.
+func (s *sender) idleLocked() bool {
 	return s.rc != nil && !s.running && len(s.q) == 0 && s.err == nil && s.held == nil
 }
 

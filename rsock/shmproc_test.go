@@ -1489,6 +1489,16 @@ func TestShmPastTheMappingBudget(t *testing.T) {
 	cfg := testCfg(0, 0)
 	cfg.Transports = []string{"shm", "tcp"}
 	cfg.UpgradeAfter = -1 // version 1: the ring, or the reason, from Dial on
+	// Version 1's server answers once its endpoint is set up, and either
+	// process can stall for a while here: the run takes both to the
+	// host's mapping limit, under the race detector, beside other
+	// packages' tests, and each doubling of a process's descriptor table
+	// (at 8,192 here) waits for an RCU grace period (4-28 ms on a quiet
+	// machine, longer on a loaded one). A default 1 s probe once took such
+	// a stall for a server that does not answer (19 dials of a run went
+	// to TCP for "no answer"); this test is about the mapping budget, not
+	// the probe's timing, and a server that never answers still fails it.
+	cfg.ProbeTimeout = time.Minute
 	l0, h0 := localStats(), must2(h.stats(t))
 	limHere, errHere := raiseNofile(uint64(l0["fds"] + want + margin))
 	curThere, _, errThere := h.raiseNofile(t, uint64(h0["fds"]+want+margin))
