@@ -64,7 +64,8 @@ func (in *inbox) fill(need int, wait bool) error {
 	return nil
 }
 
-// init makes r read raw.
+// init makes r read through rc, a socket's SyscallConn (err: its error,
+// which every read then returns).
 func (r *sockReader) init(rc syscall.RawConn, err error) {
 	r.rc, r.rcErr = rc, err
 	r.fn = r.readFD
