@@ -60,9 +60,15 @@ type label struct {
 }
 
 func newConn(network string, l label) *Conn {
-	c := &Conn{network: network}
-	c.label.Store(&l)
+	c := &Conn{}
+	c.init(network, &l)
 	return c
+}
+
+// init sets up c, on network, with its first label l.
+func (c *Conn) init(network string, l *label) {
+	c.network = network
+	c.label.Store(l)
 }
 
 // ring is the stream carrying c on a ring (version 1, or after an

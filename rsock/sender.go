@@ -27,7 +27,7 @@ const sendQueue = 256 << 10
 // framing for good). Deadlines bound only the wait for queue room.
 type sender struct {
 	raw *net.TCPConn
-	rc  syscall.RawConn // raw's, for writeNow and delivered (init)
+	rc  syscall.RawConn // raw's, for writeNow, delivered and quiet (init)
 
 	// writeNow's call, guarded by mu: its function is bound once (init),
 	// so that a write allocates nothing.

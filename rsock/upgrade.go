@@ -174,8 +174,7 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 		l label
 	}{l: l}
 	c := &both.c
-	c.network = network
-	c.label.Store(&both.l)
+	c.init(network, &both.l)
 	c.tcp = raw
 	c.w = &both.w
 	c.w.init(c, s, raw, ln == nil)

@@ -65,9 +65,6 @@ func New(period time.Duration) *Clock {
 	return c
 }
 
-// Period is the clock's period: at most how late an alarm fires.
-func (c *Clock) Period() time.Duration { return c.period }
-
 // Set sets an alarm that calls f once d has passed (see the package
 // documentation for how much later), and fires the alarms that are due.
 func (c *Clock) Set(d time.Duration, f func()) *Alarm {
