@@ -94,8 +94,8 @@ func (w *swConn) failover(cause string) error {
 		w.moving = nil
 		w.mu.Unlock()
 		close(ch)
-		wake(w.rnote)
-		wake(w.wnote)
+		w.rnote.wake()
+		w.wnote.wake()
 	}()
 	if !w.set.failover {
 		err := &stream.ResetError{Reason: cause + " (failover is off)"}
@@ -153,7 +153,7 @@ func (w *swConn) failover(cause string) error {
 		w.sendOn = false
 		w.owe = &owed{x: w.switchAt, first: w.switchAt + lo.Sent - uint64(len(lo.Unacked)), data: lo.Unacked, fin: lo.FIN, done: make(chan struct{})}
 		w.noteLocked("send", from, "tcp", fmt.Sprintf("%s; stream byte %d sent, from %d not confirmed", cause, w.switchAt+lo.Sent, w.owe.first))
-		wake(w.space) // a reader parked for room reads on: the peer's Resume may be behind its Data
+		w.space.wake() // a reader parked for room reads on: the peer's Resume may be behind its Data
 	}
 	w.setbacks++
 	w.settleLocked()
@@ -206,7 +206,7 @@ func (w *swConn) peerResumed(r uint64) error {
 		return protocolError("resume at %d: our ring's unconfirmed bytes are [%d, %d), it began at %d", r, o.first, o.end(), o.x)
 	}
 	o.known, o.from = true, from
-	wake(w.wnote)
+	w.wnote.wake()
 	go w.resendBg()
 	w.reupgradeLocked()
 	return nil
@@ -243,7 +243,7 @@ func (w *swConn) resendLocked(dl *deadline.Deadline) error {
 				return os.ErrDeadlineExceeded
 			}
 			select {
-			case <-w.wnote:
+			case <-w.wnote.C():
 			case <-dl.Wait():
 			case <-w.done:
 			}
@@ -279,7 +279,7 @@ func (w *swConn) resendLocked(dl *deadline.Deadline) error {
 // offRing waits, after the ring r returned err, until the failover has
 // taken the connection off r; it returns err if err is not the ring's
 // failover (or the connection failed instead).
-func (w *swConn) offRing(r *stream.Conn, err error, dl *deadline.Deadline, note chan struct{}) error {
+func (w *swConn) offRing(r *stream.Conn, err error, dl *deadline.Deadline, n *note) error {
 	if !errors.Is(err, stream.ErrMoving) && !errors.Is(err, net.ErrClosed) {
 		return err
 	}
@@ -305,7 +305,7 @@ func (w *swConn) offRing(r *stream.Conn, err error, dl *deadline.Deadline, note 
 			return os.ErrDeadlineExceeded
 		}
 		select {
-		case <-note:
+		case <-n.C():
 		case <-dl.Wait():
 		case <-w.done:
 		}

@@ -309,7 +309,7 @@ func (w *swConn) readData(n int) error {
 	w.rq = append(w.rq, buf)
 	w.rqLen += n
 	w.rqCost += n + entryCost
-	wake(w.rnote)
+	w.rnote.wake()
 	for w.rqCost >= recvQueue && !w.closed && !w.rclosed {
 		if w.owe != nil && !w.owe.known {
 			// A Write may wait for the peer's Resume, behind this Data.
@@ -321,7 +321,7 @@ func (w *swConn) readData(n int) error {
 		w.parked.Store(true)
 		w.mu.Unlock()
 		select {
-		case <-w.space:
+		case <-w.space.C():
 		case <-w.done:
 		}
 		w.mu.Lock()
@@ -391,7 +391,7 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		}
 		w.eof = true
 		w.settleLocked()
-		wake(w.rnote)
+		w.rnote.wake()
 	case *handshake.Goodbye:
 		return true, w.peerGoodbye(m)
 	default:
@@ -451,7 +451,7 @@ func (w *swConn) peerSwitched(x uint64) error {
 	w.switched = true
 	w.settleLocked()
 	w.noteLocked("receive", "tcp", w.c.label.Load().transport, fmt.Sprintf("peer switched at stream byte %d", x))
-	wake(w.rnote)
+	w.rnote.wake()
 	return nil
 }
 
@@ -487,8 +487,8 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	if r != nil {
 		r.PeerSaid(&handshake.Goodbye{FinalProd: ringFinal}, nil)
 	}
-	wake(w.rnote)
-	wake(w.wnote)
+	w.rnote.wake()
+	w.wnote.wake()
 	return nil
 }
 
@@ -538,8 +538,8 @@ func (w *swConn) peerClosedOnTCP() bool {
 	w.goneLocked()
 	r := w.ring
 	w.mu.Unlock()
-	wake(w.rnote)
-	wake(w.wnote)
+	w.rnote.wake()
+	w.wnote.wake()
 	if r != nil {
 		r.PeerSaid(&handshake.Goodbye{}, nil) // its ring carried nothing
 	}

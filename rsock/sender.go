@@ -39,13 +39,13 @@ type sender struct {
 	memOK bool
 
 	mu      sync.Mutex
-	q       net.Buffers   // frames not yet written, in order (pooled)
-	queued  int           // bytes of q
-	sent    uint64        // Data payload bytes queued so far: the stream cursor on TCP
-	running bool          // a goroutine is writing
-	closing bool          // finish was called: no more frames
-	err     error         // the socket failed; set once
-	room    chan struct{} // cap 1: the queue shrank
+	q       net.Buffers // frames not yet written, in order (pooled)
+	queued  int         // bytes of q
+	sent    uint64      // Data payload bytes queued so far: the stream cursor on TCP
+	running bool        // a goroutine is writing
+	closing bool        // finish was called: no more frames
+	err     error       // the socket failed; set once
+	room    note        // the queue shrank
 	// closeTimer bounds how long a finished sender's queue may take to
 	// drain before the socket is closed under it.
 	closeTimer *time.Timer
@@ -120,7 +120,6 @@ func (s *sender) flushLocked() {
 // and delivered fail).
 func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
 	s.raw, s.rc = raw, rc
-	s.room = make(chan struct{}, 1)
 	s.nowFn = s.writeFD
 }
 
@@ -175,7 +174,7 @@ func (s *sender) run() {
 			s.err = err
 		}
 		s.mu.Unlock()
-		wake(s.room)
+		s.room.wake()
 	}
 }
 
@@ -241,7 +240,7 @@ func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (in
 		for s.queued >= sendQueue && s.err == nil && !s.closing {
 			s.mu.Unlock()
 			select {
-			case <-s.room:
+			case <-s.room.C():
 			case <-dl.Wait():
 				return n, os.ErrDeadlineExceeded
 			case <-done:
@@ -364,12 +363,4 @@ func (s *sender) memInfoFD(fd uintptr) {
 // being written, and no failure.
 func (s *sender) idleLocked() bool {
 	return s.rc != nil && !s.running && len(s.q) == 0 && s.err == nil && s.held == nil
-}
-
-// wake signals ch (capacity 1) without blocking.
-func wake(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }

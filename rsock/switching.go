@@ -56,9 +56,9 @@ type swConn struct {
 
 	// rmu is held by a Read for its whole call: one waits at a time.
 	rmu   sync.Mutex
-	rnote chan struct{} // cap 1: wakes the waiting Read
-	wnote chan struct{} // cap 1: wakes a Write waiting for a failover (failover.go)
-	space chan struct{} // cap 1: wakes the reader waiting for queue room
+	rnote note // wakes the waiting Read
+	wnote note // wakes a Write waiting for a failover (failover.go)
+	space note // wakes the reader waiting for queue room
 
 	transports []handshake.Transport    // client: what the server takes, in our order (set under mu while pending)
 	peerGrows  bool                     // the peer follows a move of our ring (handshake FlagGrow, UpgradeGrow; as transports)
@@ -128,9 +128,6 @@ type SwitchEvent struct {
 func (w *swConn) init(c *Conn, s *settings, raw *net.TCPConn, client bool) {
 	w.c, w.set, w.raw, w.client = c, s, raw, client
 	w.done = make(chan struct{})
-	w.rnote = make(chan struct{}, 1)
-	w.wnote = make(chan struct{}, 1)
-	w.space = make(chan struct{}, 1)
 	rc, err := raw.SyscallConn()
 	w.out.init(raw, rc)
 	w.sock.init(rc, err)
@@ -266,7 +263,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 			if n > 0 || err == nil {
 				return n, nil
 			}
-			if err = w.offRing(r, err, &w.rdl, w.rnote); err != nil {
+			if err = w.offRing(r, err, &w.rdl, &w.rnote); err != nil {
 				return 0, err
 			}
 			continue
@@ -300,7 +297,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 			continue // a frame changed the state, or the read was ended for a reason
 		}
 		select {
-		case <-w.rnote:
+		case <-w.rnote.C():
 		case <-w.rdl.Wait():
 		case <-w.done:
 		}
@@ -324,7 +321,7 @@ func (w *swConn) takeLocked(b []byte) int {
 	}
 	w.rqLen -= n
 	if w.rqCost < recvQueue {
-		wake(w.space)
+		w.space.wake()
 	}
 	return n
 }
@@ -335,7 +332,7 @@ func (w *swConn) dropQueueLocked() {
 		pool.Put(b)
 	}
 	w.rq, w.roff, w.rqLen, w.rqCost = nil, 0, 0, 0
-	wake(w.space)
+	w.space.wake()
 }
 
 // Write implements net.Conn.Write for a switching connection. On TCP it
@@ -353,7 +350,7 @@ func (w *swConn) Write(b []byte) (int, error) {
 			if err == nil {
 				return n, nil
 			}
-			if err = w.offRing(r, err, &w.wdl, w.wnote); err != nil {
+			if err = w.offRing(r, err, &w.wdl, &w.wnote); err != nil {
 				return n, err
 			}
 			w.wring = nil
@@ -553,7 +550,7 @@ func (w *swConn) CloseWrite() error {
 		if err == nil {
 			return nil
 		}
-		if err = w.offRing(r, err, &w.wdl, w.wnote); err != nil {
+		if err = w.offRing(r, err, &w.wdl, &w.wnote); err != nil {
 			return err
 		}
 		w.wring = nil
@@ -589,7 +586,7 @@ func (w *swConn) CloseRead() error {
 	w.needReaderLocked() // Data that comes is dropped, and control frames acted on
 	r := w.ring
 	w.mu.Unlock()
-	wake(w.rnote)
+	w.rnote.wake()
 	if r != nil {
 		return r.CloseRead()
 	}
@@ -711,7 +708,7 @@ func (w *swConn) setDeadline(t time.Time, read, write bool) error {
 			go w.resendBg() // it may have stopped at the old deadline
 		}
 	}
-	wake(w.rnote)
+	w.rnote.wake()
 	return nil
 }
 
@@ -759,7 +756,7 @@ func (w *swConn) setRing(r *stream.Conn) bool {
 		// on it.
 		r.PeerSaid(&handshake.Goodbye{}, nil)
 	}
-	wake(w.rnote)
+	w.rnote.wake()
 	return true
 }
 
@@ -780,8 +777,8 @@ func (w *swConn) fail(err error) {
 	w.needReaderLocked() // a Read reading the socket returns err; readLoop reads to the end
 	r := w.ring
 	w.mu.Unlock()
-	wake(w.rnote)
-	wake(w.wnote)
+	w.rnote.wake()
+	w.wnote.wake()
 	why := handshake.SanitizeReason(re.Why())
 	if r != nil {
 		r.PeerSaid(&handshake.Goodbye{Abort: true, Reason: why}, nil)
@@ -836,7 +833,7 @@ func (w *swConn) writeTo(dst io.Writer) (n int64, rerr, werr error) {
 			if werr != nil || rerr == nil {
 				return n, rerr, werr
 			}
-			if rerr = w.offRing(r, rerr, &w.rdl, w.rnote); rerr != nil {
+			if rerr = w.offRing(r, rerr, &w.rdl, &w.rnote); rerr != nil {
 				return n, rerr, nil
 			}
 			continue

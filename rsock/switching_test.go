@@ -967,3 +967,11 @@ func TestUpgradeEndsWhenThePeerCloses(t *testing.T) {
 	_, err = c.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, io.EOF)
 }
+
+// wake signals ch (capacity 1) without blocking.
+func wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,54 @@
+package rsock
+
+import "sync/atomic"
+
+// note is a wake-up that is remembered until taken, as a channel of
+// capacity 1 is, whose channel is made only once something waits on it:
+// most connections are woken (a frame queued, room made) far more often
+// than anything waits, and many never wait at all. It is one word: nil,
+// woken (nothing waits yet), or the channel.
+type note struct {
+	p atomic.Pointer[chan struct{}]
+}
+
+// woken marks a note woken before anything waited on it.
+var woken = new(chan struct{})
+
+// wake signals n without blocking: the waiter on C wakes, or the next one
+// returns at once.
+func (n *note) wake() {
+	for {
+		switch p := n.p.Load(); p {
+		case nil:
+			if n.p.CompareAndSwap(nil, woken) {
+				return
+			}
+		case woken:
+			return
+		default:
+			select {
+			case *p <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
+}
+
+// C returns the channel to wait on for the next wake-up (one already
+// remembered is in it).
+func (n *note) C() <-chan struct{} {
+	for {
+		p := n.p.Load()
+		if p != nil && p != woken {
+			return *p
+		}
+		ch := make(chan struct{}, 1)
+		if p == woken {
+			ch <- struct{}{}
+		}
+		if n.p.CompareAndSwap(p, &ch) {
+			return ch
+		}
+	}
+}
