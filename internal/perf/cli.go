@@ -178,6 +178,7 @@ func ParseCompare(args []string, stderr io.Writer) (CompareArgs, error) {
 	ca.flags.register(fs)
 	fs.StringVar(&ca.Host, "host", "127.0.0.1", "address the servers listen on and the client dials (verbs needs an RDMA-capable interface's)")
 	transports := fs.String("transports", "shm,tcp", "rsock transports to compare with plain TCP, comma-separated, or all (verbs,shm,tcp); one that cannot be had is reported unavailable")
+	control := fs.Bool("control", false, "also measure plain TCP again against a server of its own (plain-tcp-control): its ratios are the run's noise")
 	if err := fs.Parse(args); err != nil {
 		return ca, err
 	}
@@ -191,6 +192,7 @@ func ParseCompare(args []string, stderr io.Writer) (CompareArgs, error) {
 	if o.Transports, err = ParseTransports(*transports); err != nil {
 		return ca, usageError{err}
 	}
+	o.Control = *control
 	ca.Options = o
 	return ca, nil
 }

@@ -37,7 +37,7 @@ func TestParseCompareFlags(t *testing.T) {
 	ca, err := ParseCompare([]string{
 		"--quick", "--transports", "all", "--repeats", "5", "--duration", "10ms",
 		"--ping-sizes", "1-64k", "--write-sizes", "4k,1m", "--concurrency", "2,8",
-		"--workloads", "grpc,pingpong", "--busy-poll", "20us", "--idle-conns", "300",
+		"--workloads", "grpc,pingpong", "--busy-poll", "20us", "--idle-conns", "300", "--control",
 	}, io.Discard)
 	require.NoError(t, err)
 	o := ca.Options
@@ -50,6 +50,7 @@ func TestParseCompareFlags(t *testing.T) {
 	assert.Equal(t, []string{WPingPong, WGRPC}, o.Workloads, "kept in run order")
 	assert.Equal(t, 20*time.Microsecond, o.BusyPoll)
 	assert.Equal(t, 300, o.IdleConns)
+	assert.True(t, o.Control)
 	var keys []string
 	for _, u := range o.Plan() {
 		keys = append(keys, u.Key())

@@ -22,13 +22,24 @@ type Mode struct {
 	Transport string
 	// BusyPoll is rsock's Config.BusyPoll (0: rsock's default).
 	BusyPoll time.Duration
+	// Control marks a second plain TCP mode, with a server of its own,
+	// measured beside the baseline: its ratios to plain-tcp are what the
+	// run cannot tell from noise (Options.Control).
+	Control bool
 }
 
 // Plain is the baseline mode.
 var Plain = Mode{}
 
-// Name is "plain-tcp" or "rsock-<transport>".
+// Control is the plain TCP mode that a compare with Options.Control
+// measures as if it were one more transport.
+var Control = Mode{Control: true}
+
+// Name is "plain-tcp", "plain-tcp-control" or "rsock-<transport>".
 func (m Mode) Name() string {
+	if m.Control {
+		return "plain-tcp-control"
+	}
 	if m.Transport == "" {
 		return "plain-tcp"
 	}

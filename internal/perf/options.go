@@ -21,6 +21,11 @@ type Options struct {
 	Concurrency []int         `json:"concurrency"` // connections and callers of http and grpc
 	BusyPoll    time.Duration `json:"busy_poll_ns"`
 	Quick       bool          `json:"quick"`
+	// Control adds plain-tcp-control to a compare: plain TCP again, with
+	// a server of its own, interleaved like the other modes. Its ratios to
+	// plain-tcp show how far two identical modes drift apart in this run;
+	// a transport's ratio that differs from 1 by no more tells nothing.
+	Control bool `json:"control,omitempty"`
 }
 
 // DefaultOptions are compare's defaults: about 90 s on a 2-core machine

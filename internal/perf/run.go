@@ -24,10 +24,7 @@ func Compare(ctx context.Context, o Options, spec ChildSpec, progress io.Writer)
 	}
 	rep := &Report{Tool: "rsockperf", Version: ReportVersion, Kind: "compare", Date: time.Now().UTC(), Machine: ThisMachine(), Options: o}
 	start := time.Now()
-	modes := []Mode{Plain}
-	for _, tr := range o.Transports {
-		modes = append(modes, Mode{Transport: tr, BusyPoll: o.BusyPoll})
-	}
+	modes := o.modes()
 	var (
 		targets  []*Target
 		children []*child
@@ -57,7 +54,7 @@ func Compare(ctx context.Context, o Options, spec ChildSpec, progress io.Writer)
 		if err != nil {
 			st.Reason = strings.Join(strings.Fields(err.Error()), " ") // one line
 			fmt.Fprintf(progress, "rsockperf: %s unavailable: %v\n", m.Name(), err)
-			if m.IsPlain() {
+			if m == Plain {
 				return nil, fmt.Errorf("plain TCP baseline: %w", err)
 			}
 		}
@@ -67,6 +64,19 @@ func Compare(ctx context.Context, o Options, spec ChildSpec, progress io.Writer)
 	rep.Results, rep.CDFs, rep.Failures = aggregate(o.Plan(), rep.AvailableModes(), o.Repeats, samples)
 	rep.Elapsed = time.Since(start).Seconds()
 	return rep, err
+}
+
+// modes lists what a compare measures: plain TCP, its control if asked
+// for, and each transport.
+func (o Options) modes() []Mode {
+	modes := []Mode{Plain}
+	if o.Control {
+		modes = append(modes, Control)
+	}
+	for _, tr := range o.Transports {
+		modes = append(modes, Mode{Transport: tr, BusyPoll: o.BusyPoll})
+	}
+	return modes
 }
 
 // Client runs o's plan against one server that is already running, in

@@ -209,3 +209,38 @@ func TestAwaitTransport(t *testing.T) {
 	assert.NoError(t, AwaitTransport(context.Background(), a, Plain, deadline))
 	require.ErrorAs(t, AwaitTransport(context.Background(), a, Mode{Transport: "shm"}, deadline), &mm)
 }
+
+// TestCompareControl: with Control, plain TCP is measured twice, each
+// against a server of its own, and the second copy is reported as a mode
+// with ratios to the first (the run's noise), without the baseline's
+// one-more-round-trip ceiling.
+func TestCompareControl(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts server processes")
+	}
+	o := DefaultOptions(true)
+	o.Transports = []string{"tcp"}
+	o.Workloads = []string{WSetup}
+	o.Repeats = 2
+	o.Duration = 20 * time.Millisecond
+	o.Control = true
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var progress bytes.Buffer
+	rep, err := Compare(ctx, o, ChildSpec{Exe: os.Args[0], Env: []string{childEnv + "=1"}}, &progress)
+	require.NoError(t, err, progress.String())
+	require.Empty(t, rep.Failures, "%+v", rep.Failures)
+	assert.Equal(t, []string{"plain-tcp", "plain-tcp-control", "rsock-tcp"}, rep.AvailableModes())
+
+	rate, ok := rep.Find(WSetup, "", MetricRate, Control.Name())
+	require.True(t, ok, "the control's setup rate")
+	require.NotNil(t, rate.Ratio, "the control has a ratio to plain TCP")
+	assert.Greater(t, rate.Ratio.Median, 0.0)
+	_, ok = rep.Find(WSetup, "", MetricOneMoreRTT, Plain.Name())
+	assert.True(t, ok, "the baseline measures its ceiling")
+	_, ok = rep.Find(WSetup, "", MetricOneMoreRTT, Control.Name())
+	assert.False(t, ok, "the control does not")
+	var text bytes.Buffer
+	rep.WriteText(&text)
+	assert.Contains(t, text.String(), "plain-tcp-control / plain")
+}

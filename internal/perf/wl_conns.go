@@ -42,8 +42,8 @@ func setupRate(ctx context.Context, t *Target, d time.Duration) (Measurement, er
 		}
 		return nil
 	}
-	ceiling := t.Mode.IsPlain()
-	for range 5 { // warm up
+	ceiling := t.Mode == Plain // the ceiling is the baseline's alone, not its control's
+	for range 5 {              // warm up
 		if err := cycle(1); err != nil {
 			return Measurement{}, err
 		}
