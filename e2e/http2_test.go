@@ -261,8 +261,14 @@ func TestHTTP2ConcurrentStreams(t *testing.T) {
 				wg.Wait()
 				close(errs)
 				reportErrors(t, "", collect(errs))
-				if d, a := c.dials.Load(), s.conns.Load(); d != 1 || a != 1 {
-					t.Errorf("%d client dials and %d server connections, want 1 and 1", d, a)
+				// One connection served every stream (not the dial
+				// count: under load net/http's HTTP/2 pool dials spares
+				// during the burst and closes them unused, as in
+				// TestHTTP2Cleartext; seen as 3 dials with one
+				// connection serving beside two CPU hogs, and as 71
+				// dials in a loaded make test).
+				if u := s.used.Load(); u != 1 {
+					t.Errorf("%d connections served the streams (%d client dials, %d server connections), want 1", u, c.dials.Load(), s.conns.Load())
 				}
 			})
 		})
