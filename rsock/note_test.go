@@ -10,30 +10,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func ready(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 func TestNoteRemembersOneWakeUp(t *testing.T) {
 	var n note
-	assert.False(t, ready(n.C()), "never woken")
+	assert.False(t, receivable(n.C()), "never woken")
 
 	var m note
 	m.wake()
 	m.wake()
-	assert.True(t, ready(m.C()), "a wake before any wait is remembered")
-	assert.False(t, ready(m.C()), "two wakes before a wait leave one wake-up")
+	assert.True(t, receivable(m.C()), "a wake before any wait is remembered")
+	assert.False(t, receivable(m.C()), "two wakes before a wait leave one wake-up")
 
 	var k note
 	ch := k.C()
 	k.wake()
-	assert.True(t, ready(ch), "a wake after C reaches its channel")
-	assert.False(t, ready(ch))
+	assert.True(t, receivable(ch), "a wake after C reaches its channel")
+	assert.False(t, receivable(ch))
 }
 
 // TestNoteLosesNoWakeUp races wakers against a waiter that makes the

@@ -516,7 +516,9 @@ func (w *swConn) goneLocked() {
 	w.settleLocked()
 }
 
-func isClosedCh(ch chan struct{}) bool {
+// receivable reports whether a receive from ch would not block: ch is
+// closed, or holds a value.
+func receivable(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true

@@ -349,7 +349,7 @@ func (w *swConn) clientUpgrade() {
 func (w *swConn) upgradeEnded(mine chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !isClosedCh(mine) {
+	if !receivable(mine) {
 		w.upgrading = false
 		close(mine)
 	}
