@@ -72,7 +72,7 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
 		defer cancel()
 	}
-	nd := &net.Dialer{LocalAddr: d.LocalAddr}
+	nd := &net.Dialer{LocalAddr: d.LocalAddr, KeepAlive: noKeepAlive} // the Conn turns it on (keepAlive)
 	plain := func(code string, fallback bool, reason string) (net.Conn, error) {
 		raw, err := nd.DialContext(ctx, network, address)
 		if err != nil {

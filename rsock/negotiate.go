@@ -143,6 +143,7 @@ func plainConn(network string, raw *net.TCPConn, prefix []byte, code string, fal
 	_ = raw.SetDeadline(time.Time{})
 	c := newConn(network, label{transport: "tcp", code: code, reason: reason, fallback: fallback})
 	c.tcp = raw
+	c.keepAlive()
 	if len(prefix) > 0 {
 		c.prefix = prefix
 		c.hasPrefix.Store(true)
@@ -247,6 +248,7 @@ func (s *settings) start(network string, raw *net.TCPConn, ep *stream.Endpoint, 
 	go sc.Watch(raw)
 	c := newConn(network, label{transport: name, code: CodeAgreed, reason: name + " agreed"})
 	c.s, c.tcp = sc, raw
+	c.keepAlive()
 	c.register()
 	return c, nil
 }

@@ -134,22 +134,26 @@ func (w *swConn) init(c *Conn, s *settings, raw *net.TCPConn, client bool) {
 	w.in.src = &w.sock
 }
 
-// start arms the client's upgrade policy, or the server's reader: until
-// then a Read reads the socket itself (reading.go).
+// start arms the connection's first timed step, at most helloHold from
+// now: the client's upgrade policy, or the server's reader; until then a
+// Read reads the socket itself (reading.go). The first step also turns
+// keep-alive on (Conn.keepAlive).
 func (w *swConn) start(transports []handshake.Transport) {
 	w.transports = transports
 	if len(transports) == 0 && w.pending == nil {
-		return // no upgrade: only the application's reads read the socket
+		w.c.keepAlive() // no timed step
+		return          // no upgrade: only the application's reads read the socket
 	}
 	after, f := w.set.upgradeAfter, w.kick
 	switch {
 	case !w.client:
 		after, f = serverReaderAfter, w.serverReaderDue
-	case w.pending != nil && after > helloHold:
-		// The early hello waits for the first frame no longer than
+	case after > helloHold:
+		// An early hello waits for the first frame no longer than
 		// helloHold; the policy's time runs on from there.
 		rest := after - helloHold
 		after, f = helloHold, func() {
+			w.c.keepAlive()
 			w.out.flush()
 			w.mu.Lock()
 			if !w.closed {
@@ -197,14 +201,15 @@ const ownTimerBelow = time.Millisecond
 // stays silent for SniffTimeout for a plain one. A variable for tests.
 var helloHold = DefaultUpgradeAfter
 
-// kick starts the client's upgrade, once. Before the answer to an early
-// hello, which names the transports, it sends the hello if it is still
-// held and has the answer read, and the upgrade begins when it comes
-// (answered).
+// kick turns keep-alive on and starts the client's upgrade, once. Before
+// the answer to an early hello, which names the transports, it sends the
+// hello if it is still held and has the answer read, and the upgrade
+// begins when it comes (answered).
 func (w *swConn) kick() {
 	if !w.client {
 		return
 	}
+	w.c.keepAlive()
 	w.out.flush()
 	w.mu.Lock()
 	if w.pending != nil {
@@ -224,7 +229,9 @@ func (w *swConn) kick() {
 // serverReaderDue is the server's reader timer: what it holds for the
 // client (the answer to an early hello) goes out, and readLoop reads on,
 // so that an offer is answered whether or not the application reads.
+// Keep-alive goes on.
 func (w *swConn) serverReaderDue() {
+	w.c.keepAlive()
 	w.out.flush()
 	w.needReader()
 }

@@ -14,24 +14,56 @@ import (
 // After Close each returns an error wrapping net.ErrClosed, as
 // *net.TCPConn's do.
 
+// Keep-alive is on, as net.Dial and net.Listen leave it (Go's defaults: 15 s
+// idle, 15 s between probes, 9 probes), on the TCP connection of every Conn
+// that has lived about a millisecond. rsock dials and accepts its sockets
+// without it and turns it on itself (keepAlive): when a connection that
+// stays on TCP or starts on a ring is made, and for a connection on the
+// switching protocol at its first timed step (swConn.start), so that one
+// closed sooner spends no system calls on probes it would not send for 15
+// s. The methods below, and SyscallConn, turn it on first if it is not on
+// yet: they find the socket as they would a *net.TCPConn's, and what they
+// set stays set.
+
+// keepAliveDefault is what net.Dialer and net.ListenConfig set by default:
+// zero fields are Go's defaults.
+var keepAliveDefault = net.KeepAliveConfig{Enable: true}
+
+// noKeepAlive, as a net.Dialer's or net.ListenConfig's KeepAlive, leaves
+// keep-alive off.
+const noKeepAlive = -1
+
+// keepAlive turns keep-alive on, once, unless it was turned on before.
+func (c *Conn) keepAlive() {
+	c.keepAliveOnce.Do(func() { _ = c.tcp.SetKeepAliveConfig(keepAliveDefault) })
+}
+
 // SetKeepAlive turns TCP keep-alive probes on or off. On a ring they run
 // on the bootstrap connection, where they detect a peer host that went
 // away without a word (a dead process is detected anyway: its kernel
 // closes the socket).
 func (c *Conn) SetKeepAlive(keepalive bool) error {
-	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetKeepAlive(keepalive) })
+	return c.onKeepAlive(func(t *net.TCPConn) error { return t.SetKeepAlive(keepalive) })
 }
 
 // SetKeepAlivePeriod sets the time between keep-alive probes, as
 // *net.TCPConn's does; on a ring, of the bootstrap connection.
 func (c *Conn) SetKeepAlivePeriod(d time.Duration) error {
-	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetKeepAlivePeriod(d) })
+	return c.onKeepAlive(func(t *net.TCPConn) error { return t.SetKeepAlivePeriod(d) })
 }
 
 // SetKeepAliveConfig configures keep-alive as *net.TCPConn's does; on a
 // ring, of the bootstrap connection.
 func (c *Conn) SetKeepAliveConfig(config net.KeepAliveConfig) error {
-	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetKeepAliveConfig(config) })
+	return c.onKeepAlive(func(t *net.TCPConn) error { return t.SetKeepAliveConfig(config) })
+}
+
+// onKeepAlive applies f to the socket once keep-alive is on.
+func (c *Conn) onKeepAlive(f func(*net.TCPConn) error) error {
+	return c.onSocket("set", func(t *net.TCPConn) error {
+		c.keepAlive()
+		return f(t)
+	})
 }
 
 // SetNoDelay controls Nagle's algorithm. A ring has none: each Write is
@@ -81,6 +113,7 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.keepAlive()
 	return t.SyscallConn()
 }
 
