@@ -20,25 +20,49 @@ import (
 
 // arrival is an accepted socket, and what was read of it so far.
 type arrival struct {
-	raw  *net.TCPConn
-	buf  [128]byte
-	n    int   // buf[:n] was read
-	err  error // with this error
-	read bool  // the first read was made (readArrived)
+	raw     *net.TCPConn
+	buf     [128]byte
+	n       int       // buf[:n] was read
+	err     error     // with this error
+	read    bool      // the first read was made (readArrived)
+	timed   bool      // raw has a read deadline (awaitFirst), which the connection clears
+	sniffBy time.Time // when the sniff for its first bytes ends, once one began (awaitFirst)
 }
 
 // acceptArrived runs a's handshake in Accept when it needs no waiting: a
 // switching hello that has come whole with the magic is answered at
 // once, and its connection returned, one goroutine hand-off fewer than
-// through a handshaker. Any other socket goes on to a handshaker, with
-// what was read of it, and acceptArrived returns nil.
+// through a handshaker. When nothing has arrived yet, Accept waits for the
+// first bytes itself while nothing else needs it (awaitFirst), and takes
+// on the accept loop's next socket if that ends the wait. Any other
+// socket goes on to a handshaker, with what was read of it, and
+// acceptArrived returns nil.
 func (l *Listener) acceptArrived(a *arrival) *Conn {
-	a.n, a.err = readArrived(a.raw, a.buf[:])
-	a.read = true
+	for a != nil {
+		a.n, a.err = readArrived(a.raw, a.buf[:])
+		a.read = true
+		var next *arrival
+		if a.err == nil && a.n == 0 {
+			next = l.awaitFirst(a)
+		}
+		if c := l.serveArrived(a); c != nil {
+			if next != nil {
+				l.handOff(next)
+			}
+			return c
+		}
+		a = next
+	}
+	return nil
+}
+
+// serveArrived answers a's switching hello and returns its connection if
+// a holds one whole; otherwise it hands a to a handshaker and returns nil.
+func (l *Listener) serveArrived(a *arrival) *Conn {
 	if a.err == nil && !l.s.noSwitch {
 		if hello, k := switchHelloIn(a.buf[:a.n]); hello != nil {
 			peer := a.raw.RemoteAddr()
-			c, err := l.s.serveSwitch(l, a.raw, hello, switchFrom{withMagic: true}, a.buf[k:a.n])
+			c, err := l.s.serveSwitch(l, a.raw, hello, switchFrom{withMagic: true, timed: a.timed}, a.buf[k:a.n])
 			if err != nil {
 				l.dropped(err, peer)
 				return nil
@@ -57,9 +81,56 @@ func (l *Listener) acceptArrived(a *arrival) *Conn {
 	return nil
 }
 
+// awaitFirst waits, in Accept, for a's first bytes (into a) until they
+// come, its sniff ends, or something else needs Accept: the accept loop's
+// next socket, which it returns for Accept to take on, a handshake that
+// finished, or Close (interruptFirst). A client that writes just after it
+// connects is then answered by Accept, as one whose bytes had come
+// already, and a silent or slow one keeps no other connection waiting.
+// It returns at once, with nothing read, if another Accept waits so, a
+// connection is ready, or the listener is closed.
+func (l *Listener) awaitFirst(a *arrival) *arrival {
+	l.firstMu.Lock()
+	busy := l.firstRaw != nil || len(l.ready) > 0 || receivable(l.done)
+	if !busy {
+		l.firstRaw, l.firstStop, l.firstNext = a.raw, false, nil
+	}
+	l.firstMu.Unlock()
+	if busy {
+		return nil
+	}
+	a.sniffBy = time.Now().Add(l.s.sniffTimeout())
+	a.timed = true
+	_ = a.raw.SetReadDeadline(a.sniffBy)
+	a.n, a.err = a.raw.Read(a.buf[:])
+	l.firstMu.Lock()
+	stopped, next := l.firstStop, l.firstNext
+	l.firstRaw, l.firstNext = nil, nil
+	l.firstMu.Unlock()
+	if stopped && isTimeout(a.err) {
+		a.err = nil // ended early, not by the client: a handshaker waits on until sniffBy
+	}
+	return next
+}
+
+// interruptFirst ends the wait of an Accept in awaitFirst, if one waits
+// and its wait has not been ended already, and hands it next (which may be
+// nil); it reports whether it did.
+func (l *Listener) interruptFirst(next *arrival) bool {
+	l.firstMu.Lock()
+	defer l.firstMu.Unlock()
+	if l.firstRaw == nil || l.firstStop {
+		return false
+	}
+	l.firstStop, l.firstNext = true, next
+	_ = l.firstRaw.SetReadDeadline(aLongTimeAgo)
+	return true
+}
+
 // handOff gives a's handshake to the handshaker waiting for one, or to a
 // new one, unless the listener has closed.
 func (l *Listener) handOff(a *arrival) {
+	l.handedOff.Add(1)
 	select {
 	case l.next <- a: // the goroutine kept from the last handshake
 		return
@@ -160,6 +231,7 @@ func (l *Listener) serveConn(a *arrival) {
 	}
 	select {
 	case l.ready <- c:
+		l.interruptFirst(nil) // an Accept waiting for a first read takes c
 	case <-l.done:
 		c.Close()
 	}
@@ -183,16 +255,13 @@ func (l *Listener) handshake(a *arrival) (*Conn, error) {
 		a.n, a.err = readArrived(raw, a.buf[:])
 	}
 	first, n, err := a.buf[:], a.n, a.err
-	timed := false
+	timed := a.timed
 	if err == nil && n < len(handshake.Magic) && handshake.MatchesMagicPrefix(first[:n]) {
-		// A listener that may hand plain clients over classifies a silent
-		// one after SniffTimeout; one that allows no TCP gains nothing
-		// from that and waits the whole handshake for the magic.
-		sniff := s.sniff
-		if !s.fallback {
-			sniff = s.handshake
+		// The sniff may have begun in Accept (awaitFirst).
+		if a.sniffBy.IsZero() {
+			a.sniffBy = time.Now().Add(s.sniffTimeout())
 		}
-		_ = raw.SetReadDeadline(time.Now().Add(sniff))
+		_ = raw.SetReadDeadline(a.sniffBy)
 		timed = true
 		n, err = sniffMagic(raw, first, n)
 	}
@@ -210,6 +279,17 @@ func (l *Listener) handshake(a *arrival) (*Conn, error) {
 		return s.serveSwitch(l, raw, hello, switchFrom{withMagic: true, timed: timed}, head[k:])
 	}
 	return l.awaitHello(raw, head[len(handshake.Magic):])
+}
+
+// sniffTimeout bounds the wait for a new connection's first bytes. A
+// listener that may hand plain clients over classifies a silent one after
+// SniffTimeout; one that allows no TCP gains nothing from that and waits
+// the whole handshake for the magic.
+func (s *settings) sniffTimeout() time.Duration {
+	if !s.fallback {
+		return s.handshake
+	}
+	return s.sniff
 }
 
 // plainClient is the Conn of a client whose first bytes, head (read with

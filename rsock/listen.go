@@ -86,10 +86,18 @@ type Listener struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 
+	// An Accept waiting for the first bytes of the socket it took
+	// (awaitFirst), and what ends its wait (interruptFirst).
+	firstMu   sync.Mutex
+	firstRaw  *net.TCPConn // the socket, or nil
+	firstNext *arrival     // the accept loop's next socket, handed to it
+	firstStop bool         // its wait was ended
+
 	closeOnce sync.Once
 	errMu     sync.Mutex
 	err       error // the socket's fatal error, once the accept loop ended
 
+	handedOff       atomic.Uint64 // sockets given to a handshaker (tests)
 	handshakeErrors atomic.Uint64
 	busy            atomic.Uint64
 	logLimit        limiter // of the failed handshakes' records
@@ -117,9 +125,10 @@ func (l *Listener) Stats() ListenerStats {
 // Accept waits for and returns the next connection: *Conn, on whichever
 // transport the handshake agreed, or TCP. It blocks until a connection is
 // ready or the listener is closed (an error wrapping net.ErrClosed). A
-// connection accepted while Accept waits, whose switching hello has
-// arrived whole, is answered by Accept itself, without waiting for
-// anything; every other handshake runs on the listener's goroutines.
+// connection accepted while Accept waits is answered by Accept itself if
+// its switching hello has arrived whole, or arrives whole while Accept
+// has nothing else to do (no other connection to accept or ready); every
+// other handshake runs on the listener's goroutines.
 func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		// Prefer a ready connection over reporting the end.
@@ -169,6 +178,7 @@ func (l *Listener) shutdown(cause error) error {
 		l.err = cause
 		l.errMu.Unlock()
 		close(l.done)
+		l.interruptFirst(nil)
 		l.cancel()
 		l.running.end()
 		err = l.ln.Close()
@@ -207,6 +217,9 @@ func (l *Listener) acceptLoop() {
 		}
 		delay = 0
 		a := &arrival{raw: raw}
+		if l.interruptFirst(a) {
+			continue // the Accept waiting for a first read takes a on
+		}
 		select {
 		case l.fresh <- a: // an Accept waits: it answers a hello already there
 		default:
