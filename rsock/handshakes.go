@@ -231,7 +231,9 @@ func (l *Listener) serveConn(a *arrival) {
 	}
 	select {
 	case l.ready <- c:
-		l.interruptFirst(nil) // an Accept waiting for a first read takes c
+		if len(l.ready) > 0 { // no Accept has taken it: the one waiting for a first read does
+			l.interruptFirst(nil)
+		}
 	case <-l.done:
 		c.Close()
 	}

@@ -217,13 +217,12 @@ func (l *Listener) acceptLoop() {
 		}
 		delay = 0
 		a := &arrival{raw: raw}
-		if l.interruptFirst(a) {
-			continue // the Accept waiting for a first read takes a on
-		}
 		select {
 		case l.fresh <- a: // an Accept waits: it answers a hello already there
 		default:
-			l.handOff(a)
+			if !l.interruptFirst(a) { // or the Accept waiting for a first read takes a on
+				l.handOff(a)
+			}
 		}
 	}
 }
