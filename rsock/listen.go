@@ -178,9 +178,9 @@ func (l *Listener) shutdown(cause error) error {
 		l.err = cause
 		l.errMu.Unlock()
 		close(l.done)
-		l.interruptFirst(nil)
 		l.cancel()
 		l.running.end()
+		l.interruptFirst(nil) // after end: the socket it waited on is closed, not handed over
 		err = l.ln.Close()
 	})
 	return err
