@@ -94,14 +94,15 @@ func (l *Listener) awaitFirst(a *arrival) *arrival {
 	busy := l.firstRaw != nil || len(l.ready) > 0 || receivable(l.done)
 	if !busy {
 		l.firstRaw, l.firstStop, l.firstNext = a.raw, false, nil
+		// Under the lock, so that an interruptFirst's deadline comes after.
+		a.sniffBy = time.Now().Add(l.s.sniffTimeout())
+		a.timed = true
+		_ = a.raw.SetReadDeadline(a.sniffBy)
 	}
 	l.firstMu.Unlock()
 	if busy {
 		return nil
 	}
-	a.sniffBy = time.Now().Add(l.s.sniffTimeout())
-	a.timed = true
-	_ = a.raw.SetReadDeadline(a.sniffBy)
 	a.n, a.err = a.raw.Read(a.buf[:])
 	l.firstMu.Lock()
 	stopped, next := l.firstStop, l.firstNext
@@ -199,6 +200,22 @@ func (f *inflight) remove(raw *net.TCPConn) bool {
 	return !f.ended
 }
 
+// setDeadline sets raw's read deadline (both, if both) to t, unless the
+// set has ended: then its deadlines stay in the past, where end put them,
+// and Close does not wait for t.
+func (f *inflight) setDeadline(raw *net.TCPConn, t time.Time, both bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		t = aLongTimeAgo
+	}
+	if both {
+		_ = raw.SetDeadline(t)
+	} else {
+		_ = raw.SetReadDeadline(t)
+	}
+}
+
 // end interrupts the I/O of every socket in the set, now and after.
 func (f *inflight) end() {
 	f.mu.Lock()
@@ -263,7 +280,8 @@ func (l *Listener) handshake(a *arrival) (*Conn, error) {
 		if a.sniffBy.IsZero() {
 			a.sniffBy = time.Now().Add(s.sniffTimeout())
 		}
-		_ = raw.SetReadDeadline(a.sniffBy)
+		testHookSniff.run(nil)
+		l.running.setDeadline(raw, a.sniffBy, false)
 		timed = true
 		n, err = sniffMagic(raw, first, n)
 	}
@@ -282,6 +300,10 @@ func (l *Listener) handshake(a *arrival) (*Conn, error) {
 	}
 	return l.awaitHello(raw, head[len(handshake.Magic):])
 }
+
+// testHookSniff runs as a handshaker begins its sniff of a socket's first
+// bytes (tests; no connection yet).
+var testHookSniff hook
 
 // sniffTimeout bounds the wait for a new connection's first bytes. A
 // listener that may hand plain clients over classifies a silent one after
@@ -320,7 +342,7 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 	s := l.s
 	// An rsock client: the whole handshake is bounded from here, and until
 	// its hello is complete it holds one of its source's waiting places.
-	_ = raw.SetDeadline(time.Now().Add(s.handshake))
+	l.running.setDeadline(raw, time.Now().Add(s.handshake), true)
 	src := l.waiting.add(raw)
 	waiting := true
 	defer func() {

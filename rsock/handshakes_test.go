@@ -175,3 +175,24 @@ func TestAcceptWaitEndsAtClose(t *testing.T) {
 	_, err := ln.Accept()
 	assert.ErrorIs(t, err, net.ErrClosed)
 }
+
+// TestCloseAsSniffStarts: a handshake whose listener closes just before
+// it sets its sniff deadline ends at once: Close does not wait out the
+// sniff.
+func TestCloseAsSniffStarts(t *testing.T) {
+	ln := hourListener(t)
+	testHookSniff.set(func(*swConn) { _ = ln.shutdown(nil) })
+	defer testHookSniff.set(nil)
+	dialRaw(t, ln) // no Accept runs: a handshaker takes it
+	require.Eventually(t, func() bool { return receivable(ln.done) }, 10*time.Second, time.Millisecond, "no handshake started")
+	closed := make(chan struct{})
+	go func() {
+		ln.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waits for a handshake's sniff of an hour")
+	}
+}
