@@ -33,7 +33,7 @@ var keepAliveDefault = net.KeepAliveConfig{Enable: true}
 // keep-alive off.
 const noKeepAlive = -1
 
-// keepAlive turns keep-alive on, once, unless it was turned on before.
+// keepAlive turns Go's default keep-alive on, the first time it is called.
 func (c *Conn) keepAlive() {
 	c.keepAliveOnce.Do(func() { _ = c.tcp.SetKeepAliveConfig(keepAliveDefault) })
 }
