@@ -104,9 +104,12 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 	_ = tc.SetDeadline(time.Now().Add(s.handshake))
 	stop := context.AfterFunc(hctx, func() { _ = tc.SetDeadline(aLongTimeAgo) })
 	c, err := s.dialHandshake(hctx, network, key, tc)
-	if !stop() {
+	if !stop() || err != nil && hctx.Err() != nil {
 		// The context ended while the handshake ran: whatever it
-		// produced is void.
+		// produced is void. A handshake that failed as it ended counts
+		// so even when stop won: Err reports the end before the
+		// AfterFunc is started, and the handshake may have returned
+		// hctx's own error.
 		if c != nil {
 			c.Close()
 		}
