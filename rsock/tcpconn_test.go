@@ -26,11 +26,18 @@ var transportPipes = []struct {
 	{"sim", func(t *testing.T) (*Conn, *Conn) { return simPipe(t, nil) }},
 }
 
-// sockopt reads an integer socket option of c's TCP socket.
+// sockopt reads an integer socket option of c's TCP socket, through c's
+// SyscallConn.
 func sockopt(t *testing.T, c *Conn, level, opt int) int {
 	t.Helper()
 	rc, err := c.SyscallConn()
 	require.NoError(t, err)
+	return rawSockopt(t, rc, level, opt)
+}
+
+// rawSockopt reads an integer socket option of rc's socket.
+func rawSockopt(t *testing.T, rc syscall.RawConn, level, opt int) int {
+	t.Helper()
 	var v int
 	var gerr error
 	require.NoError(t, rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), level, opt) }))
@@ -143,17 +150,10 @@ func keepAliveOf(t *testing.T, c *Conn) (on, idle, interval, count int) {
 	t.Helper()
 	rc, err := c.tcp.SyscallConn()
 	require.NoError(t, err)
-	var errs [4]error
-	require.NoError(t, rc.Control(func(fd uintptr) {
-		on, errs[0] = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
-		idle, errs[1] = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
-		interval, errs[2] = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
-		count, errs[3] = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
-	}))
-	for _, err := range errs {
-		require.NoError(t, err)
-	}
-	return on, idle, interval, count
+	return rawSockopt(t, rc, unix.SOL_SOCKET, unix.SO_KEEPALIVE),
+		rawSockopt(t, rc, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE),
+		rawSockopt(t, rc, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL),
+		rawSockopt(t, rc, unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
 }
 
 // TestKeepAliveOn: every Conn's socket gets the keep-alive net.Dial and
@@ -184,16 +184,7 @@ func TestKeepAliveOn(t *testing.T) {
 		helloHold = time.Hour
 		cfg := &Config{Transports: []string{"shm", "tcp"}, UpgradeAfter: time.Hour, ProbeCacheTTL: -1}
 		ln := listen(t, cfg)
-		// A pair that does not wait for an upgrade, as pipe does.
-		pair := func() (*Conn, *Conn) {
-			t.Helper()
-			c, err := (&Dialer{Config: cfg}).Dial("tcp", ln.Addr().String())
-			require.NoError(t, err)
-			s, err := ln.Accept()
-			require.NoError(t, err)
-			return c.(*Conn), s.(*Conn)
-		}
-		c, s := pair()
+		c, s := dialAccept(t, ln, cfg) // not pipe: it waits for the upgrade
 		defer s.Close()
 		defer c.Close()
 		require.NotNil(t, c.w)
@@ -207,14 +198,14 @@ func TestKeepAliveOn(t *testing.T) {
 		defaults(t, s, "server after its first step")
 
 		// The application's settings before the first step stay.
-		c2, s2 := pair()
+		c2, s2 := dialAccept(t, ln, cfg)
 		defer s2.Close()
 		defer c2.Close()
 		require.NoError(t, c2.SetKeepAlivePeriod(7*time.Second))
 		c2.w.kick()
 		on, idle, _, _ := keepAliveOf(t, c2)
 		assert.Equal(t, []int{1, 7}, []int{on, idle}, "SetKeepAlivePeriod before the first step: on, as on a *net.TCPConn, with its period")
-		c3, s3 := pair()
+		c3, s3 := dialAccept(t, ln, cfg)
 		defer s3.Close()
 		defer c3.Close()
 		require.NoError(t, c3.SetKeepAlive(false))
