@@ -3,7 +3,6 @@ package rsock
 import (
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,12 +11,16 @@ import (
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/ring"
+	"github.com/rdmanet/rdmanet/internal/rsockenv"
 )
 
 // Config tunes rsock. The zero value gives good defaults, and every field
 // left at its zero value is taken from its RSOCK_* environment variable if
 // that is set, so a deployment can tune a program without changing its
-// code. A field set in code wins over the environment.
+// code. A field set in code wins over the environment. The variables are
+// read once, when rsock first needs them (the first Dial, Listen or
+// CheckConfig of the process), as the runtime reads GOGC: a later change
+// to the environment (os.Setenv) is not seen.
 type Config struct {
 	// Transports lists the transports allowed, in order of preference:
 	// "verbs" (RDMA through libibverbs), "shm" (shared memory, same host)
@@ -286,9 +289,8 @@ func CheckConfig(cfg *Config) error {
 
 // resolveShared is resolve for a caller that does not change the settings
 // (Dial): it returns the last dial's settings when the Config's fields and
-// the RSOCK_* variables are as they were then. A program dials with one
-// Config, or none, and an unchanging environment, so most dials skip
-// parsing it all again.
+// the reading of the RSOCK_* variables are as they were then. A program
+// dials with one Config, or none, so most dials skip parsing it all again.
 func (c *Config) resolveShared() (*settings, error) {
 	k := memoKeyOf(c)
 	if m := settingsMemo.Load(); m != nil && m.key == k {
@@ -308,17 +310,8 @@ type memoEntry struct {
 	s   *settings
 }
 
-// configEnv lists the variables resolve reads.
-var configEnv = [...]string{
-	"RSOCK_TRANSPORTS", "RSOCK_RING_SIZE", "RSOCK_RING_START", "RSOCK_CREDITS",
-	"RSOCK_BUSY_POLL", "RSOCK_HANDSHAKE_TIMEOUT", "RSOCK_SNIFF_TIMEOUT", "RSOCK_PROBE_TIMEOUT",
-	"RSOCK_PROBE_CACHE_TTL", "RSOCK_UPGRADE_AFTER", "RSOCK_UPGRADE_BYTES", "RSOCK_NO_FAILOVER",
-	"RSOCK_NO_EARLY_DIAL", "RSOCK_ENDPOINT_POOL", "RSOCK_ENDPOINT_POOL_IDLE", "RSOCK_DEVICE",
-	"RSOCK_PORT", "RSOCK_VERBS_CM", "RSOCK_GID_INDEX",
-}
-
 // memoKey is everything a resolution depends on: each Config field (the
-// transports joined) and each variable of configEnv.
+// transports joined) and the reading of the environment.
 type memoKey struct {
 	nilConfig                                                           bool
 	transports                                                          string
@@ -327,11 +320,11 @@ type memoKey struct {
 	device                                                              string
 	viaCM, noFailover, noEarlyDial                                      bool
 	logger                                                              *slog.Logger
-	env                                                                 [len(configEnv)]string
+	env                                                                 *rsockenv.Vars
 }
 
 func memoKeyOf(c *Config) memoKey {
-	k := memoKey{nilConfig: c == nil}
+	k := memoKey{nilConfig: c == nil, env: rsockenv.Load()}
 	if c != nil {
 		k.transports = strings.Join(c.Transports, ",")
 		k.ringSize, k.ringStart, k.credits, k.port, k.gidIndex = c.RingSize, c.RingStart, c.Credits, c.Port, c.GIDIndex
@@ -339,9 +332,6 @@ func memoKeyOf(c *Config) memoKey {
 		k.busyPoll, k.handshake, k.sniff, k.probe = c.BusyPoll, c.HandshakeTimeout, c.SniffTimeout, c.ProbeTimeout
 		k.probeCacheTTL, k.poolIdle, k.upAfter = c.ProbeCacheTTL, c.EndpointPoolIdle, c.UpgradeAfter
 		k.device, k.viaCM, k.noFailover, k.noEarlyDial, k.logger = c.Device, c.ConnectionManager, c.NoFailover, c.NoEarlyDial, c.Logger
-	}
-	for i, name := range configEnv {
-		k.env[i] = os.Getenv(name)
 	}
 	return k
 }
@@ -358,7 +348,7 @@ func (c *Config) resolve() (*settings, error) {
 	list := cfg.Transports
 	env := ""
 	if len(list) == 0 {
-		if v := os.Getenv("RSOCK_TRANSPORTS"); v != "" {
+		if v := rsockenv.Get("RSOCK_TRANSPORTS"); v != "" {
 			env = "RSOCK_TRANSPORTS"
 			list = strings.Split(v, ",")
 		} else {
@@ -460,7 +450,7 @@ func (c *Config) resolve() (*settings, error) {
 func (s *settings) resolveDevice(cfg *Config) error {
 	s.device = cfg.Device
 	if s.device == "" {
-		s.device = strings.TrimSpace(os.Getenv("RSOCK_DEVICE"))
+		s.device = strings.TrimSpace(rsockenv.Get("RSOCK_DEVICE"))
 	}
 	var err error
 	if s.port, err = intField("Port", cfg.Port, "RSOCK_PORT", 0, strconv.Atoi); err != nil {
@@ -470,13 +460,13 @@ func (s *settings) resolveDevice(cfg *Config) error {
 		return &ConfigError{Field: "Port", Value: strconv.Itoa(s.port), Err: fmt.Errorf("not in [1, 255]")}
 	}
 	s.viaCM = cfg.ConnectionManager
-	if e := strings.TrimSpace(os.Getenv("RSOCK_VERBS_CM")); e != "" && !s.viaCM {
+	if e := strings.TrimSpace(rsockenv.Get("RSOCK_VERBS_CM")); e != "" && !s.viaCM {
 		if s.viaCM, err = strconv.ParseBool(e); err != nil {
 			return &ConfigError{Field: "ConnectionManager", Env: "RSOCK_VERBS_CM", Value: e, Err: err}
 		}
 	}
 	s.gidIndex = -1
-	switch e := strings.TrimSpace(os.Getenv("RSOCK_GID_INDEX")); {
+	switch e := strings.TrimSpace(rsockenv.Get("RSOCK_GID_INDEX")); {
 	case cfg.GIDIndex != 0:
 		s.gidIndex = cfg.GIDIndex
 	case e != "":
@@ -507,7 +497,7 @@ func intField(field string, v int, env string, def int, parse func(string) (int,
 	if v != 0 {
 		return v, nil
 	}
-	if e := os.Getenv(env); e != "" {
+	if e := rsockenv.Get(env); e != "" {
 		n, err := parse(strings.TrimSpace(e))
 		if err != nil {
 			return 0, &ConfigError{Field: field, Env: env, Value: e, Err: err}
@@ -521,7 +511,7 @@ func durField(field string, v time.Duration, env string, def time.Duration) (tim
 	if v != 0 {
 		return v, nil
 	}
-	if e := os.Getenv(env); e != "" {
+	if e := rsockenv.Get(env); e != "" {
 		d, err := time.ParseDuration(strings.TrimSpace(e))
 		if err != nil {
 			return 0, &ConfigError{Field: field, Env: env, Value: e, Err: err}
@@ -562,7 +552,7 @@ func parseSize(s string) (int, error) {
 // boolField resolves a boolean Config field that the environment can set
 // but not clear: true in Config wins.
 func boolField(field string, v bool, env string) (bool, error) {
-	e := strings.TrimSpace(os.Getenv(env))
+	e := strings.TrimSpace(rsockenv.Get(env))
 	if v || e == "" {
 		return v, nil
 	}

@@ -3,14 +3,13 @@ package rsock
 import (
 	"errors"
 	"net"
-	"os"
 	"reflect"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdmanet/rdmanet/internal/rsockenv"
 )
 
 // BusyPoll: the default when unset, the environment when the field is
@@ -27,7 +26,7 @@ func TestBusyPollSetting(t *testing.T) {
 		{-1, "5us", 0},
 		{50 * time.Microsecond, "0", 50 * time.Microsecond},
 	} {
-		t.Setenv("RSOCK_BUSY_POLL", tc.env)
+		rsockenv.Setenv(t, "RSOCK_BUSY_POLL", tc.env)
 		s, err := (&Config{BusyPoll: tc.field}).resolve()
 		if err != nil {
 			t.Fatalf("field %v, env %q: %v", tc.field, tc.env, err)
@@ -53,7 +52,7 @@ func TestConnectionManagerSetting(t *testing.T) {
 		{false, "false", false},
 		{true, "0", true},
 	} {
-		t.Setenv("RSOCK_VERBS_CM", tc.env)
+		rsockenv.Setenv(t, "RSOCK_VERBS_CM", tc.env)
 		s, err := (&Config{ConnectionManager: tc.field}).resolve()
 		if err != nil {
 			t.Fatalf("field %v, env %q: %v", tc.field, tc.env, err)
@@ -62,7 +61,7 @@ func TestConnectionManagerSetting(t *testing.T) {
 			t.Errorf("field %v, env %q: %v, want %v", tc.field, tc.env, got, tc.want)
 		}
 	}
-	t.Setenv("RSOCK_VERBS_CM", "maybe")
+	rsockenv.Setenv(t, "RSOCK_VERBS_CM", "maybe")
 	_, err := (&Config{}).resolve()
 	var ce *ConfigError
 	if !errors.As(err, &ce) || ce.Env != "RSOCK_VERBS_CM" {
@@ -88,8 +87,8 @@ func TestEndpointPoolSetting(t *testing.T) {
 		{"4", "1s", -1, time.Minute, 0, time.Minute},
 		{"", "", 2, time.Millisecond, 2, time.Millisecond},
 	} {
-		t.Setenv("RSOCK_ENDPOINT_POOL", tc.envSize)
-		t.Setenv("RSOCK_ENDPOINT_POOL_IDLE", tc.envIdle)
+		rsockenv.Setenv(t, "RSOCK_ENDPOINT_POOL", tc.envSize)
+		rsockenv.Setenv(t, "RSOCK_ENDPOINT_POOL_IDLE", tc.envIdle)
 		s, err := (&Config{EndpointPool: tc.size, EndpointPoolIdle: tc.idle}).resolve()
 		if err != nil {
 			t.Fatalf("%+v: %v", tc, err)
@@ -100,9 +99,9 @@ func TestEndpointPoolSetting(t *testing.T) {
 		}
 	}
 	for _, bad := range [][2]string{{"RSOCK_ENDPOINT_POOL", "many"}, {"RSOCK_ENDPOINT_POOL_IDLE", "0"}, {"RSOCK_ENDPOINT_POOL_IDLE", "soon"}} {
-		t.Setenv("RSOCK_ENDPOINT_POOL", "")
-		t.Setenv("RSOCK_ENDPOINT_POOL_IDLE", "")
-		t.Setenv(bad[0], bad[1])
+		rsockenv.Setenv(t, "RSOCK_ENDPOINT_POOL", "")
+		rsockenv.Setenv(t, "RSOCK_ENDPOINT_POOL_IDLE", "")
+		rsockenv.Setenv(t, bad[0], bad[1])
 		_, err := (&Config{}).resolve()
 		var ce *ConfigError
 		if !errors.As(err, &ce) || ce.Field == "" {
@@ -112,7 +111,7 @@ func TestEndpointPoolSetting(t *testing.T) {
 }
 
 // The dialer's memo of its settings depends on every Config field and
-// every variable resolve reads: changing any one of them misses it.
+// on the reading of the environment: changing any one misses it.
 func TestSettingsMemoKey(t *testing.T) {
 	base := memoKeyOf(&Config{})
 	require.NotEqual(t, base, memoKeyOf(nil), "nil and empty Config: the same settings, but kept apart")
@@ -137,22 +136,14 @@ func TestSettingsMemoKey(t *testing.T) {
 		}
 		require.NotEqual(t, base, memoKeyOf(&c), "Config.%s is not in the memo's key", f.Name)
 	}
-	src, err := os.ReadFile("config.go")
-	require.NoError(t, err)
-	read := regexp.MustCompile(`"RSOCK_[A-Z_]+"`).FindAllString(string(src), -1)
-	require.NotEmpty(t, read)
-	for _, q := range read {
-		name := strings.Trim(q, `"`)
-		require.Contains(t, configEnv[:], name, "resolve reads %s: the memo's key must too", name)
-		t.Setenv(name, "1")
-		require.NotEqual(t, base, memoKeyOf(&Config{}), "%s is not in the memo's key", name)
-		os.Unsetenv(name)
-	}
+	rsockenv.Reload()
+	require.True(t, base != memoKeyOf(&Config{}), "a new reading of the environment is not in the memo's key")
 }
 
-// A dial after the environment changed sees the change.
+// A dial sees the environment as read once (rsockenv): a change is seen
+// after a reload, not before.
 func TestSettingsMemoFollowsEnv(t *testing.T) {
-	t.Setenv("RSOCK_UPGRADE_BYTES", "")
+	rsockenv.Setenv(t, "RSOCK_UPGRADE_BYTES", "")
 	s1, err := (*Config)(nil).resolveShared()
 	require.NoError(t, err)
 	s2, err := (*Config)(nil).resolveShared()
@@ -161,8 +152,12 @@ func TestSettingsMemoFollowsEnv(t *testing.T) {
 	t.Setenv("RSOCK_UPGRADE_BYTES", "1k")
 	s3, err := (*Config)(nil).resolveShared()
 	require.NoError(t, err)
+	require.Same(t, s1, s3, "the environment is read once")
+	rsockenv.Reload()
+	s3, err = (*Config)(nil).resolveShared()
+	require.NoError(t, err)
 	require.Equal(t, 1024, s3.upgradeBytes)
-	t.Setenv("RSOCK_UPGRADE_BYTES", "nonsense")
+	rsockenv.Setenv(t, "RSOCK_UPGRADE_BYTES", "nonsense")
 	_, err = (*Config)(nil).resolveShared()
 	require.Error(t, err, "a bad variable is reported, not hidden by the memo")
 }

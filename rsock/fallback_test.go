@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/nettest"
 
+	"github.com/rdmanet/rdmanet/internal/rsockenv"
 	"github.com/rdmanet/rdmanet/internal/transport"
 	"github.com/rdmanet/rdmanet/internal/verbs"
 	"github.com/rdmanet/rdmanet/internal/verbs/sim"
@@ -322,7 +323,7 @@ func TestBadNetworkAndConfig(t *testing.T) {
 	_, err = d.Dial("tcp", "127.0.0.1:1")
 	var ce *ConfigError
 	assert.True(t, errors.As(err, &ce), "%v", err)
-	t.Setenv("RSOCK_RING_SIZE", "3000")
+	rsockenv.Setenv(t, "RSOCK_RING_SIZE", "3000")
 	_, err = Dial("tcp", "127.0.0.1:1")
 	assert.True(t, errors.As(err, &ce), "%v", err)
 	assert.True(t, strings.Contains(err.Error(), "RSOCK_RING_SIZE") || strings.Contains(err.Error(), "RingSize"))

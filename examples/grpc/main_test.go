@@ -12,12 +12,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdmanet/rdmanet/internal/rsockenv"
 	"github.com/rdmanet/rdmanet/internal/transport"
 	"github.com/rdmanet/rdmanet/internal/verbs/sim"
 )
 
 func TestDemoOverTCP(t *testing.T) {
-	t.Setenv("RSOCK_TRANSPORTS", "tcp")
+	rsockenv.Setenv(t, "RSOCK_TRANSPORTS", "tcp")
 	var out bytes.Buffer
 	require.NoError(t, runDemo(context.Background(), &out, log.New(io.Discard, "", 0)))
 	s := out.String()
@@ -39,7 +40,7 @@ func TestDemoOverTCP(t *testing.T) {
 }
 
 func TestDemoOverShmByDefault(t *testing.T) {
-	t.Setenv("RSOCK_TRANSPORTS", "")
+	rsockenv.Setenv(t, "RSOCK_TRANSPORTS", "")
 	var out bytes.Buffer
 	require.NoError(t, runDemo(context.Background(), &out, log.New(io.Discard, "", 0)))
 	s := out.String()
@@ -51,7 +52,7 @@ func TestDemoOverShmByDefault(t *testing.T) {
 func TestDemoOverSim(t *testing.T) {
 	transport.Register("sim", sim.New())
 	t.Cleanup(func() { transport.Unregister("sim") })
-	t.Setenv("RSOCK_TRANSPORTS", "sim,tcp")
+	rsockenv.Setenv(t, "RSOCK_TRANSPORTS", "sim,tcp")
 	var out bytes.Buffer
 	require.NoError(t, runDemo(context.Background(), &out, log.New(io.Discard, "", 0)))
 	s := out.String()
@@ -67,7 +68,7 @@ func TestDemoOverSim(t *testing.T) {
 // TestServerAndClientModes runs -listen and -connect as separate pieces, as
 // two processes would.
 func TestServerAndClientModes(t *testing.T) {
-	t.Setenv("RSOCK_TRANSPORTS", "verbs,shm,tcp")
+	rsockenv.Setenv(t, "RSOCK_TRANSPORTS", "verbs,shm,tcp")
 	// Find a free port, then serve on it.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdmanet/rdmanet/internal/rsockenv"
 	"github.com/rdmanet/rdmanet/rsock"
 	"github.com/rdmanet/rdmanet/rsock/rsockdebug"
 )
@@ -37,7 +38,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestDemoOverShmByDefault(t *testing.T) {
-	t.Setenv("RSOCK_TRANSPORTS", "")
+	rsockenv.Setenv(t, "RSOCK_TRANSPORTS", "")
 	var out bytes.Buffer
 	require.NoError(t, runDemo(&out, log.New(io.Discard, "", 0), demoServerCmd()))
 	s := out.String()
@@ -55,7 +56,7 @@ func TestDemoOverShmByDefault(t *testing.T) {
 }
 
 func TestDemoOverTCP(t *testing.T) {
-	t.Setenv("RSOCK_TRANSPORTS", "tcp")
+	rsockenv.Setenv(t, "RSOCK_TRANSPORTS", "tcp")
 	var out bytes.Buffer
 	require.NoError(t, runDemo(&out, log.New(io.Discard, "", 0), demoServerCmd()))
 	s := out.String()

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdmanet/rdmanet/internal/rsockenv"
 	"github.com/rdmanet/rdmanet/rsock"
 )
 
@@ -25,7 +26,7 @@ func run(t *testing.T, o Options) (string, int) {
 // TestDoctorOnThisHost: the report says whether there are RDMA devices
 // (and why not), finds shm working by a connection to itself, and exits 0.
 func TestDoctorOnThisHost(t *testing.T) {
-	t.Setenv("RSOCK_TRANSPORTS", "")
+	rsockenv.Setenv(t, "RSOCK_TRANSPORTS", "")
 	out, status := run(t, Options{Timeout: 10 * time.Second})
 	assert.Equal(t, 0, status)
 	assert.Contains(t, out, "  valid")
@@ -43,7 +44,7 @@ func TestDoctorOnThisHost(t *testing.T) {
 // TestDoctorInvalidVariable: an invalid RSOCK_* variable is shown and
 // makes the status 1.
 func TestDoctorInvalidVariable(t *testing.T) {
-	t.Setenv("RSOCK_RING_SIZE", "3000")
+	rsockenv.Setenv(t, "RSOCK_RING_SIZE", "3000")
 	out, status := run(t, Options{})
 	assert.Equal(t, 1, status)
 	assert.Contains(t, out, "RSOCK_RING_SIZE=3000")
@@ -54,8 +55,8 @@ func TestDoctorInvalidVariable(t *testing.T) {
 // shm from an rsock listener here, TCP with the plain-server code from a
 // plain server, and a failure (status 1) where nothing listens.
 func TestDoctorConnect(t *testing.T) {
-	t.Setenv("RSOCK_TRANSPORTS", "shm,tcp")
-	t.Setenv("RSOCK_PROBE_CACHE_TTL", "0")
+	rsockenv.Setenv(t, "RSOCK_TRANSPORTS", "shm,tcp")
+	rsockenv.Setenv(t, "RSOCK_PROBE_CACHE_TTL", "0")
 	ln, err := rsock.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
