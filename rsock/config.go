@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -223,9 +222,10 @@ var DefaultTransports = []string{"verbs", "shm", "tcp"}
 
 // settings is a Config resolved against the environment and the defaults.
 type settings struct {
-	transports    []string // accelerated transports, in order ("tcp" removed)
-	served        []string // transports, host-local first (serveOrder)
-	fallback      bool     // "tcp" was listed
+	transports    []string              // accelerated transports, in order ("tcp" removed)
+	served        []string              // transports, host-local first (serveOrder)
+	servedT       []handshake.Transport // served's, by number
+	fallback      bool                  // "tcp" was listed
 	ringSize      int
 	ringStart     int
 	credits       int
@@ -248,8 +248,8 @@ type settings struct {
 	poolIdle      time.Duration
 	log           *slog.Logger
 
-	earlyHellos [2]atomic.Pointer[helloFrame] // earlyHelloFor's, [1] for a peer maybe on this host
-	answers     sync.Map                      // uint64 (switchAnswer's key) -> *upAnswer
+	earlyHellos [2]atomic.Pointer[helloFrame]    // earlyHelloFor's, [1] for a peer maybe on this host
+	answers     [1 << 3]atomic.Pointer[upAnswer] // by switchAnswer's key: a bit per served transport, of at most three
 }
 
 // defaultUpgradeAfter is UpgradeAfter's default: DefaultUpgradeAfter, or
@@ -372,6 +372,10 @@ func (c *Config) resolve() (*settings, error) {
 		s.transports = append(s.transports, name)
 	}
 	s.served = localFirst(s.transports)
+	for _, name := range s.served {
+		t, _ := handshake.TransportByName(name)
+		s.servedT = append(s.servedT, t)
+	}
 	if len(s.transports) == 0 && !s.fallback {
 		return nil, &ConfigError{Field: "Transports", Env: env, Value: strings.Join(list, ","), Err: fmt.Errorf("no transport")}
 	}

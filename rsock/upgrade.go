@@ -106,19 +106,20 @@ func (a *upAnswer) refuse(raw *net.TCPConn, frame []byte) error {
 func (s *settings) switchAnswer(offers []handshake.Offer) *upAnswer {
 	order := s.serveOrder()
 	var key uint64 // which of order's transports are taken
-	for i, name := range order {
-		t, _ := handshake.TransportByName(name)
-		if _, built := transport.Lookup(name); built && indexOffer(offers, t) >= 0 {
+	for i, t := range s.servedT {
+		if _, built := transport.Lookup(order[i]); built && indexOffer(offers, t) >= 0 {
 			key |= 1 << i
 		}
 	}
-	if a, ok := s.answers.Load(key); ok {
-		return a.(*upAnswer)
+	cached := key < uint64(len(s.answers))
+	if cached {
+		if a := s.answers[key].Load(); a != nil {
+			return a
+		}
 	}
 	var ts []handshake.Transport
-	for i, name := range order {
+	for i, t := range s.servedT {
 		if key&(1<<i) != 0 {
-			t, _ := handshake.TransportByName(name)
 			ts = append(ts, t)
 		}
 	}
@@ -132,8 +133,11 @@ func (s *settings) switchAnswer(offers []handshake.Offer) *upAnswer {
 		}
 	}
 	a.frame, a.err = handshake.Append(nil, answer)
-	got, _ := s.answers.LoadOrStore(key, a)
-	return got.(*upAnswer)
+	if !cached {
+		return a
+	}
+	s.answers[key].CompareAndSwap(nil, a)
+	return s.answers[key].Load()
 }
 
 // switchStart is how a switching connection starts (switchConn).
