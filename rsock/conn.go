@@ -51,6 +51,10 @@ type Conn struct {
 	born   time.Time   // when it was made (registry.go)
 	shard  uint8       // its registry shard
 	closed atomic.Bool // Close was called: it left the registry
+	// Its place in its shard's list while registered, under the shard's
+	// lock.
+	prev, next *Conn
+	listed     bool
 }
 
 // label says which transport carries a Conn and why.

@@ -46,8 +46,8 @@ const registryShards = 32
 
 var registry struct {
 	shards [registryShards]struct {
-		mu    sync.Mutex
-		conns map[*Conn]struct{}
+		mu   sync.Mutex
+		head *Conn // a list through Conn.prev and next: no hashing per connection
 	}
 	next atomic.Uint32
 
@@ -112,10 +112,11 @@ func (c *Conn) register() {
 	c.shard = uint8(registry.next.Add(1) % registryShards)
 	sh := &registry.shards[c.shard]
 	sh.mu.Lock()
-	if sh.conns == nil {
-		sh.conns = map[*Conn]struct{}{}
+	c.next, c.listed = sh.head, true
+	if c.next != nil {
+		c.next.prev = c
 	}
-	sh.conns[c] = struct{}{}
+	sh.head = c
 	sh.mu.Unlock()
 	if n := registry.opened[l.transport]; n != nil {
 		n.Add(1)
@@ -134,8 +135,18 @@ func (c *Conn) register() {
 func (c *Conn) unregister() {
 	sh := &registry.shards[c.shard]
 	sh.mu.Lock()
-	_, ok := sh.conns[c]
-	delete(sh.conns, c)
+	ok := c.listed
+	if ok {
+		if c.prev != nil {
+			c.prev.next = c.next
+		} else {
+			sh.head = c.next
+		}
+		if c.next != nil {
+			c.next.prev = c.prev
+		}
+		c.prev, c.next, c.listed = nil, nil, false
+	}
 	tr := c.label.Load().transport
 	if n := registry.open[tr]; ok && n != nil {
 		n.Add(-1)
@@ -168,7 +179,7 @@ func (c *Conn) relabel(to *label) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	from := c.label.Swap(to)
-	_, open := sh.conns[c]
+	open := c.listed
 	move := func(m map[string]*atomic.Int64, from, to string) {
 		if a, b := m[from], m[to]; a != nil && b != nil && from != to {
 			a.Add(-1)
@@ -209,7 +220,7 @@ func Connections() []ConnState {
 	for i := range registry.shards {
 		sh := &registry.shards[i]
 		sh.mu.Lock()
-		for c := range sh.conns {
+		for c := sh.head; c != nil; c = c.next {
 			all = append(all, c)
 		}
 		sh.mu.Unlock()

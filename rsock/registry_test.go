@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"expvar"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"testing"
@@ -245,5 +246,38 @@ func TestRelabelAfterClose(t *testing.T) {
 		go func() { defer wg.Done(); c.unregister() }()
 	}
 	wg.Wait()
+	assert.Equal(t, before.Open, Totals().Open)
+}
+
+// TestRegistryList: connections leave their shard's list in any order,
+// once, and the others stay in it.
+func TestRegistryList(t *testing.T) {
+	listed := func() map[*Conn]bool {
+		m := map[*Conn]bool{}
+		for i := range registry.shards {
+			sh := &registry.shards[i]
+			sh.mu.Lock()
+			for c := sh.head; c != nil; c = c.next {
+				m[c] = true
+			}
+			sh.mu.Unlock()
+		}
+		return m
+	}
+	before := Totals()
+	cs := make([]*Conn, 3*registryShards)
+	for i := range cs {
+		cs[i] = newConn("tcp", label{transport: "tcp", code: CodeTCPOnly})
+		cs[i].register()
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
+	for i, c := range cs {
+		c.unregister()
+		c.unregister() // gone already: no change
+		in := listed()
+		for j, d := range cs {
+			require.Equal(t, j > i, in[d], "connection %d after %d left", j, i)
+		}
+	}
 	assert.Equal(t, before.Open, Totals().Open)
 }
