@@ -31,9 +31,11 @@ type sender struct {
 
 	// writeNow's call, guarded by mu: its function is bound once (init),
 	// so that a write allocates nothing.
-	nowBuf []byte
-	nowN   int
-	nowFn  func(fd uintptr) bool
+	iov   [3]unix.Iovec
+	iovN  int
+	nowN  int
+	nowFn func(fd uintptr) bool
+	hdr   [handshake.HeaderLen]byte // data's frame header, guarded by mu
 
 	mem   [unix.SK_MEMINFO_VARS]uint32 // quiet's, guarded by mu
 	memOK bool
@@ -56,35 +58,41 @@ type sender struct {
 	held []byte
 }
 
-// queueLocked writes frame, or what of it the socket does not take at
-// once, behind the frames queued before it, and makes sure a goroutine
-// writes what is queued. With nothing queued it first tries the socket
-// directly, without blocking, from the caller: most frames then need no
-// goroutine at all.
+// queueLocked is sendLocked for a whole frame, which it takes (pooled).
 func (s *sender) queueLocked(frame []byte) {
-	if s.held != nil {
-		both := append(append(pool.Get(len(s.held) + len(frame))[:0], s.held...), frame...)
-		pool.Put(s.held)
-		pool.Put(frame)
-		frame, s.held = both, nil
-	}
+	s.sendLocked(frame, nil)
+	pool.Put(frame)
+}
+
+// sendLocked writes the frame that head and body make, with the held
+// frame in front of it, or what of them the socket does not take at once,
+// behind the frames queued before, and makes sure a goroutine writes what
+// is queued. With nothing queued it first tries the socket directly,
+// without blocking, from the caller, in one system call: most frames then
+// need no goroutine and no copy. What is queued is copied: head and body
+// stay the caller's.
+func (s *sender) sendLocked(head, body []byte) {
+	held := s.held
+	s.held = nil
+	skip := 0
 	if !s.running && len(s.q) == 0 && s.err == nil {
-		n := s.writeNow(frame)
-		if n == len(frame) {
-			pool.Put(frame)
-			return
+		skip = s.writeNow(held, head, body)
+	}
+	if rest := len(held) + len(head) + len(body) - skip; rest > 0 {
+		frame := pool.Get(rest)[:0]
+		for _, p := range [...][]byte{held, head, body} {
+			k := min(skip, len(p))
+			frame, skip = append(frame, p[k:]...), skip-k
 		}
-		if n > 0 {
-			rest := append(pool.Get(len(frame) - n)[:0], frame[n:]...)
-			pool.Put(frame)
-			frame = rest
+		s.q = append(s.q, frame)
+		s.queued += len(frame)
+		if !s.running {
+			s.running = true
+			go s.run()
 		}
 	}
-	s.q = append(s.q, frame)
-	s.queued += len(frame)
-	if !s.running {
-		s.running = true
-		go s.run()
+	if held != nil {
+		pool.Put(held)
 	}
 }
 
@@ -107,12 +115,12 @@ func (s *sender) flush() {
 
 func (s *sender) flushLocked() {
 	if f := s.held; f != nil {
-		s.held = nil
 		if s.err != nil || s.closing {
+			s.held = nil
 			pool.Put(f)
 			return
 		}
-		s.queueLocked(f)
+		s.sendLocked(nil, nil)
 	}
 }
 
@@ -123,24 +131,34 @@ func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
 	s.nowFn = s.writeFD
 }
 
-// writeNow writes what of b the socket takes without blocking, and
-// returns how much that was (0 on any error: the goroutine's blocking
-// write then meets it again and reports it). mu is held.
-func (s *sender) writeNow(b []byte) int {
+// writeNow writes what of parts, one after the other, the socket takes
+// without blocking, and returns how much that was (0 on any error: the
+// goroutine's blocking write then meets it again and reports it). mu is
+// held.
+func (s *sender) writeNow(parts ...[]byte) int {
 	if s.rc == nil {
 		return 0
 	}
-	s.nowBuf, s.nowN = b, 0
-	_ = s.rc.Write(s.nowFn)
-	n := s.nowN
-	s.nowBuf = nil
-	return n
+	s.iovN, s.nowN = 0, 0
+	for _, p := range parts {
+		if len(p) > 0 {
+			s.iov[s.iovN].Base = &p[0]
+			s.iov[s.iovN].SetLen(len(p))
+			s.iovN++
+		}
+	}
+	if s.iovN > 0 {
+		_ = s.rc.Write(s.nowFn)
+	}
+	clear(s.iov[:s.iovN])
+	return s.nowN
 }
 
 // writeFD is writeNow's write.
 func (s *sender) writeFD(fd uintptr) bool {
-	if k, err := unix.Write(int(fd), s.nowBuf); err == nil {
-		s.nowN = k
+	k, _, errno := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(s.iovN))
+	if errno == 0 {
+		s.nowN = int(k)
 	}
 	return true // never wait: the rest is queued
 }
@@ -254,11 +272,9 @@ func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (in
 			return n, err
 		}
 		k := min(len(b)-n, handshake.MaxData)
-		frame := pool.Get(handshake.HeaderLen + k)
-		handshake.PutDataHeader((*[handshake.HeaderLen]byte)(frame), k)
-		copy(frame[handshake.HeaderLen:], b[n:n+k])
+		handshake.PutDataHeader(&s.hdr, k)
 		s.sent += uint64(k)
-		s.queueLocked(frame)
+		s.sendLocked(s.hdr[:], b[n:n+k])
 		s.mu.Unlock()
 		n += k
 	}
