@@ -149,8 +149,8 @@ func (c *Clock) takeDueLocked(now time.Time) []*Alarm {
 	clear(c.alarms[len(kept):])
 	c.alarms = kept
 	c.stopped.Store(0)
-	if len(kept) == 0 {
-		c.alarms = nil // let a burst's backing array go
+	if len(kept) == 0 && cap(c.alarms) > sweepAt {
+		c.alarms = nil // let a burst's backing array go; keep a small one
 	}
 	return due
 }
