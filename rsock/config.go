@@ -310,11 +310,14 @@ type memoEntry struct {
 	s   *settings
 }
 
-// memoKey is everything a resolution depends on: each Config field (the
-// transports joined) and the reading of the environment.
+// memoKey is everything a resolution depends on: each Config field and
+// the reading of the environment. The transports are copied into the key
+// (up to four; more are joined), not joined for every Dial.
 type memoKey struct {
 	nilConfig                                                           bool
-	transports                                                          string
+	nTransports                                                         int
+	transports                                                          [4]string
+	moreTransports                                                      string
 	ringSize, ringStart, credits, port, gidIndex, pool, upgradeBytes    int
 	busyPoll, handshake, sniff, probe, probeCacheTTL, poolIdle, upAfter time.Duration
 	device                                                              string
@@ -326,7 +329,12 @@ type memoKey struct {
 func memoKeyOf(c *Config) memoKey {
 	k := memoKey{nilConfig: c == nil, env: rsockenv.Load()}
 	if c != nil {
-		k.transports = strings.Join(c.Transports, ",")
+		k.nTransports = len(c.Transports)
+		if k.nTransports <= len(k.transports) {
+			copy(k.transports[:], c.Transports)
+		} else {
+			k.moreTransports = strings.Join(c.Transports, ",")
+		}
 		k.ringSize, k.ringStart, k.credits, k.port, k.gidIndex = c.RingSize, c.RingStart, c.Credits, c.Port, c.GIDIndex
 		k.pool, k.upgradeBytes = c.EndpointPool, c.UpgradeBytes
 		k.busyPoll, k.handshake, k.sniff, k.probe = c.BusyPoll, c.HandshakeTimeout, c.SniffTimeout, c.ProbeTimeout

@@ -136,6 +136,13 @@ func TestSettingsMemoKey(t *testing.T) {
 		}
 		require.NotEqual(t, base, memoKeyOf(&c), "Config.%s is not in the memo's key", f.Name)
 	}
+	for _, pair := range [][2][]string{
+		{{"shm", "tcp"}, {"tcp", "shm"}},
+		{{"shm", "tcp", "shm", "tcp", "shm"}, {"shm", "tcp", "shm", "tcp", "verbs"}}, // past the key's array
+	} {
+		require.NotEqual(t, memoKeyOf(&Config{Transports: pair[0]}), memoKeyOf(&Config{Transports: pair[1]}), "%v", pair)
+		require.Equal(t, memoKeyOf(&Config{Transports: pair[0]}), memoKeyOf(&Config{Transports: append([]string(nil), pair[0]...)}))
+	}
 	rsockenv.Reload()
 	require.True(t, base != memoKeyOf(&Config{}), "a new reading of the environment is not in the memo's key")
 }
