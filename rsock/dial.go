@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -153,7 +154,8 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 type probeCache struct {
 	mu      sync.Mutex
 	entries map[string]probeEntry
-	need    int // probes in a row that make a verdict; 0: probeStrikes
+	size    atomic.Int32 // len(entries), for known's lock-free miss when it is empty
+	need    int          // probes in a row that make a verdict; 0: probeStrikes
 }
 
 type probeEntry struct {
@@ -184,11 +186,14 @@ func (p *probeCache) strikes() int {
 
 // known reports whether key is a remembered plain server.
 func (p *probeCache) known(key string) bool {
+	if p.size.Load() == 0 {
+		return false // the common case of plainServers and v1Servers: no lock, no hash
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	e, ok := p.entries[key]
 	if ok && time.Now().After(e.expires) {
-		delete(p.entries, key)
+		p.deleteLocked(key)
 		return false
 	}
 	return ok && e.strikes >= p.strikes()
@@ -209,6 +214,7 @@ func (p *probeCache) add(key string, ttl time.Duration) bool {
 		if len(p.entries) >= maxProbeCache {
 			clear(p.entries)
 		}
+		p.size.Store(int32(len(p.entries)))
 	}
 	e := p.entries[key]
 	if now.After(e.expires) {
@@ -217,14 +223,23 @@ func (p *probeCache) add(key string, ttl time.Duration) bool {
 	e.strikes++
 	e.expires = now.Add(ttl)
 	p.entries[key] = e
+	p.size.Store(int32(len(p.entries)))
 	return e.strikes == p.strikes()
 }
 
 // forget drops what is known about key (a handshake there succeeded).
 func (p *probeCache) forget(key string) {
+	if p.size.Load() == 0 {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.deleteLocked(key)
+}
+
+func (p *probeCache) deleteLocked(key string) {
 	delete(p.entries, key)
+	p.size.Store(int32(len(p.entries)))
 }
 
 // noTransport wraps why no transport was agreed in ErrNoTransport, on one

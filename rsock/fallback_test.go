@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -397,4 +398,36 @@ func TestRegistrationRefusedFallsBack(t *testing.T) {
 	_, err = io.ReadFull(s, buf)
 	require.NoError(t, err)
 	require.Equal(t, "ping", string(buf))
+}
+
+// TestProbeCacheCounts: the cache's size, which lets a lookup in an empty
+// cache skip the lock, follows every way an entry comes and goes.
+func TestProbeCacheCounts(t *testing.T) {
+	p := &probeCache{entries: map[string]probeEntry{}}
+	size := func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		require.Equal(t, len(p.entries), int(p.size.Load()))
+		return len(p.entries)
+	}
+	assert.False(t, p.known("a"))
+	assert.False(t, p.add("a", time.Hour), "one strike is no verdict")
+	assert.False(t, p.known("a"))
+	assert.True(t, p.add("a", time.Hour))
+	assert.True(t, p.known("a"))
+	assert.Equal(t, 1, size())
+	p.forget("a")
+	assert.False(t, p.known("a"))
+	assert.Equal(t, 0, size())
+
+	p.add("b", -time.Second) // expired already: known drops it
+	assert.Equal(t, 1, size())
+	assert.False(t, p.known("b"))
+	assert.Equal(t, 0, size())
+
+	for i := range maxProbeCache + 1 {
+		p.add(strconv.Itoa(i), time.Hour)
+	}
+	assert.Equal(t, 1, size(), "a full cache is cleared before the next entry")
+	assert.False(t, p.known("0"))
 }
