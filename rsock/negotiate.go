@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	pool "github.com/libp2p/go-buffer-pool"
-
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/stream"
 	"github.com/rdmanet/rdmanet/internal/transport"
@@ -379,8 +377,7 @@ func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
 	if h == nil {
 		return nil
 	}
-	frame := append(pool.Get(len(h.frame))[:0], h.frame...)
-	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: h.offers, held: frame, untimed: true})
+	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: h.offers, held: h.frame, untimed: true})
 }
 
 // helloFrame is an early dial's hello, made once per settings for each

@@ -54,7 +54,7 @@ type sender struct {
 	shut       bool // the queue drained after finish: FIN sent (shutLocked)
 	readerGone bool // the reader has stopped (readerDone)
 	// held is a frame that goes out in front of the next one queued, or
-	// at flush or finish (hold).
+	// at flush or finish (hold); shared, read only.
 	held []byte
 }
 
@@ -91,12 +91,9 @@ func (s *sender) sendLocked(head, body []byte) {
 			go s.run()
 		}
 	}
-	if held != nil {
-		pool.Put(held)
-	}
 }
 
-// hold keeps frame (pooled), an early hello or the answer to one, to go
+// hold keeps frame (shared, read only: it is never written to or pooled), an early hello or the answer to one, to go
 // out in front of the next frame queued, or at flush or finish, whichever
 // comes first: the hello and the request, or the answer and the reply,
 // then share a segment, and the peer one wake-up.
@@ -114,10 +111,9 @@ func (s *sender) flush() {
 }
 
 func (s *sender) flushLocked() {
-	if f := s.held; f != nil {
+	if s.held != nil {
 		if s.err != nil || s.closing {
 			s.held = nil
-			pool.Put(f)
 			return
 		}
 		s.sendLocked(nil, nil)

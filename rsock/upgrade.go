@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	pool "github.com/libp2p/go-buffer-pool"
-
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/stream"
 	"github.com/rdmanet/rdmanet/internal/transport"
@@ -65,7 +63,7 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 	// Only a connection that may upgrade has the reader timer that
 	// flushes a held answer.
 	if len(a.transports) > 0 && hello.Flags&handshake.FlagEarly != 0 {
-		st.held = append(pool.Get(len(frame))[:0], frame...)
+		st.held = frame // the cached answer's: shared, read only
 	} else if _, err := raw.Write(frame); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
@@ -150,7 +148,7 @@ type switchStart struct {
 	early  bool
 	key    string            // the early client's address key (earlyServers)
 	offers []handshake.Offer // the early client's hello's
-	// held (pooled) goes out with the connection's next frame
+	// held (shared, read only) goes out with the connection's next frame
 	// (sender.hold): the server's answer to an early hello, or the early
 	// client's hello. arrived, on the server, is what came after the
 	// client's hello: an early client's first frames.
