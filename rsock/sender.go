@@ -93,10 +93,11 @@ func (s *sender) sendLocked(head, body []byte) {
 	}
 }
 
-// hold keeps frame (shared, read only: it is never written to or pooled), an early hello or the answer to one, to go
-// out in front of the next frame queued, or at flush or finish, whichever
-// comes first: the hello and the request, or the answer and the reply,
-// then share a segment, and the peer one wake-up.
+// hold keeps frame, an early hello or the answer to one, to go out in
+// front of the next frame queued, or at flush or finish, whichever comes
+// first: the hello and the request, or the answer and the reply, then
+// share a segment, and the peer one wake-up. The frame is shared and read
+// only: s never writes to it or pools it.
 func (s *sender) hold(frame []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
