@@ -214,7 +214,6 @@ func (p *probeCache) add(key string, ttl time.Duration) bool {
 		if len(p.entries) >= maxProbeCache {
 			clear(p.entries)
 		}
-		p.size.Store(int32(len(p.entries)))
 	}
 	e := p.entries[key]
 	if now.After(e.expires) {
