@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmanet/rdmanet/internal/rsockenv"
 	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
 	"github.com/rdmanet/rdmanet/internal/verbs/shm"
 	"github.com/rdmanet/rdmanet/rsock"
@@ -43,13 +44,7 @@ func Run(w io.Writer, o Options) int {
 	fmt.Fprintf(w, "rsock doctor: %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
 
 	fmt.Fprintln(w, "\nconfiguration")
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "RSOCK_") {
-			env = append(env, kv)
-		}
-	}
-	slices.Sort(env)
+	env := rsockenv.Load().Environ() // what CheckConfig below reads
 	if len(env) == 0 {
 		fmt.Fprintln(w, "  RSOCK_* variables: none (defaults)")
 	}

@@ -8,12 +8,13 @@ package rsockenv
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 )
 
-// Prefix starts the name of every variable the package keeps.
-const Prefix = "RSOCK_"
+// prefix starts the name of every variable the package keeps.
+const prefix = "RSOCK_"
 
 // Vars is one reading of the variables.
 type Vars struct {
@@ -41,13 +42,23 @@ func Get(name string) string { return Load().Get(name) }
 // Get returns the value of the variable name in v ("" if unset).
 func (v *Vars) Get(name string) string { return v.m[name] }
 
+// Environ returns v's variables as "NAME=value", sorted by name.
+func (v *Vars) Environ() []string {
+	out := make([]string, 0, len(v.m))
+	for k, val := range v.m {
+		out = append(out, k+"="+val)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Reload reads the environment again, for Loads from now on.
 func Reload() { current.Store(read()) }
 
 func read() *Vars {
 	v := &Vars{m: map[string]string{}}
 	for _, kv := range os.Environ() {
-		if k, val, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, Prefix) {
+		if k, val, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, prefix) {
 			v.m[k] = val
 		}
 	}

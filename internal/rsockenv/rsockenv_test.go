@@ -2,6 +2,7 @@ package rsockenv
 
 import (
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,6 +19,9 @@ func TestReadOnce(t *testing.T) {
 		Setenv(t, name, "a")
 		assert.Equal(t, "a", Get(name))
 		assert.NotSame(t, v, Load(), "a reload is a new reading")
+		env := Load().Environ()
+		assert.Contains(t, env, name+"=a")
+		assert.True(t, slices.IsSorted(env))
 		os.Setenv(name, "b") // restored by the subtest's cleanup
 		assert.Equal(t, "a", Get(name), "read once")
 		Reload()
