@@ -2,7 +2,6 @@ package rsock
 
 import (
 	"net"
-	"syscall"
 	"time"
 )
 
@@ -101,20 +100,6 @@ func (c *Conn) SetLinger(sec int) error {
 		return c.opError("set", c.s.SetLinger(sec))
 	}
 	return c.tcp.SetLinger(sec)
-}
-
-// SyscallConn returns the raw TCP socket: the connection's own on the TCP
-// transport, the bootstrap's on a ring. Options set through it on a ring
-// apply to the bootstrap connection: TCP_USER_TIMEOUT (which grpc-go sets
-// this way) bounds, with keep-alive, how long a dead peer host goes
-// unnoticed; options about the flow of data have no effect on the ring.
-func (c *Conn) SyscallConn() (syscall.RawConn, error) {
-	t, err := c.socket()
-	if err != nil {
-		return nil, err
-	}
-	c.keepAlive()
-	return t.SyscallConn()
 }
 
 // socket is the TCP connection under c: its own or its bootstrap's. On a

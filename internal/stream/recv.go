@@ -363,3 +363,61 @@ func (c *Conn) CloseRead() error {
 	c.dropLease() // a lease no call holds
 	return nil
 }
+
+// Poll reports what a Read would find now, without waiting and without
+// taking anything: readable is true when bytes wait to be read; else err
+// is what a Read would return at once (io.EOF once the peer's end was
+// read or after CloseRead, net.ErrClosed, the connection's failure, or
+// ErrMoving while a switching connection moves off this ring), and both
+// zero values mean a Read would wait. A Read or CopyTo that runs
+// meanwhile holds the receiving side: what is readable is that call's,
+// and Poll reports only an end or a failure. Poll ignores the read
+// deadline.
+func (c *Conn) Poll() (readable bool, err error) {
+	if !c.rd.mu.TryLock() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.st.Readable() > 0 && c.life < lifeClosing && !c.rd.shut {
+			return false, nil // the running call's to take
+		}
+		return false, c.endLocked()
+	}
+	defer c.rdUnlock()
+	if c.rd.lease > c.rd.taken && !c.rd.stop.Load() {
+		return true, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.life >= lifeClosing:
+		return false, net.ErrClosed
+	case c.rd.shut:
+		return false, io.EOF
+	case errors.Is(c.err, ErrMoving):
+		return false, c.err
+	}
+	// As a zero-length Read: report what was taken, look for what came.
+	if err := c.syncLeaseLocked(); err != nil {
+		return false, err
+	}
+	if c.rd.lease > 0 {
+		return true, nil
+	}
+	return false, c.endLocked()
+}
+
+// endLocked is what a Read that finds nothing readable returns at once,
+// or nil if it would wait. mu is held.
+func (c *Conn) endLocked() error {
+	switch {
+	case c.life >= lifeClosing:
+		return net.ErrClosed
+	case c.rd.shut, c.st.EOF():
+		return io.EOF
+	case c.err != nil:
+		return c.err
+	case c.life == lifePeerGone:
+		return io.EOF
+	}
+	return nil
+}

@@ -1,0 +1,317 @@
+package rsock
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/stream"
+)
+
+// SyscallConn returns a syscall.RawConn for code written for
+// *net.TCPConn. On the TCP transport it is the TCP connection's own. On a
+// ring, or on the switching protocol before its upgrade, the stream's
+// bytes are not on any descriptor, and the RawConn says so honestly:
+//
+//   - Control runs f on the bootstrap TCP socket. Options set there
+//     apply to the bootstrap connection: TCP_USER_TIMEOUT (which grpc-go
+//     sets this way) bounds, with keep-alive, how long a dead peer host
+//     goes unnoticed; options about the flow of data have no effect on
+//     the ring.
+//   - Read runs f once, on a descriptor that stands for what a Read of
+//     the Conn would find now, so that a liveness check written for TCP
+//     (a non-blocking read or MSG_PEEK of one byte, as go-redis and
+//     go-sql-driver/mysql do on a pooled connection) gets the truth about
+//     the stream, whichever path carries it: reading it fails with EAGAIN
+//     when a Read would block, returns a byte (not the stream's) when
+//     bytes wait, and returns 0 (end of file) when a Read would return
+//     io.EOF or an error. Nothing of the stream is read or taken. If f
+//     returns false, asking to wait for readability, Read returns an
+//     error wrapping errors.ErrUnsupported rather than wait on a
+//     descriptor that no data will reach.
+//   - Write fails with an error wrapping errors.ErrUnsupported: bytes
+//     written to a descriptor would bypass the stream.
+//
+// Neither Read nor Write blocks. After Close each method fails with an
+// error wrapping net.ErrClosed.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) {
+	t, err := c.socket()
+	if err != nil {
+		return nil, err
+	}
+	c.keepAlive()
+	rc, err := t.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	return &rawConn{c: c, boot: rc}, nil
+}
+
+// rawConn is SyscallConn's answer. On TCP it is the socket's own, but
+// while bytes the listener sniffed wait to be read (Conn.prefix).
+type rawConn struct {
+	c    *Conn
+	boot syscall.RawConn // the socket's: the stream's on TCP, else the bootstrap's
+}
+
+// onSocket reports whether the stream's next bytes are the socket's.
+func (r *rawConn) onSocket() bool {
+	return r.c.w == nil && r.c.s == nil && !r.c.hasPrefix.Load()
+}
+
+// errRawUnsupported is why rawConn's Write, and a Read whose f asks to
+// wait, fail.
+var errRawUnsupported = fmt.Errorf("rsock: the stream is not on a descriptor (use the Conn's Read and Write): %w", errors.ErrUnsupported)
+
+func (r *rawConn) Control(f func(fd uintptr)) error {
+	if r.c.closed.Load() {
+		return r.c.opError("raw-control", net.ErrClosed)
+	}
+	return r.boot.Control(f)
+}
+
+func (r *rawConn) Read(f func(fd uintptr) bool) error {
+	if r.onSocket() {
+		return r.boot.Read(f)
+	}
+	if r.c.closed.Load() {
+		return r.c.opError("raw-read", net.ErrClosed)
+	}
+	fd, release, err := readinessFD(r.c.poll())
+	if err != nil {
+		return r.c.opError("raw-read", err)
+	}
+	defer release()
+	if !f(uintptr(fd)) {
+		return r.c.opError("raw-read", errRawUnsupported)
+	}
+	return nil
+}
+
+func (r *rawConn) Write(f func(fd uintptr) bool) error {
+	if r.c.w == nil && r.c.s == nil {
+		return r.boot.Write(f)
+	}
+	if r.c.closed.Load() {
+		return r.c.opError("raw-write", net.ErrClosed)
+	}
+	return r.c.opError("raw-write", errRawUnsupported)
+}
+
+// readiness is what a Read of a Conn would find now.
+type readiness uint8
+
+const (
+	readWaits readiness = iota // nothing to read: a Read would block
+	readData                   // bytes wait to be read
+	readEnd                    // a Read would return io.EOF or an error at once
+)
+
+// readinessOf turns stream.Conn.Poll's answer into a readiness.
+func readinessOf(readable bool, err error) readiness {
+	switch {
+	case readable:
+		return readData
+	case err != nil:
+		return readEnd
+	}
+	return readWaits
+}
+
+// poll is what a Read of c would find now, without waiting and without
+// taking anything; on TCP only while sniffed bytes wait (rawConn.onSocket).
+func (c *Conn) poll() readiness {
+	switch {
+	case c.w != nil:
+		return c.w.poll()
+	case c.s != nil:
+		return readinessOf(c.s.Poll())
+	}
+	return readData
+}
+
+// poll is what a Read would find now. On TCP, when no one reads the
+// socket (before the background reader starts), it reads what has
+// arrived without waiting, acting on control frames as a Read would,
+// until a Data frame is next or nothing more has come (pollSocket).
+func (w *swConn) poll() readiness {
+	for tries := 0; ; tries++ {
+		w.mu.Lock()
+		switch {
+		case w.closed:
+			w.mu.Unlock()
+			return readEnd
+		case w.rqLen > 0 && !w.rclosed:
+			w.mu.Unlock()
+			return readData
+		case w.rclosed:
+			w.mu.Unlock()
+			return readEnd
+		case w.switched:
+			r := w.ring
+			w.mu.Unlock()
+			ok, err := r.Poll()
+			if ok || err == nil {
+				return readinessOf(ok, nil)
+			}
+			if !errors.Is(err, stream.ErrMoving) && !errors.Is(err, net.ErrClosed) {
+				return readEnd
+			}
+			// The ring is left for TCP (offRing): what the failover
+			// leaves is what a Read finds next.
+			w.mu.Lock()
+			end := w.closed || w.err != nil
+			w.mu.Unlock()
+			return readinessOf(false, errIf(end))
+		case w.eof, w.err != nil:
+			w.mu.Unlock()
+			return readEnd
+		}
+		w.mu.Unlock()
+		if tries > 0 {
+			return readWaits
+		}
+		switch took, data := w.pollSocket(); {
+		case !took:
+			return readWaits
+		case data:
+			return readData
+		}
+	}
+}
+
+// errIf is a non-nil error when end is true (readinessOf's end).
+func errIf(end bool) error {
+	if end {
+		return io.EOF
+	}
+	return nil
+}
+
+// pollSocket is poll's turn at the socket when no one else reads it: it
+// handles what has arrived, without waiting, up to the next Data frame's
+// payload (which then waits for a Read: in.data) or the socket's end. It
+// reports whether it took the turn, and whether a Data frame's payload is
+// next; else poll looks at the state again.
+func (w *swConn) pollSocket() (took, data bool) {
+	w.mu.Lock()
+	if w.bgReader || w.readerEnded || w.appReading {
+		w.mu.Unlock()
+		return false, false // readLoop or a Read acts on what arrives
+	}
+	w.appReading = true
+	w.socketDeadlineLocked(time.Time{}) // a past deadline would fail even a read that does not wait
+	w.mu.Unlock()
+
+	data = w.in.data > 0
+	for !data {
+		h, msg, err := w.in.next(false)
+		if errors.Is(err, errWouldBlock) {
+			break
+		}
+		if err == nil && h.Type == handshake.TypeData {
+			err = w.dataAllowed()
+		}
+		if err == nil && msg != nil {
+			var last bool
+			if last, err = w.handle(msg); last && err == nil {
+				w.readerStopped()
+				break
+			}
+		}
+		if err != nil {
+			w.readerStopped()
+			w.ended(err)
+			break
+		}
+		data = msg == nil
+	}
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.appReading, w.interrupted = false, false
+	if w.wantReader {
+		w.needReaderLocked()
+	}
+	return true, data
+}
+
+// The descriptors readinessFD hands out: made once per process, never
+// closed. waitFD is a socket whose peer never writes (reads fail with
+// EAGAIN); endFD one whose peer has closed (reads return 0). Both refuse
+// writes (EPIPE).
+var (
+	waitFD, endFD int
+	fdsErr        error
+	fdsOnce       sync.Once
+)
+
+// readinessFD returns a descriptor that reads as st, and what to call
+// once done with it: for readData a new socket holding one byte, which
+// release closes.
+func readinessFD(st readiness) (fd int, release func(), err error) {
+	fdsOnce.Do(func() {
+		var wp, ep [2]int
+		if wp, fdsErr = socketPair(); fdsErr != nil {
+			return
+		}
+		if ep, fdsErr = socketPair(); fdsErr != nil {
+			syscall.Close(wp[0])
+			syscall.Close(wp[1])
+			return
+		}
+		syscall.Close(ep[1])
+		_ = syscall.Shutdown(wp[0], syscall.SHUT_WR)
+		_ = syscall.Shutdown(ep[0], syscall.SHUT_WR)
+		waitFD, endFD = wp[0], ep[0] // wp[1] stays open, silent
+	})
+	if fdsErr != nil {
+		return -1, nil, fdsErr
+	}
+	switch st {
+	case readWaits:
+		return waitFD, func() {}, nil
+	case readEnd:
+		return endFD, func() {}, nil
+	}
+	p, err := socketPair()
+	if err != nil {
+		return -1, nil, err
+	}
+	defer syscall.Close(p[1])
+	if _, err := syscall.Write(p[1], []byte{0}); err != nil {
+		syscall.Close(p[0])
+		return -1, nil, os.NewSyscallError("write", err)
+	}
+	_ = syscall.Shutdown(p[0], syscall.SHUT_WR)
+	return p[0], func() { syscall.Close(p[0]) }, nil
+}
+
+// socketPair makes a pair of connected Unix sockets, non-blocking and
+// closed on exec.
+func socketPair() ([2]int, error) {
+	syscall.ForkLock.RLock()
+	p, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(p[0])
+		syscall.CloseOnExec(p[1])
+	}
+	syscall.ForkLock.RUnlock()
+	if err != nil {
+		return p, os.NewSyscallError("socketpair", err)
+	}
+	for _, fd := range p {
+		if err := syscall.SetNonblock(fd, true); err != nil {
+			syscall.Close(p[0])
+			syscall.Close(p[1])
+			return p, os.NewSyscallError("setnonblock", err)
+		}
+	}
+	return p, nil
+}
