@@ -236,10 +236,10 @@ type settings struct {
 	probeCacheTTL time.Duration
 	upgradeAfter  time.Duration // negative: the version-1 handshake
 	upgradeBytes  int
-	upgradeReason string // ConnInfo.Reason of a connection on TCP until its upgrade
-	earlyDial     bool   // dials to a server that answered UpgradeEarly do not wait for its answer
-	failover      bool   // a ring failure moves a switching connection to TCP
-	noSwitch      bool   // tests: a listener that answers like a version-1 server
+	upgradeReason string      // ConnInfo.Reason of a connection on TCP until its upgrade
+	earlyDial     bool        // dials to a server that answered UpgradeEarly do not wait for its answer
+	failover      bool        // a ring failure moves a switching connection to TCP
+	noSwitch      atomic.Bool // tests: a listener that answers like a version-1 server (set after Listen: atomic)
 	device        string
 	port          int
 	gidIndex      int // -1: automatic

@@ -59,7 +59,7 @@ func (l *Listener) acceptArrived(a *arrival) *Conn {
 // serveArrived answers a's switching hello and returns its connection if
 // a holds one whole; otherwise it hands a to a handshaker and returns nil.
 func (l *Listener) serveArrived(a *arrival) *Conn {
-	if a.err == nil && !l.s.noSwitch {
+	if a.err == nil && !l.s.noSwitch.Load() {
 		if hello, k := switchHelloIn(a.buf[:a.n]); hello != nil {
 			peer := a.raw.RemoteAddr()
 			c, err := l.s.serveSwitch(l, a.raw, hello, switchFrom{withMagic: true, timed: a.timed}, a.buf[k:a.n])
@@ -295,7 +295,7 @@ func (l *Listener) handshake(a *arrival) (*Conn, error) {
 	}
 	// A switching hello that came whole with the magic is answered now:
 	// nothing is left to wait for.
-	if hello, k := switchHelloIn(head); hello != nil && !s.noSwitch {
+	if hello, k := switchHelloIn(head); hello != nil && !s.noSwitch.Load() {
 		return s.serveSwitch(l, raw, hello, switchFrom{withMagic: true, timed: timed}, head[k:])
 	}
 	return l.awaitHello(raw, head[len(handshake.Magic):])
@@ -376,7 +376,7 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: client opened with %v, want hello", msg.Type())
 	}
-	if hello.Flags&handshake.FlagSwitch != 0 && !s.noSwitch {
+	if hello.Flags&handshake.FlagSwitch != 0 && !s.noSwitch.Load() {
 		// An early client's frames may have come with its hello.
 		return s.serveSwitch(l, raw, hello, switchFrom{timed: true}, rest[len(rest)-hr.Len():])
 	}

@@ -282,7 +282,7 @@ func TestSwitchClientToVersion1Server(t *testing.T) {
 			cfg := swCfg("sim", time.Nanosecond)
 			cfg.ProbeCacheTTL = ttl
 			ln := listen(t, cfg)
-			ln.s.noSwitch = true
+			ln.s.noSwitch.Store(true)
 			t.Cleanup(func() { v1Servers.forget("tcp " + ln.Addr().String()) })
 			c, s := pipe(t, ln, cfg)
 			defer c.Close()
