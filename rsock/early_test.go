@@ -308,6 +308,16 @@ func TestEarlyHelloHeld(t *testing.T) {
 		require.NoError(t, <-served)
 		assert.Equal(t, want, <-got)
 	}
+	// readS reads the server's 's'. A client that closed with it unread
+	// would reset the connection, as TCP does, and the server could read
+	// that reset instead of the end it checks for.
+	readS := func(t *testing.T, c *Conn) {
+		t.Helper()
+		b := make([]byte, 1)
+		_, err := io.ReadFull(c, b)
+		require.NoError(t, err)
+		assert.Equal(t, "s", string(b))
+	}
 	held := func(c *Conn) bool {
 		c.w.out.mu.Lock()
 		defer c.w.out.mu.Unlock()
@@ -321,6 +331,7 @@ func TestEarlyHelloHeld(t *testing.T) {
 		require.NoError(t, err)
 		assert.False(t, held(c))
 		wait(t, early)
+		readS(t, c)
 		end(t, c, "x")
 	})
 	t.Run("when the application reads first", func(t *testing.T) {
@@ -335,6 +346,7 @@ func TestEarlyHelloHeld(t *testing.T) {
 	t.Run("after helloHold", func(t *testing.T) {
 		c := dial(t, time.Millisecond)
 		wait(t, early)
+		readS(t, c)
 		end(t, c, "")
 	})
 	t.Run("at close", func(t *testing.T) {
