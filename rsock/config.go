@@ -52,18 +52,19 @@ type Config struct {
 
 	// BusyPoll bounds how long a blocked Read or Write polls for
 	// completions before it parks its goroutine. Polling spends CPU to
-	// save the wake-up latency of parking, and only pays when the answer
-	// comes within the window, so each connection adapts (per direction):
-	// it keeps polling while answers come within the window, stops after
-	// two waits in a row that outlast it twice over (a slow peer, or one
-	// that lost its core), and then polls again only now and then (after 8
-	// waits, then ever more rarely while that misses, down to one wait in
-	// 256) to notice when polling would pay again. A blocked call on an
-	// idle connection polls one window and then costs no CPU. While a
-	// connection ping-pongs with polling, the waiting side keeps its core
-	// busy. Negative (or 0 in the environment) disables it. Env
-	// RSOCK_BUSY_POLL (a Go duration such as 50us). Default
-	// DefaultBusyPoll.
+	// save the wake-up latency of parking, and pays only when the answer
+	// comes while it polls. So each wait polls for about what a park costs
+	// in this process (a few wake-ups, measured on the parked waits of
+	// every connection as the host gets busier or quieter), and at most
+	// BusyPoll; then it parks. Whatever the peer does, a wait then costs
+	// at most about twice what parking at once or polling through would
+	// have cost, and two peers that both parked start polling again at
+	// their next exchange. A blocked call on an idle connection polls one
+	// window and then costs no CPU; while a connection ping-pongs with
+	// polling, the waiting side keeps its core busy. At most half the
+	// process's cores poll at once. Negative (or 0 in the environment)
+	// disables it. Env RSOCK_BUSY_POLL (a Go duration such as 50us).
+	// Default DefaultBusyPoll.
 	BusyPoll time.Duration
 
 	// HandshakeTimeout bounds the whole handshake once it has started, on
@@ -197,13 +198,11 @@ const (
 	DefaultSniffTimeout     = 200 * time.Millisecond
 	DefaultProbeTimeout     = time.Second
 	DefaultProbeCacheTTL    = time.Minute
-	// DefaultBusyPoll is BusyPoll's default, chosen from two-process
-	// measurements (BENCHMARKS.md). The window must outlast the answer of
-	// a peer that has parked (10-15 us on the test machine), or two peers
-	// that both stopped polling never see a probe succeed and stay
-	// parked: 10 us measured bimodal (0.19x to 1.1x TCP's p50), 20 us
-	// 0.18x to 0.26x.
-	DefaultBusyPoll = 20 * time.Microsecond
+	// DefaultBusyPoll bounds the measured spin window (BusyPoll): it
+	// matters only on a host where waking a parked call takes more than
+	// about 33 us
+	// (BENCHMARKS.md).
+	DefaultBusyPoll = 100 * time.Microsecond
 	// DefaultUpgradeAfter and DefaultUpgradeBytes are the upgrade
 	// policy's defaults: a connection that lives past a millisecond, or
 	// moves 64 KiB, gets its ring (the choice is measured in

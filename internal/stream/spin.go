@@ -7,10 +7,22 @@ import (
 )
 
 // Adaptive busy-polling. A blocked call may poll the completion queue
-// itself for up to Options.BusyPoll before it parks: that saves the wake-up
-// (the peer's notification, the netpoller, the scheduler) when the answer
-// comes within the window, and wastes the window when it does not. Each
-// direction of a Conn keeps the window open or closed by what its recent
+// itself for a window before it parks: that saves the wake-up (the peer's
+// notification, the netpoller, the scheduler) when the answer comes within
+// the window, and wastes the window when it does not.
+//
+// The window is what parking costs in this process now, as the
+// competitive spin-then-park rule asks (Karlin et al.: poll for about the
+// cost of a park, then park, and a wait costs at most about twice what it
+// would have cost with foresight): spinPerPark times parkCost, the time
+// from a parked call's wake-up signal to the call running again, averaged
+// over the parked waits of every connection, so that it follows the host
+// as it gets busier or quieter. A park of a ring wait costs about two such
+// wake-ups (the provider's reader woken by the notification, then the
+// call), and a spinner waits through the peer's park too when the peer
+// had parked: spinPerPark covers both. Options.BusyPoll bounds it.
+//
+// Each direction of a Conn keeps polling or stops by what its recent
 // waits found, in the manner of KVM's halt-polling:
 //
 //   - a wait that spun and was over only after more than missSlack
@@ -24,20 +36,80 @@ import (
 //
 // A wait that ends after the window but within missSlack windows is
 // neither: it is what a spinner sees when its peer parks (the peer's
-// wake-up is slower than the window but not by much), and counting it as a
-// miss would let two peers close each other's windows for good, each
-// seeing the other's parked latency.
+// wake-up, two of this process's), and counting it as a miss would let
+// two peers close each other's windows for good, each seeing the other's
+// parked latency. Because the window is measured, that holds on a slow
+// host too: a fixed window (this package's first design, 20 us) closed
+// for good where a peer's parked answer took over two windows.
 //
 // So a connection whose answers come within the window keeps polling; one
-// whose answers come later stops after spinLimit waits and soon spends at
-// most one window per probeEvery waits; and an idle connection spends at
-// most spinLimit windows and then nothing: a parked call costs no CPU.
+// whose answers come later (a server that works on each request for
+// longer than a park) stops after spinLimit waits and soon spends at most
+// one window per probeEvery waits, leaving the core to the peer; and an
+// idle connection spends at most spinLimit windows and then nothing: a
+// parked call costs no CPU.
 const (
 	spinLimit  = 2   // misses in a row that close the window
 	missSlack  = 2   // a wait over within missSlack windows is no miss
 	firstProbe = 8   // waits from the window closing to the first probe
 	probeEvery = 256 // the longest gap between probes
 )
+
+// spinPerPark is the window in wake-ups of a parked call (parkCost).
+const spinPerPark = 3
+
+// parkCost is the average wake-up latency of a parked call, in
+// nanoseconds: an exponentially weighted average (weight 1/8) of
+// samples, each at most maxParkSample. It starts at initialParkCost.
+var parkCost atomic.Int64
+
+const (
+	initialParkCost = int64(5 * time.Microsecond)
+	maxParkSample   = int64(time.Millisecond) // a descheduled process is not the host's park cost
+)
+
+func init() { parkCost.Store(initialParkCost) }
+
+// spinWindow is how long a wait polls before it parks, with the window
+// open: spinPerPark parks, at most max; 0 with busy-polling off (max <= 0).
+func spinWindow(max time.Duration) time.Duration {
+	if max <= 0 {
+		return 0
+	}
+	return min(max, time.Duration(spinPerPark*parkCost.Load()))
+}
+
+// SetParkCost sets the measured park cost to d, until restore is called:
+// for tests that need a window of a known size (the window is then
+// min(BusyPoll, spinPerPark·d)), whatever the host measures meanwhile.
+func SetParkCost(d time.Duration) (restore func()) {
+	old := parkCost.Load()
+	parkPinned.Store(true)
+	parkCost.Store(int64(d))
+	return func() {
+		parkCost.Store(old)
+		parkPinned.Store(false)
+	}
+}
+
+// parkPinned makes recordWake drop its samples (SetParkCost).
+var parkPinned atomic.Bool
+
+// recordWake adds a parked call's wake-up latency to parkCost. Two
+// samples at once may lose one: an average can afford that.
+func recordWake(ns int64) {
+	if parkPinned.Load() {
+		return
+	}
+	ns = min(max(ns, 0), maxParkSample)
+	old := parkCost.Load()
+	parkCost.Store(old + (ns-old)/8)
+}
+
+// monotonic is nanoseconds on the monotonic clock, for wake-up latency.
+func monotonic() int64 { return int64(time.Since(clockBase)) }
+
+var clockBase = time.Now()
 
 // spinCtl is one direction's adaptive window. Waits of one direction are
 // serialised (the halves' mu), which guards it.
@@ -48,25 +120,26 @@ type spinCtl struct {
 	n      int  // waits since the window closed or the last probe
 }
 
-// window returns how long the next wait should spin: max, or 0 to park at
-// once.
-func (s *spinCtl) window(max time.Duration) time.Duration {
-	if max <= 0 {
+// window returns how long the next wait should spin: w (spinWindow's), or
+// 0 to park at once.
+func (s *spinCtl) window(w time.Duration) time.Duration {
+	if w <= 0 {
 		return 0
 	}
 	if !s.closed {
-		return max
+		return w
 	}
 	if s.n++; s.n >= s.gap {
 		s.n = 0
-		return max // a probe
+		return w // a probe
 	}
 	return 0
 }
 
 // record records a wait that spun for spun (0: none), possibly parked, and
-// was over after took.
-func (s *spinCtl) record(spun, took, max time.Duration) {
+// was over after took; w is the window it spun for.
+func (s *spinCtl) record(spun, took, w time.Duration) {
+	max := w
 	switch {
 	case max <= 0 || spun == 0:
 	case took <= max:

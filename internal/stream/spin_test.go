@@ -193,3 +193,106 @@ func TestWokenBalances(t *testing.T) {
 		t.Fatalf("woken %d once every call returned, want 0", n)
 	}
 }
+
+// The open window is spinPerPark parks, bounded by BusyPoll, and 0 with
+// busy-polling off; the park cost follows its samples, up and down, and
+// one huge sample (a descheduled process) moves it by at most
+// maxParkSample/8.
+func TestSpinWindow(t *testing.T) {
+	defer parkCost.Store(parkCost.Load())
+	const us = int64(time.Microsecond)
+
+	parkCost.Store(10 * us)
+	if w := spinWindow(0); w != 0 {
+		t.Fatalf("busy-poll off: window %v", w)
+	}
+	if w := spinWindow(-1); w != 0 {
+		t.Fatalf("busy-poll negative: window %v", w)
+	}
+	if w, want := spinWindow(time.Second), time.Duration(spinPerPark*10*us); w != want {
+		t.Fatalf("window %v at a park cost of 10us, want %v", w, want)
+	}
+	if w := spinWindow(15 * time.Microsecond); w != 15*time.Microsecond {
+		t.Fatalf("window %v, want BusyPoll's bound 15us", w)
+	}
+
+	for range 100 {
+		recordWake(30 * us)
+	}
+	if c := parkCost.Load(); c < 29*us || c > 30*us {
+		t.Fatalf("park cost %v after 100 samples of 30us", time.Duration(c))
+	}
+	for range 100 {
+		recordWake(2 * us)
+	}
+	if c := parkCost.Load(); c < 2*us || c > 3*us {
+		t.Fatalf("park cost %v after 100 samples of 2us: it does not come down", time.Duration(c))
+	}
+	before := parkCost.Load()
+	recordWake(int64(time.Hour))
+	if c := parkCost.Load(); c-before > maxParkSample/8 {
+		t.Fatalf("one sample of an hour moved the park cost from %v to %v", time.Duration(before), time.Duration(c))
+	}
+	recordWake(-5 * us) // a clock that went back counts as 0
+	if c := parkCost.Load(); c < 0 {
+		t.Fatalf("park cost %v", time.Duration(c))
+	}
+}
+
+// A parked call that is signalled leaves the time of its signal for
+// parkCost; a signal to a call that is not parked leaves none.
+func TestParkCostSampled(t *testing.T) {
+	e := new(entry).init(evRead, nil)
+	e.parked.Store(true)
+	e.signal()
+	if e.sigAt.Load() == 0 {
+		t.Fatal("the signal of a parked call left no time")
+	}
+	woken.Add(-1) // what the call does when it runs
+	e.sigAt.Store(0)
+	e.signal() // not parked
+	if e.sigAt.Load() != 0 {
+		t.Fatal("a signal to a call that was not parked left a time")
+	}
+	drain(e.ch)
+}
+
+// A ping-pong whose calls park (busy-polling off) feeds parkCost: the
+// waiter's wake-ups are measured.
+func TestParkCostFromWaits(t *testing.T) {
+	defer parkCost.Store(parkCost.Load())
+	parkCost.Store(0)
+	a, b := newPair(t, eventOnly)
+	defer a.Close()
+	defer b.Close()
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 8)
+		for range 50 {
+			if _, err := b.Read(buf); err != nil {
+				done <- err
+				return
+			}
+			if _, err := b.Write(buf[:1]); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	buf := make([]byte, 8)
+	for range 50 {
+		if _, err := a.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Read(buf[:1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if parkCost.Load() == 0 {
+		t.Fatal("50 round trips of parked calls left no sample of a wake-up")
+	}
+}

@@ -72,13 +72,15 @@ type entry struct {
 	ev     event
 	ch     chan struct{}
 	stop   <-chan struct{}
-	parked atomic.Bool // the call is parked; whoever clears it first, signal or the call, counts the wake-up
+	parked atomic.Bool  // the call is parked; whoever clears it first, signal or the call, counts the wake-up
+	sigAt  atomic.Int64 // when signal woke the parked call (monotonic), for parkCost; 0: it did not
 }
 
 // signal wakes e's call; a parked one counts as woken until it runs.
 func (e *entry) signal() {
 	if e.parked.CompareAndSwap(true, false) {
 		woken.Add(1)
+		e.sigAt.Store(monotonic())
 	}
 	wake(e.ch)
 }
@@ -105,18 +107,20 @@ func (c *Conn) wakeLocked(ev event) {
 // when woken (the caller checks its condition again: spurious wake-ups
 // happen), os.ErrDeadlineExceeded or net.ErrClosed. With sc non-nil and
 // BusyPoll set, it first polls the queue for the adaptive window (spin.go).
+// A parked call that was signalled adds its wake-up latency to parkCost.
 func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 	c.waiting = append(c.waiting, e)
 	defer c.leaveLocked(e)
 	start := time.Now()
-	var spun time.Duration
+	var spun, win time.Duration
 	if sc != nil && c.opts.BusyPoll > 0 {
-		if w := sc.window(c.opts.BusyPoll); w > 0 && takeSpinSlot() {
+		win = spinWindow(c.opts.BusyPoll)
+		if w := sc.window(win); w > 0 && takeSpinSlot() {
 			done, err := c.spin(e, dl, w)
 			spinning.Add(-1)
 			if done {
 				if err == nil {
-					sc.record(w, time.Since(start), c.opts.BusyPoll)
+					sc.record(w, time.Since(start), win)
 				}
 				return err
 			}
@@ -143,9 +147,12 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 	if !e.parked.CompareAndSwap(true, false) {
 		woken.Add(-1) // signal counted this call as woken
 	}
+	if at := e.sigAt.Swap(0); at != 0 {
+		recordWake(monotonic() - at)
+	}
 	c.mu.Lock()
 	if err == nil && sc != nil && spun > 0 {
-		sc.record(spun, time.Since(start), c.opts.BusyPoll)
+		sc.record(spun, time.Since(start), win)
 	}
 	return err
 }
