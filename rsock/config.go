@@ -167,19 +167,24 @@ type Config struct {
 	// connections have no failover. Env RSOCK_NO_FAILOVER=1.
 	NoFailover bool
 
-	// NoEarlyDial makes every Dial wait for the server's answer to its
-	// hello. By default, once a server has answered a switching hello
-	// saying it takes early frames, Dials to its address in the next
-	// ProbeCacheTTL return at once: the hello leaves with the
-	// application's first bytes (or at its first Read, or about 1 ms after
-	// the Dial), and the answer comes with the server's first bytes
-	// (docs/protocol.md §9.11). That
-	// saves the handshake's round trip. If the address's server stops
-	// speaking rsock in that time, such a connection fails on its first
-	// Read or Write instead of at Dial (bytes written to it may have
-	// reached the new server behind a hello it did not understand), and
-	// the address is forgotten: the next Dial waits for an answer again.
-	// Env RSOCK_NO_EARLY_DIAL=1.
+	// EarlyDial lets a Dial skip the handshake's round trip, as TLS 0-RTT
+	// does, and is off by default for the same reason. Once a server has
+	// answered a switching hello saying it takes early frames, Dials to
+	// its address in the next ProbeCacheTTL return at once: the hello
+	// leaves with the application's first bytes (or at its first Read, or
+	// about 1 ms after the Dial), and the answer comes with the server's
+	// first bytes (docs/protocol.md §9.11). The cost: if the address's
+	// server stops speaking rsock in that time (a restart without rsock,
+	// the address given to another service), the application's first
+	// bytes reach that server behind a hello it does not understand, and
+	// the connection fails on its first Read or Write with ErrEarlyRefused
+	// instead of at Dial; the address is then forgotten. Enable it only
+	// where the first bytes are safe to replay or to show to whatever
+	// listens on the address. Env RSOCK_EARLY_DIAL=1.
+	EarlyDial bool
+
+	// Deprecated: the early dial is off unless EarlyDial is set. A true
+	// NoEarlyDial still turns it off.
 	NoEarlyDial bool
 
 	// Logger receives fallbacks, remembered probe verdicts, a listener's
@@ -320,7 +325,7 @@ type memoKey struct {
 	ringSize, ringStart, credits, port, gidIndex, pool, upgradeBytes    int
 	busyPoll, handshake, sniff, probe, probeCacheTTL, poolIdle, upAfter time.Duration
 	device                                                              string
-	viaCM, noFailover, noEarlyDial                                      bool
+	viaCM, noFailover, earlyDial, noEarlyDial                           bool
 	logger                                                              *slog.Logger
 	env                                                                 *rsockenv.Vars
 }
@@ -338,7 +343,7 @@ func memoKeyOf(c *Config) memoKey {
 		k.pool, k.upgradeBytes = c.EndpointPool, c.UpgradeBytes
 		k.busyPoll, k.handshake, k.sniff, k.probe = c.BusyPoll, c.HandshakeTimeout, c.SniffTimeout, c.ProbeTimeout
 		k.probeCacheTTL, k.poolIdle, k.upAfter = c.ProbeCacheTTL, c.EndpointPoolIdle, c.UpgradeAfter
-		k.device, k.viaCM, k.noFailover, k.noEarlyDial, k.logger = c.Device, c.ConnectionManager, c.NoFailover, c.NoEarlyDial, c.Logger
+		k.device, k.viaCM, k.noFailover, k.earlyDial, k.noEarlyDial, k.logger = c.Device, c.ConnectionManager, c.NoFailover, c.EarlyDial, c.NoEarlyDial, c.Logger
 	}
 	return k
 }
@@ -430,11 +435,11 @@ func (c *Config) resolve() (*settings, error) {
 		return nil, err
 	}
 	s.failover = !noFailover && s.fallback
-	noEarly, err := boolField("NoEarlyDial", cfg.NoEarlyDial, "RSOCK_NO_EARLY_DIAL")
+	early, err := boolField("EarlyDial", cfg.EarlyDial, "RSOCK_EARLY_DIAL")
 	if err != nil {
 		return nil, err
 	}
-	s.earlyDial = !noEarly
+	s.earlyDial = early && !cfg.NoEarlyDial
 	s.upgradeReason = fmt.Sprintf("on TCP until the upgrade (after %v or %d bytes)", s.upgradeAfter, s.upgradeBytes)
 	if s.pool, err = intField("EndpointPool", cfg.EndpointPool, "RSOCK_ENDPOINT_POOL", DefaultEndpointPool, strconv.Atoi); err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/rsockenv"
 )
 
 // forgetEarly drops what the dial caches know of addr: a test server on a
@@ -50,8 +51,9 @@ var earlyUpgrade = &handshake.Upgrade{Flags: handshake.UpgradeGrow | handshake.U
 // TestEarlyDial: after a server answered UpgradeEarly, the next Dial sends
 // its hello with FlagEarly and returns at once: its first Data frame
 // reaches the server before the server has answered anything, and the
-// answer may come in front of the server's first frame. With NoEarlyDial
-// the hello waits for its answer as before.
+// answer may come in front of the server's first frame. Without EarlyDial
+// (the default), or with the deprecated NoEarlyDial, the hello waits for
+// its answer as before.
 func TestEarlyDial(t *testing.T) {
 	registerSim(t)
 	flags := make(chan uint16, 4)
@@ -97,15 +99,27 @@ func TestEarlyDial(t *testing.T) {
 		assert.Equal(t, "x", string(b))
 		require.NoError(t, <-served)
 	}
-	cfg := swCfg("sim", time.Hour)
+	cfg := earlyCfg("sim", time.Hour)
 	roundTrip(cfg)
 	assert.Zero(t, <-flags&handshake.FlagEarly, "the first dial waits for the answer")
 	roundTrip(cfg)
 	assert.NotZero(t, <-flags&handshake.FlagEarly, "a server that answered UpgradeEarly gets early dials")
-	noEarly := swCfg("sim", time.Hour)
+	roundTrip(swCfg("sim", time.Hour))
+	assert.Zero(t, <-flags&handshake.FlagEarly, "without EarlyDial (the default) a dial waits for the answer")
+	noEarly := earlyCfg("sim", time.Hour)
 	noEarly.NoEarlyDial = true
 	roundTrip(noEarly)
-	assert.Zero(t, <-flags&handshake.FlagEarly, "NoEarlyDial waits for the answer")
+	assert.Zero(t, <-flags&handshake.FlagEarly, "the deprecated NoEarlyDial still turns it off")
+	rsockenv.Setenv(t, "RSOCK_EARLY_DIAL", "1")
+	roundTrip(swCfg("sim", time.Hour))
+	assert.NotZero(t, <-flags&handshake.FlagEarly, "RSOCK_EARLY_DIAL=1 turns it on")
+}
+
+// earlyCfg is swCfg with the early dial on (Config.EarlyDial).
+func earlyCfg(tr string, after time.Duration) *Config {
+	cfg := swCfg(tr, after)
+	cfg.EarlyDial = true
+	return cfg
 }
 
 // TestEarlyDialRefused: an early dial whose server answers with anything
@@ -151,7 +165,7 @@ func TestEarlyDialRefused(t *testing.T) {
 				}
 				return err
 			})
-			d := &Dialer{Config: swCfg("sim", time.Hour)}
+			d := &Dialer{Config: earlyCfg("sim", time.Hour)}
 			c, err := d.Dial("tcp", addr)
 			require.NoError(t, err)
 			c.Close()
@@ -175,7 +189,7 @@ func TestEarlyDialRefused(t *testing.T) {
 // client whose policy fired before it still upgrades.
 func TestEarlyDialServerThatNeverWrites(t *testing.T) {
 	registerSim(t)
-	cfg := swCfg("sim", time.Nanosecond)
+	cfg := earlyCfg("sim", time.Nanosecond)
 	ln := listen(t, cfg)
 	c, s := pipe(t, ln, cfg)
 	awaitSettled(t, c, s)
@@ -197,7 +211,7 @@ func TestEarlyDialServerThatNeverWrites(t *testing.T) {
 // it to the application as data; the client fails with ErrEarlyRefused.
 func TestLateEarlyHello(t *testing.T) {
 	registerSim(t)
-	cfg := swCfg("sim", time.Nanosecond)
+	cfg := earlyCfg("sim", time.Nanosecond)
 	cfg.SniffTimeout = time.Millisecond
 	ln := listen(t, cfg)
 	c, s := pipe(t, ln, cfg) // learns that the server takes early dials
@@ -274,7 +288,7 @@ func TestEarlyHelloHeld(t *testing.T) {
 			}
 		}
 	})
-	cfg := swCfg("sim", time.Hour)
+	cfg := earlyCfg("sim", time.Hour)
 	prime, err := (&Dialer{Config: cfg}).Dial("tcp", addr)
 	require.NoError(t, err)
 	require.NoError(t, prime.Close())
