@@ -20,27 +20,36 @@ import (
 	"github.com/rdmanet/rdmanet/rsock"
 )
 
+// connList keeps connections, for checks after the workload.
+type connList struct {
+	mu sync.Mutex
+	cs []net.Conn
+}
+
+func (l *connList) add(c net.Conn) {
+	l.mu.Lock()
+	l.cs = append(l.cs, c)
+	l.mu.Unlock()
+}
+
+func (l *connList) conns() []net.Conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]net.Conn(nil), l.cs...)
+}
+
 // recordingListener keeps every connection it accepts.
 type recordingListener struct {
 	net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
+	connList
 }
 
 func (l *recordingListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err == nil {
-		l.mu.Lock()
-		l.conns = append(l.conns, c)
-		l.mu.Unlock()
+		l.add(c)
 	}
 	return c, err
-}
-
-func (l *recordingListener) accepted() []net.Conn {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]net.Conn(nil), l.conns...)
 }
 
 // redisServer serves SET, GET, PING and DEL from memory on an rsock
@@ -93,7 +102,7 @@ func redisServer(t *testing.T, cfg *rsock.Config) *recordingListener {
 	t.Cleanup(func() {
 		ln.Close()
 		<-served
-		for _, c := range ln.accepted() {
+		for _, c := range ln.conns() {
 			c.Close()
 		}
 	})
@@ -102,25 +111,16 @@ func redisServer(t *testing.T, cfg *rsock.Config) *recordingListener {
 
 // dialRecorder dials with d and keeps every connection it made.
 type dialRecorder struct {
-	d  rsock.Dialer
-	mu sync.Mutex
-	cs []net.Conn
+	d rsock.Dialer
+	connList
 }
 
 func (r *dialRecorder) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	c, err := r.d.DialContext(ctx, network, addr)
 	if err == nil {
-		r.mu.Lock()
-		r.cs = append(r.cs, c)
-		r.mu.Unlock()
+		r.add(c)
 	}
 	return c, err
-}
-
-func (r *dialRecorder) conns() []net.Conn {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]net.Conn(nil), r.cs...)
 }
 
 // waitGroup waits for g, failing the test if it takes longer than d: a
@@ -204,7 +204,7 @@ func TestGoRedis(t *testing.T) {
 
 			stats := client.PoolStats()
 			assert.LessOrEqual(t, int(stats.TotalConns), 4, "a pool of 4")
-			conns := ln.accepted()
+			conns := ln.conns()
 			require.NotEmpty(t, conns)
 			for _, c := range conns {
 				select {
