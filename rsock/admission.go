@@ -20,7 +20,13 @@ import (
 //     real one, dials again over plain TCP and says why);
 //   - while an endpoint is prepared for it (memory registered, a queue pair
 //     made): one of maxSetups places; past them, the hello is declined
-//     (DeclineResources) and the client continues on TCP with that reason.
+//     (DeclineResources) and the client continues on TCP with that reason;
+//   - on the switching protocol, per connection: maxOffers upgrade offers,
+//     each of which may prepare an endpoint (an Offer, our Accept, the
+//     client's Confirm{declined}, and again); past them, every offer is
+//     declined (DeclinePolicy) at no cost, and the connection stays on TCP
+//     with that reason. An honest client offers once, and again only after
+//     a failover or a busy server's decline, with a backoff that doubles.
 //
 // A goroutine and a socket are all a stalled client costs until then, so
 // the bounds are set for the host's descriptors, not for the clients that
@@ -29,6 +35,7 @@ import (
 const (
 	perSourceWaiting = 1024
 	maxSetups        = 256
+	maxOffers        = 16
 )
 
 // waitingSet holds, per source address, the connections that sent the

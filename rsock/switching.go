@@ -113,6 +113,7 @@ type swConn struct {
 	owe         *owed         // our ring's bytes to send again once the peer's Resume comes
 	peerFinal   uint64        // the stream cursor of the peer's goodbye while on the ring
 	setbacks    int           // failovers, and upgrades a busy server declined: the next upgrade's backoff
+	offers      int           // server: the client's upgrade offers so far (maxOffers)
 }
 
 // SwitchEvent is one move of a direction of a connection between TCP and

@@ -677,9 +677,10 @@ func TestSwitchWithoutTCP(t *testing.T) {
 }
 
 // TestSwitchOfferFlood: clients that answer every Decline with another
-// Offer (for a transport the server does not allow) get Declines; the
-// server's upgrade bookkeeping holds (one upgrade at a time, each ending
-// its own), and nothing panics.
+// Offer (for a transport the server does not allow) get Declines, and
+// past maxOffers on a connection Declines that cost the server nothing
+// (DeclinePolicy); the server's upgrade bookkeeping holds (one upgrade at
+// a time, each ending its own), and nothing panics.
 func TestSwitchOfferFlood(t *testing.T) {
 	registerSim(t)
 	ln := listen(t, swCfg("sim", time.Hour))
@@ -701,13 +702,20 @@ func TestSwitchOfferFlood(t *testing.T) {
 			m, err := handshake.Read(raw)
 			require.NoError(t, err)
 			require.IsType(t, &handshake.Upgrade{}, m)
-			for range 300 {
+			for i := range 300 {
 				if _, err := raw.Write(offer); err != nil {
 					t.Error(err)
 					return
 				}
 				m, err := handshake.Read(raw)
 				if !assert.NoError(t, err) || !assert.IsType(t, &handshake.Decline{}, m) {
+					return
+				}
+				// Past maxOffers the server declines without looking.
+				d := m.(*handshake.Decline)
+				if i < maxOffers {
+					assert.Equal(t, handshake.DeclineUnavailable, d.Code, "offer %d: %s", i, d.Reason)
+				} else if !assert.Equal(t, handshake.DeclinePolicy, d.Code, "offer %d: %s", i, d.Reason) {
 					return
 				}
 			}

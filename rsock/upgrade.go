@@ -451,6 +451,14 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	defer cancel()
 	defer w.upgradeEnded(mine)
 	name := o.Transport.String()
+	w.mu.Lock()
+	w.offers++
+	n := w.offers
+	w.mu.Unlock()
+	if n > maxOffers {
+		w.declineOffer(mine, handshake.DeclinePolicy, fmt.Sprintf("too many upgrade offers on this connection (%d)", maxOffers))
+		return
+	}
 	// Endpoint setups count against the listener's bound, as in the
 	// version-1 handshake.
 	select {
