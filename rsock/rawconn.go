@@ -211,8 +211,12 @@ func (w *swConn) pollSocket() (took, data bool) {
 
 	data = w.in.data > 0
 	for !data {
+		testHookPollSocket.run(w)
 		h, msg, err := w.in.next(false)
-		if errors.Is(err, errWouldBlock) {
+		if errors.Is(err, errWouldBlock) || errors.Is(err, os.ErrDeadlineExceeded) {
+			// Nothing more now; or readLoop was called for meanwhile
+			// (needReaderLocked moved the socket's deadline to end our
+			// turn), and takes over below.
 			break
 		}
 		if err == nil && h.Type == handshake.TypeData {
@@ -241,6 +245,9 @@ func (w *swConn) pollSocket() (took, data bool) {
 	}
 	return true, data
 }
+
+// testHookPollSocket runs before each frame pollSocket reads.
+var testHookPollSocket hook
 
 // The descriptors readinessFD hands out: made once per process, never
 // closed. waitFD is a socket whose peer never writes (reads fail with

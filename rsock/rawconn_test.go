@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -152,4 +153,30 @@ func TestSyscallConnLiveness(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSyscallConnLivenessInterrupted: readLoop is called for (here by hand,
+// as the client's upgrade or Close would) while a liveness check reads the
+// socket on a connection still on TCP: the check's turn ends, it reports
+// what it saw, and the connection carries on.
+func TestSyscallConnLivenessInterrupted(t *testing.T) {
+	registerSim(t)
+	cfg := swCfg("sim", time.Hour)
+	ln := listen(t, cfg)
+	c, s := dialAccept(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	require.NotNil(t, c.w)
+	var once sync.Once
+	testHookPollSocket.set(func(w *swConn) { once.Do(w.needReader) })
+	defer testHookPollSocket.set(nil)
+
+	checkBoth(t, c, nil, "idle, with readLoop called for during the check")
+	_, err := s.Write([]byte("x"))
+	require.NoError(t, err)
+	b := make([]byte, 1)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.ReadFull(c, b)
+	require.NoError(t, err, "the connection carries on")
+	require.Equal(t, "x", string(b))
 }
