@@ -51,9 +51,10 @@ var registry struct {
 	}
 	next atomic.Uint32
 
-	open, opened   map[string]*atomic.Int64 // by transport
+	open, opened   map[string]*atomic.Int64 // by transport: open now (a gauge), made
+	upgraded       map[string]*atomic.Int64 // moves onto a ring after a connection was made, by transport
 	closedBytes    map[string]*atomic.Int64 // bytes read and written by closed connections, by transport
-	byCode         map[string]*atomic.Int64 // connections ever made, by code
+	byCode         map[string]*atomic.Int64 // labels ever taken, by code
 	fallbacks      atomic.Int64
 	handshakeFails atomic.Int64
 	failCauses     map[string]*atomic.Int64 // failed handshakes by cause
@@ -93,6 +94,7 @@ func failed(err error) {
 
 func init() {
 	registry.open, registry.opened, registry.byCode = counters(transports), counters(transports), counters(codes)
+	registry.upgraded = counters(transports)
 	registry.closedBytes = counters(transports)
 	registry.failCauses = counters(causes)
 }
@@ -169,34 +171,30 @@ func Bytes() map[string]int64 {
 	return out
 }
 
-// relabel gives c, registered, the label to, and moves its counts: a late
-// hello's rescue, an upgrade, an upgrade that did not happen, a failover.
-// Under the shard's lock, as unregister: a connection that was
-// unregistered meanwhile (closed) keeps its open count where unregister
-// took it from.
+// relabel gives c, registered, the label to: a late hello's rescue, an
+// upgrade, an upgrade that did not happen, a failover. The open gauge
+// moves to the new transport; the event counters only grow: the label
+// counts under its code, a move onto a ring under upgraded, and a move to
+// TCP where a ring was allowed under fallbacks. Under the shard's lock, as
+// unregister: a connection that was unregistered meanwhile (closed) keeps
+// its open count where unregister took it from.
 func (c *Conn) relabel(to *label) {
 	sh := &registry.shards[c.shard]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	from := c.label.Swap(to)
-	open := c.listed
-	move := func(m map[string]*atomic.Int64, from, to string) {
-		if a, b := m[from], m[to]; a != nil && b != nil && from != to {
-			a.Add(-1)
-			b.Add(1)
-		}
+	if a, b := registry.open[from.transport], registry.open[to.transport]; c.listed && a != nil && b != nil && a != b {
+		a.Add(-1)
+		b.Add(1)
 	}
-	if open {
-		move(registry.open, from.transport, to.transport)
+	if n := registry.byCode[to.code]; n != nil {
+		n.Add(1)
 	}
-	move(registry.opened, from.transport, to.transport)
-	move(registry.byCode, from.code, to.code)
-	if from.fallback != to.fallback {
-		d := int64(1)
-		if from.fallback {
-			d = -1
-		}
-		registry.fallbacks.Add(d)
+	if n := registry.upgraded[to.transport]; n != nil && to.transport != "tcp" && from.transport != to.transport {
+		n.Add(1)
+	}
+	if to.fallback && !from.fallback {
+		registry.fallbacks.Add(1)
 	}
 }
 
@@ -236,16 +234,26 @@ func Connections() []ConnState {
 	return out
 }
 
-// TotalStats are the process's totals since it started.
+// TotalStats are the process's totals since it started. Open is a gauge;
+// every other count only grows, so that a monitoring system may read
+// them as counters.
 type TotalStats struct {
-	Open   map[string]int64 // open connections, by transport
-	Opened map[string]int64 // connections made, by transport
-	// ByCode counts the connections made, by reason code (the Code*
-	// constants): those on TCP although an accelerated transport was
-	// allowed are the fallbacks.
+	Open map[string]int64 // open connections now, by their transport now
+	// Opened counts the connections made, by the transport each was made
+	// on: a switching connection is made on "tcp", and Upgraded counts
+	// its move onto a ring.
+	Opened map[string]int64
+	// Upgraded counts moves of a connection onto a ring after it was
+	// made, by transport: upgrades (again after a failover, too), and
+	// late hellos rescued onto a ring.
+	Upgraded map[string]int64
+	// ByCode counts the labels connections took, by reason code (the
+	// Code* constants): each connection's first when it is made, and one
+	// more at each change (an upgrade, an upgrade that did not happen, a
+	// failover).
 	ByCode map[string]int64
-	// Fallbacks counts the connections on TCP although an accelerated
-	// transport was allowed.
+	// Fallbacks counts the times a connection was made on, or moved to,
+	// TCP although an accelerated transport was allowed.
 	Fallbacks int64
 	// HandshakeFailures counts the connections listeners dropped during
 	// the handshake (Listener.Stats, summed over every listener), and
@@ -261,7 +269,7 @@ type TotalStats struct {
 
 // Totals returns the process's totals.
 func Totals() TotalStats {
-	t := TotalStats{Open: snapshot(registry.open), Opened: snapshot(registry.opened), ByCode: snapshot(registry.byCode),
+	t := TotalStats{Open: snapshot(registry.open), Opened: snapshot(registry.opened), Upgraded: snapshot(registry.upgraded), ByCode: snapshot(registry.byCode),
 		Fallbacks: registry.fallbacks.Load(), HandshakeFailures: registry.handshakeFails.Load(),
 		HandshakeFailuresBy: snapshot(registry.failCauses), Probes: registry.probes.Load(),
 		CMRejected: int64(ibverbs.CMRejected())}

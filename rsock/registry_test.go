@@ -281,3 +281,48 @@ func TestRegistryList(t *testing.T) {
 	}
 	assert.Equal(t, before.Open, Totals().Open)
 }
+
+// TestTotalsOnlyGrow: through an upgrade and a failover, every count but
+// the Open gauge only grows. A switching connection is made on TCP
+// (Opened), moves onto the ring (Upgraded, ByCode agreed) and back to TCP
+// (ByCode failed-over, Fallbacks), and Open follows it.
+func TestTotalsOnlyGrow(t *testing.T) {
+	registerSim(t)
+	noReupgrade(t)
+	cfg := swCfg("sim", time.Nanosecond)
+	ln := listen(t, cfg)
+	t0 := Totals()
+	c, s := onRing(t, ln, cfg)
+	t1 := Totals()
+	breakRing(c)
+	// Traffic until both ends have failed over (each learns of the
+	// failure as it next uses the ring, or from the other's Resume).
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Info().Code != CodeFailedOver || s.Info().Code != CodeFailedOver {
+		require.True(t, time.Now().Before(deadline), "not failed over: %+v / %+v", c.Info(), s.Info())
+		byteEachWay(t, c, s)
+	}
+	t2 := Totals()
+
+	for _, step := range []struct {
+		name     string
+		from, to TotalStats
+	}{{"upgrade", t0, t1}, {"failover", t1, t2}} {
+		for _, m := range []struct {
+			name     string
+			from, to map[string]int64
+		}{{"Opened", step.from.Opened, step.to.Opened}, {"Upgraded", step.from.Upgraded, step.to.Upgraded}, {"ByCode", step.from.ByCode, step.to.ByCode}} {
+			for k, v := range m.from {
+				assert.GreaterOrEqual(t, m.to[k], v, "%s[%s] went down at the %s", m.name, k, step.name)
+			}
+		}
+		assert.GreaterOrEqual(t, step.to.Fallbacks, step.from.Fallbacks, "Fallbacks went down at the %s", step.name)
+	}
+	assert.Equal(t, map[string]int64{"tcp": 2}, delta(t0.Opened, t1.Opened), "both ends made on TCP")
+	assert.Equal(t, map[string]int64{"sim": 2}, delta(t0.Upgraded, t1.Upgraded))
+	assert.Equal(t, map[string]int64{CodeUpgrading: 2, CodeAgreed: 2}, delta(t0.ByCode, t1.ByCode))
+	assert.Equal(t, map[string]int64{"sim": 2}, delta(t0.Open, t1.Open), "open, on the ring")
+	assert.Equal(t, map[string]int64{CodeFailedOver: 2}, delta(t1.ByCode, t2.ByCode))
+	assert.Equal(t, int64(2), t2.Fallbacks-t1.Fallbacks)
+	assert.Equal(t, map[string]int64{"sim": -2, "tcp": 2}, delta(t1.Open, t2.Open), "open, back on TCP")
+}

@@ -12,16 +12,17 @@ type collector struct{}
 
 var (
 	descOpen       = prometheus.NewDesc("rsock_connections_open", "Open rsock connections, by transport.", []string{"transport"}, nil)
-	descMade       = prometheus.NewDesc("rsock_connections_total", "Connections made, by transport.", []string{"transport"}, nil)
-	descByCode     = prometheus.NewDesc("rsock_connections_by_reason_total", "Connections made, by reason code.", []string{"code"}, nil)
-	descFallbacks  = prometheus.NewDesc("rsock_fallbacks_total", "Connections on TCP although an accelerated transport was allowed.", nil, nil)
+	descMade       = prometheus.NewDesc("rsock_connections_total", "Connections made, by the transport they were made on.", []string{"transport"}, nil)
+	descUpgraded   = prometheus.NewDesc("rsock_upgrades_total", "Moves of a connection onto a ring after it was made, by transport.", []string{"transport"}, nil)
+	descByCode     = prometheus.NewDesc("rsock_labels_by_reason_total", "Labels connections took (when made, and at each upgrade, decline or failover), by reason code.", []string{"code"}, nil)
+	descFallbacks  = prometheus.NewDesc("rsock_fallbacks_total", "Times a connection was made on, or moved to, TCP although an accelerated transport was allowed.", nil, nil)
 	descHandshakes = prometheus.NewDesc("rsock_handshake_failures_total", "Connections the listeners dropped during the handshake, by cause.", []string{"cause"}, nil)
 	descProbes     = prometheus.NewDesc("rsock_probes_total", "Dials that asked a server whether it speaks rsock.", nil, nil)
 	descCMRejected = prometheus.NewDesc("rsock_rdma_cm_rejected_total", "rdma_cm connect requests refused for want of a valid ticket (iWARP).", nil, nil)
 )
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descOpen, descMade, descByCode, descFallbacks, descHandshakes, descProbes, descCMRejected} {
+	for _, d := range []*prometheus.Desc{descOpen, descMade, descUpgraded, descByCode, descFallbacks, descHandshakes, descProbes, descCMRejected} {
 		ch <- d
 	}
 }
@@ -33,6 +34,9 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for tr, n := range t.Opened {
 		ch <- prometheus.MustNewConstMetric(descMade, prometheus.CounterValue, float64(n), tr)
+	}
+	for tr, n := range t.Upgraded {
+		ch <- prometheus.MustNewConstMetric(descUpgraded, prometheus.CounterValue, float64(n), tr)
 	}
 	for code, n := range t.ByCode {
 		ch <- prometheus.MustNewConstMetric(descByCode, prometheus.CounterValue, float64(n), code)

@@ -179,7 +179,8 @@ var page = template.Must(template.New("page").Funcs(template.FuncMap{
 <table id="totals">
 <tr><th>open, by transport</th><td>{{range $k, $v := .Totals.Open}}{{$k}} {{$v}} {{end}}</td></tr>
 <tr><th>made, by transport</th><td>{{range $k, $v := .Totals.Opened}}{{$k}} {{$v}} {{end}}</td></tr>
-<tr><th>made, by reason</th><td>{{range $k, $v := .Totals.ByCode}}{{$k}} {{$v}} {{end}}</td></tr>
+<tr><th>upgraded, by transport</th><td>{{range $k, $v := .Totals.Upgraded}}{{$k}} {{$v}} {{end}}</td></tr>
+<tr><th>labels taken, by reason</th><td>{{range $k, $v := .Totals.ByCode}}{{$k}} {{$v}} {{end}}</td></tr>
 <tr><th>fallbacks</th><td>{{.Totals.Fallbacks}}</td></tr>
 <tr><th>failed handshakes (listeners)</th><td>{{.Totals.HandshakeFailures}}{{range $k, $v := .Totals.HandshakeFailuresBy}}, {{$k}} {{$v}}{{end}}</td></tr>
 <tr><th>probes (dials)</th><td>{{.Totals.Probes}}</td></tr>
