@@ -53,18 +53,18 @@ type Config struct {
 	// BusyPoll bounds how long a blocked Read or Write polls for
 	// completions before it parks its goroutine. Polling spends CPU to
 	// save the wake-up latency of parking, and pays only when the answer
-	// comes while it polls. So each wait polls for about what a park costs
-	// in this process (a few wake-ups, measured on the parked waits of
-	// every connection as the host gets busier or quieter), and at most
-	// BusyPoll; then it parks. Whatever the peer does, a wait then costs
-	// at most about twice what parking at once or polling through would
-	// have cost, and two peers that both parked start polling again at
-	// their next exchange. A blocked call on an idle connection polls one
-	// window and then costs no CPU; while a connection ping-pongs with
-	// polling, the waiting side keeps its core busy. At most half the
-	// process's cores poll at once. Negative (or 0 in the environment)
-	// disables it. Env RSOCK_BUSY_POLL (a Go duration such as 50us).
-	// Default DefaultBusyPoll.
+	// comes while it polls. So a wait polls for about what a park costs in
+	// this process (a few wake-ups, measured on the parked waits of every
+	// connection as the host gets busier or quieter), at most BusyPoll, and
+	// then parks. Each direction of a connection stops polling after two
+	// waits in a row whose answers came much later than that (a peer that
+	// works longer than a park), and polls again now and then to see
+	// whether it would pay again. A blocked call on an idle connection
+	// polls at most two windows and then costs no CPU; while a connection
+	// ping-pongs with polling, the waiting side keeps its core busy. At
+	// most half the process's cores poll at once. Negative (or 0 in the
+	// environment) disables it. Env RSOCK_BUSY_POLL (a Go duration such as
+	// 50us). Default DefaultBusyPoll.
 	BusyPoll time.Duration
 
 	// HandshakeTimeout bounds the whole handshake once it has started, on
