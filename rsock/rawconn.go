@@ -3,7 +3,6 @@ package rsock
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -158,7 +157,7 @@ func (w *swConn) poll() readiness {
 			w.mu.Unlock()
 			ok, err := r.Poll()
 			if ok || err == nil {
-				return readinessOf(ok, nil)
+				return readinessOf(ok, err)
 			}
 			if !errors.Is(err, stream.ErrMoving) && !errors.Is(err, net.ErrClosed) {
 				return readEnd
@@ -168,7 +167,10 @@ func (w *swConn) poll() readiness {
 			w.mu.Lock()
 			end := w.closed || w.err != nil
 			w.mu.Unlock()
-			return readinessOf(false, errIf(end))
+			if end {
+				return readEnd
+			}
+			return readWaits
 		case w.eof, w.err != nil:
 			w.mu.Unlock()
 			return readEnd
@@ -184,14 +186,6 @@ func (w *swConn) poll() readiness {
 			return readData
 		}
 	}
-}
-
-// errIf is a non-nil error when end is true (readinessOf's end).
-func errIf(end bool) error {
-	if end {
-		return io.EOF
-	}
-	return nil
 }
 
 // pollSocket is poll's turn at the socket when no one else reads it: it

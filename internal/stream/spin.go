@@ -139,12 +139,11 @@ func (s *spinCtl) window(w time.Duration) time.Duration {
 // record records a wait that spun for spun (0: none), possibly parked, and
 // was over after took; w is the window it spun for.
 func (s *spinCtl) record(spun, took, w time.Duration) {
-	max := w
 	switch {
-	case max <= 0 || spun == 0:
-	case took <= max:
+	case w <= 0 || spun == 0:
+	case took <= w:
 		s.misses, s.closed = 0, false
-	case took > missSlack*max:
+	case took > missSlack*w:
 		s.misses++
 		switch {
 		case s.closed: // a probe missed
