@@ -40,8 +40,7 @@ type Config struct {
 	// once, when the peer's writer fills it, so an idle connection pins a
 	// fraction of RingSize (docs/protocol.md §3.11). A power of two from
 	// 4 KiB; RingSize or more means rings start at RingSize. Rings a peer
-	// maps (shm) start at RingSize, as do the rings a version-1 client
-	// registers before it knows the server. Env RSOCK_RING_START.
+	// maps (shm) start at RingSize. Env RSOCK_RING_START.
 	// Default 64 KiB.
 	RingStart int
 
@@ -135,17 +134,16 @@ type Config struct {
 	// comes first; each direction then moves to the ring without losing,
 	// repeating or reordering a byte. A short connection thus costs about what
 	// TCP costs, and a long one reaches the ring soon after. A tiny value
-	// (1ns) upgrades at once. Negative selects the version-1 handshake
-	// instead: the ring is set up before Dial returns, and the connection
-	// never changes transport (a server older than the switching protocol is
-	// remembered and dialed so). A listener answers both kinds of client
-	// whatever its own setting. Settled tells when a connection's upgrade has
-	// run its course. Without "tcp" in Transports the default is the version-1
-	// handshake (a connection that may not run on TCP gets its ring before
-	// Dial returns); a switching connection set so explicitly runs on TCP only
-	// until its upgrade: one that fails resets it, and a listener with no
-	// transport in common refuses the client. Env RSOCK_UPGRADE_AFTER. Default
-	// DefaultUpgradeAfter.
+	// (1ns) upgrades at once. Negative upgrades at once and makes Dial wait
+	// for the upgrade to run its course (at most HandshakeTimeout): Dial
+	// returns the connection on its ring, or on TCP with the reason in its
+	// ConnInfo, or, without "tcp" in Transports, the upgrade's error. Without
+	// "tcp" in Transports that is the default: a connection that may not run
+	// on TCP gets its ring before Dial returns. A listener answers every
+	// client whatever its own setting; without "tcp" in its Transports, a
+	// connection whose upgrade fails is reset. Settled tells when a
+	// connection's upgrade has run its course. Env RSOCK_UPGRADE_AFTER.
+	// Default DefaultUpgradeAfter.
 	UpgradeAfter time.Duration
 
 	// UpgradeBytes is the byte count of the upgrade policy (see
@@ -153,18 +151,17 @@ type Config struct {
 	// Default DefaultUpgradeBytes.
 	UpgradeBytes int
 
-	// NoFailover turns failover off on switching connections (see
-	// UpgradeAfter): by default, when a ring's transport fails (a queue
-	// pair in error, an error completion, a peer message that breaks the
-	// ring's rules), both directions move back to the connection's TCP
-	// connection without losing, repeating or reordering a byte, and the
-	// application sees no error (Info then says "failed-over" and why, and
-	// Switches lists the moves); the client upgrades again after a
-	// backoff that doubles per failover (100 ms, 200 ms, ..., at most a
-	// minute). With NoFailover, or without "tcp" in
+	// NoFailover turns failover off. By default, when a ring's transport
+	// fails (a queue pair in error, an error completion, a peer message
+	// that breaks the ring's rules), both directions move back to the
+	// connection's TCP connection without losing, repeating or reordering
+	// a byte, and the application sees no error (Info then says
+	// "failed-over" and why, and Switches lists the moves); the client
+	// upgrades again after a backoff that doubles per failover (100 ms,
+	// 200 ms, ..., at most a minute). With NoFailover, or without "tcp" in
 	// Transports, such a failure resets the connection instead. A peer
-	// process that dies is a dead connection either way. Version-1
-	// connections have no failover. Env RSOCK_NO_FAILOVER=1.
+	// process that dies is a dead connection either way. Env
+	// RSOCK_NO_FAILOVER=1.
 	NoFailover bool
 
 	// EarlyDial lets a Dial skip the handshake's round trip, as TLS 0-RTT
@@ -238,12 +235,11 @@ type settings struct {
 	sniff         time.Duration
 	probe         time.Duration
 	probeCacheTTL time.Duration
-	upgradeAfter  time.Duration // negative: the version-1 handshake
+	upgradeAfter  time.Duration // negative: at once, and Dial waits for the upgrade (dialWaits)
 	upgradeBytes  int
-	upgradeReason string      // ConnInfo.Reason of a connection on TCP until its upgrade
-	earlyDial     bool        // dials to a server that answered UpgradeEarly do not wait for its answer
-	failover      bool        // a ring failure moves a switching connection to TCP
-	noSwitch      atomic.Bool // tests: a listener that answers like a version-1 server (set after Listen: atomic)
+	upgradeReason string // ConnInfo.Reason of a connection on TCP until its upgrade
+	earlyDial     bool   // dials to a server that answered UpgradeEarly do not wait for its answer
+	failover      bool   // a ring failure moves a switching connection to TCP
 	device        string
 	port          int
 	gidIndex      int // -1: automatic
@@ -257,13 +253,17 @@ type settings struct {
 }
 
 // defaultUpgradeAfter is UpgradeAfter's default: DefaultUpgradeAfter, or
-// the version-1 handshake where TCP is not allowed.
+// an upgrade that Dial waits for where TCP is not allowed.
 func defaultUpgradeAfter(fallback bool) time.Duration {
 	if !fallback {
 		return -1
 	}
 	return DefaultUpgradeAfter
 }
+
+// dialWaits reports whether a Dial upgrades at once and returns only once
+// the upgrade has run its course (UpgradeAfter negative).
+func (s *settings) dialWaits() bool { return s.upgradeAfter < 0 }
 
 // ConfigError reports a bad Config field or RSOCK_* variable.
 type ConfigError struct {

@@ -31,9 +31,8 @@ type Conn struct {
 	network string
 	label   atomic.Pointer[label] // transport and why; replaced once by a late-hello rescue
 
-	w   *swConn      // the switching protocol (switching.go), or nil
-	s   *stream.Conn // accelerated transport (version 1), or nil
-	tcp *net.TCPConn // the TCP connection: the transport without s, else the bootstrap
+	w   *swConn      // the switching protocol (switching.go), or nil: plain TCP
+	tcp *net.TCPConn // the TCP connection: the transport without w, else the bootstrap
 
 	prefixMu  sync.Mutex
 	prefix    []byte      // bytes sniffed by the listener, replayed before tcp's
@@ -77,15 +76,14 @@ func (c *Conn) init(network string, l *label) {
 	c.label.Store(l)
 }
 
-// ring is the stream carrying c on a ring (version 1, or after an
-// upgrade), or nil.
+// ring is the stream carrying c on a ring since an upgrade, or nil.
 func (c *Conn) ring() *stream.Conn {
-	if c.w != nil {
-		c.w.mu.Lock()
-		defer c.w.mu.Unlock()
-		return c.w.ring
+	if c.w == nil {
+		return nil
 	}
-	return c.s
+	c.w.mu.Lock()
+	defer c.w.mu.Unlock()
+	return c.w.ring
 }
 
 // ConnInfo describes a Conn: which transport carries it, why, and what it
@@ -139,7 +137,7 @@ type ConnInfo struct {
 func (c *Conn) Info() ConnInfo {
 	l := c.label.Load()
 	ci := ConnInfo{Transport: l.transport, Fallback: l.fallback, Reason: l.reason, Code: l.code}
-	s := c.s
+	var s *stream.Conn
 	if c.w != nil {
 		s = c.w.info(&ci)
 	}
@@ -163,7 +161,7 @@ func (c *Conn) Info() ConnInfo {
 		ci.BytesRead += c.w.bytesRead.Load()
 		ci.BytesWritten += c.w.bytesWritten.Load()
 		ci.Writes += c.w.writes.Load()
-	} else if c.s == nil {
+	} else {
 		ci.BytesRead = c.bytesRead.Load()
 		ci.BytesWritten = c.bytesWritten.Load()
 		ci.Writes = c.writes.Load()
@@ -193,8 +191,7 @@ func InfoOf(c net.Conn) (ConnInfo, bool) {
 
 // Settled returns a channel that is closed once c's transport has settled
 // (c, or the conn it wraps, see TransportOf). It is closed already for a
-// connection that cannot change transport: version 1, plain TCP, a
-// fallback, or a connection rsock did not make. On the switching protocol
+// connection that cannot change transport: plain TCP, a fallback, or a connection rsock did not make. On the switching protocol
 // (Config.UpgradeAfter) it closes once the first upgrade has run its
 // course: both directions on the ring, or the upgrade declined or failed
 // (Info says why), or the connection ended. A dialed connection's upgrade
@@ -252,10 +249,6 @@ func (c *Conn) Read(b []byte) (int, error) {
 		n, err := c.w.Read(b)
 		return n, c.opError("read", err)
 	}
-	if c.s != nil {
-		n, err := c.s.Read(b)
-		return n, c.opError("read", err)
-	}
 	if c.late.Load() {
 		if err := c.rescueLateHello(); err != nil {
 			return 0, c.opError("read", err)
@@ -284,10 +277,6 @@ func (c *Conn) Write(b []byte) (int, error) {
 		n, err := c.w.Write(b)
 		return n, c.opError("write", err)
 	}
-	if c.s != nil {
-		n, err := c.s.Write(b)
-		return n, c.opError("write", err)
-	}
 	n, err := c.tcp.Write(b)
 	c.bytesWritten.Add(uint64(n))
 	if n > 0 {
@@ -304,9 +293,6 @@ func (c *Conn) Close() error {
 	if c.w != nil {
 		return c.opError("close", c.w.Close())
 	}
-	if c.s != nil {
-		return c.opError("close", c.s.Close())
-	}
 	return c.tcp.Close()
 }
 
@@ -316,9 +302,6 @@ func (c *Conn) CloseWrite() error {
 	if c.w != nil {
 		return c.opError("close", c.w.CloseWrite())
 	}
-	if c.s != nil {
-		return c.opError("close", c.s.CloseWrite())
-	}
 	return c.tcp.CloseWrite()
 }
 
@@ -327,25 +310,16 @@ func (c *Conn) CloseRead() error {
 	if c.w != nil {
 		return c.opError("close", c.w.CloseRead())
 	}
-	if c.s != nil {
-		return c.opError("close", c.s.CloseRead())
-	}
 	return c.tcp.CloseRead()
 }
 
 // LocalAddr returns the local address of the bootstrap TCP connection.
 func (c *Conn) LocalAddr() net.Addr {
-	if c.s != nil && c.w == nil {
-		return c.s.LocalAddr()
-	}
 	return c.tcp.LocalAddr()
 }
 
 // RemoteAddr returns the remote address of the bootstrap TCP connection.
 func (c *Conn) RemoteAddr() net.Addr {
-	if c.s != nil && c.w == nil {
-		return c.s.RemoteAddr()
-	}
 	return c.tcp.RemoteAddr()
 }
 
@@ -353,9 +327,6 @@ func (c *Conn) RemoteAddr() net.Addr {
 func (c *Conn) SetDeadline(t time.Time) error {
 	if c.w != nil {
 		return c.opError("set", c.w.setDeadline(t, true, true))
-	}
-	if c.s != nil {
-		return c.opError("set", c.s.SetDeadline(t))
 	}
 	return c.tcp.SetDeadline(t)
 }
@@ -365,9 +336,6 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 	if c.w != nil {
 		return c.opError("set", c.w.setDeadline(t, true, false))
 	}
-	if c.s != nil {
-		return c.opError("set", c.s.SetReadDeadline(t))
-	}
 	return c.tcp.SetReadDeadline(t)
 }
 
@@ -376,16 +344,13 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if c.w != nil {
 		return c.opError("set", c.w.setDeadline(t, false, true))
 	}
-	if c.s != nil {
-		return c.opError("set", c.s.SetWriteDeadline(t))
-	}
 	return c.tcp.SetWriteDeadline(t)
 }
 
 // ReadFrom implements io.ReaderFrom. On the TCP transport it uses the
 // kernel's splice and sendfile paths, as *net.TCPConn does.
 func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
-	if c.s == nil && c.w == nil {
+	if c.w == nil {
 		n, err := c.tcp.ReadFrom(r)
 		c.bytesWritten.Add(uint64(n))
 		if n > 0 {
@@ -404,13 +369,6 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	if c.w != nil {
 		n, rerr, werr := c.w.writeTo(w)
-		if werr != nil {
-			return n, werr
-		}
-		return n, c.opError("read", rerr)
-	}
-	if c.s != nil {
-		n, rerr, werr := c.s.CopyTo(w)
 		if werr != nil {
 			return n, werr
 		}

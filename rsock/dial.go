@@ -32,11 +32,12 @@ type Dialer struct {
 // trip), with the connection carrying data over TCP; its ring (verbs or
 // shm, when the server agrees) is set up in the background by the upgrade
 // policy (Config.UpgradeAfter), and Settled says when that is done. With
-// the version-1 handshake (UpgradeAfter negative, or no "tcp" in
-// Transports) it returns with the ring already in place. Where no ring
-// can be had the connection stays on TCP (unless the Config forbids it),
-// with the reason in its ConnInfo. A server that does not speak rsock is
-// detected and dialled again with plain TCP.
+// UpgradeAfter negative, or no "tcp" in Transports, it returns once the
+// upgrade has run its course: with the ring in place, or on TCP with the
+// reason, or, where TCP is not allowed, with the upgrade's error. Where no
+// ring can be had the connection stays on TCP (unless the Config forbids
+// it), with the reason in its ConnInfo. A server that does not speak rsock
+// is detected and dialled again with plain TCP.
 func Dial(network, address string) (net.Conn, error) {
 	var d Dialer
 	return d.DialContext(context.Background(), network, address)
@@ -172,11 +173,6 @@ const maxProbeCache = 4096
 
 var plainServers = &probeCache{entries: map[string]probeEntry{}}
 
-// v1Servers remembers addresses whose servers answered a switching hello
-// as version-1 servers do (a Decline): an answer, so one makes the
-// verdict. Dials there use the version-1 handshake, which gets them a ring.
-var v1Servers = &probeCache{entries: map[string]probeEntry{}, need: 1}
-
 func (p *probeCache) strikes() int {
 	if p.need > 0 {
 		return p.need
@@ -187,7 +183,7 @@ func (p *probeCache) strikes() int {
 // known reports whether key is a remembered plain server.
 func (p *probeCache) known(key string) bool {
 	if p.size.Load() == 0 {
-		return false // the common case of plainServers and v1Servers: no lock, no hash
+		return false // the common case: no lock, no hash
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

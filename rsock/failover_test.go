@@ -309,8 +309,7 @@ func TestFailoverThenClose(t *testing.T) {
 	}
 }
 
-// TestFailoverOff: with NoFailover, a ring failure resets the connection
-// as in version 1.
+// TestFailoverOff: with NoFailover, a ring failure resets the connection.
 func TestFailoverOff(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)

@@ -79,7 +79,7 @@ func awaitSettled(t testing.TB, c, s *Conn) {
 }
 
 // awaitSettledEnd waits until x's end of a switching connection has
-// settled (a version-1 or plain one has nothing to wait for).
+// settled (a plain one has nothing to wait for).
 func awaitSettledEnd(t testing.TB, x *Conn) {
 	t.Helper()
 	if x.w == nil {

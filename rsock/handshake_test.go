@@ -79,24 +79,34 @@ func TestClientHandshakeIsBounded(t *testing.T) {
 	assert.Less(t, time.Since(start), 5*time.Second)
 }
 
+// TestOversizedPeerRingDeclined: an offer whose ring is over what the
+// server accepts is declined, and the connection goes on on TCP.
 func TestOversizedPeerRingDeclined(t *testing.T) {
 	registerSim(t)
 	ln := listen(t, simCfg())
+	accepted := make(chan net.Conn, 1)
 	go func() {
 		c, err := ln.Accept()
 		if err == nil {
-			c.Close()
+			accepted <- c
 		}
 	}()
 	c, err := net.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
 	defer c.Close()
-	require.NoError(t, handshake.Write(c, &handshake.Hello{Offers: []handshake.Offer{{
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	require.NoError(t, handshake.Write(c, &handshake.Hello{Flags: handshake.FlagSwitch, Offers: []handshake.Offer{{Transport: handshake.TransportSim}}}))
+	msg, err := handshake.Read(c)
+	require.NoError(t, err)
+	require.IsType(t, &handshake.Upgrade{}, msg)
+	s := <-accepted
+	defer s.Close()
+	require.NoError(t, handshake.Write(c, &handshake.UpgradeOffer{Offer: handshake.Offer{
 		Transport: handshake.TransportSim,
 		Ring:      handshake.RingInfo{Size: 1 << 30, Credits: 64},
 		Info:      []byte("x"),
-	}}}))
-	msg, err := handshake.Read(c)
+	}}))
+	msg, err = handshake.Read(c)
 	require.NoError(t, err)
 	d, ok := msg.(*handshake.Decline)
 	require.True(t, ok, "%T", msg)

@@ -6,7 +6,6 @@ package rsock
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -59,7 +58,7 @@ func (l *Listener) acceptArrived(a *arrival) *Conn {
 // serveArrived answers a's switching hello and returns its connection if
 // a holds one whole; otherwise it hands a to a handshaker and returns nil.
 func (l *Listener) serveArrived(a *arrival) *Conn {
-	if a.err == nil && !l.s.noSwitch.Load() {
+	if a.err == nil {
 		if hello, k := switchHelloIn(a.buf[:a.n]); hello != nil {
 			peer := a.raw.RemoteAddr()
 			c, err := l.s.serveSwitch(l, a.raw, hello, switchFrom{withMagic: true, timed: a.timed}, a.buf[k:a.n])
@@ -295,7 +294,7 @@ func (l *Listener) handshake(a *arrival) (*Conn, error) {
 	}
 	// A switching hello that came whole with the magic is answered now:
 	// nothing is left to wait for.
-	if hello, k := switchHelloIn(head); hello != nil && !s.noSwitch.Load() {
+	if hello, k := switchHelloIn(head); hello != nil {
 		return s.serveSwitch(l, raw, hello, switchFrom{withMagic: true, timed: timed}, head[k:])
 	}
 	return l.awaitHello(raw, head[len(handshake.Magic):])
@@ -376,20 +375,14 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: client opened with %v, want hello", msg.Type())
 	}
-	if hello.Flags&handshake.FlagSwitch != 0 && !s.noSwitch.Load() {
-		// An early client's frames may have come with its hello.
-		return s.serveSwitch(l, raw, hello, switchFrom{timed: true}, rest[len(rest)-hr.Len():])
+	if hello.Flags&handshake.FlagSwitch == 0 {
+		// Version 2 has no other handshake: a hello without the flag is
+		// malformed.
+		raw.Close()
+		return nil, errors.New("rsock: a hello without FlagSwitch")
 	}
-	select {
-	case l.setups <- struct{}{}:
-		defer func() { <-l.setups }()
-	default:
-		l.busy.Add(1)
-		return s.decline(l.network, raw, handshake.DeclineResources, fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups))
-	}
-	ctx, cancel := context.WithTimeout(l.ctx, s.handshake)
-	defer cancel()
-	return s.serve(ctx, l.network, raw, hello)
+	// An early client's frames may have come with its hello.
+	return s.serveSwitch(l, raw, hello, switchFrom{timed: true}, rest[len(rest)-hr.Len():])
 }
 
 // sniffMagic reads into b, whose first n bytes are read already, until it

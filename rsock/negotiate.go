@@ -23,10 +23,6 @@ var errNotBuiltIn = errors.New("not built into this binary")
 // errNotSameHost is the reason a same-host transport was not offered.
 var errNotSameHost = errors.New("the peer is not on this host")
 
-// errLocalOffered is the reason a transport was not prepared: a
-// host-local one is offered, and the server prefers it.
-var errLocalOffered = errors.New("not prepared: the peer is on this host and a same-host transport is offered")
-
 // aLongTimeAgo is a deadline in the past, used to unblock I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
@@ -170,109 +166,6 @@ func localFirst(names []string) []string {
 	return order
 }
 
-// serve runs the server side of the handshake on raw, whose client sent
-// hello. It returns the Conn to hand to Accept, or an error after which raw
-// has been closed.
-func (s *settings) serve(ctx context.Context, network string, raw *net.TCPConn, hello *handshake.Hello) (*Conn, error) {
-	var why reasons
-	var (
-		ep     *stream.Endpoint
-		chosen string
-		offer  handshake.Offer
-	)
-	for _, name := range s.serveOrder() {
-		t, _ := handshake.TransportByName(name)
-		i := indexOffer(hello.Offers, t)
-		if i < 0 {
-			continue
-		}
-		offer = hello.Offers[i]
-		e, err := s.preparePassive(ctx, name, raw, offer, hello.Flags&handshake.FlagGrow != 0)
-		if err != nil {
-			why.add(name, err)
-			continue
-		}
-		ep, chosen = e, name
-		break
-	}
-	if ep == nil {
-		code := handshake.DeclineNoCommonTransport
-		reason := "no common transport"
-		if len(why) > 0 {
-			code, reason = handshake.DeclineUnavailable, why.String()
-		}
-		return s.decline(network, raw, code, reason)
-	}
-	drop := func(err error) (*Conn, error) {
-		ep.Close()
-		raw.Close()
-		return nil, err
-	}
-	accept := &handshake.Accept{Transport: mustTransport(chosen), Ring: ringOf(ep.Ring()), Info: ep.Info()}
-	if err := handshake.WriteAfterMagic(raw, accept); err != nil {
-		return drop(fmt.Errorf("rsock: writing accept: %w", err))
-	}
-	msg, err := handshake.Read(raw)
-	if err != nil {
-		return drop(fmt.Errorf("rsock: reading confirm: %w", err))
-	}
-	confirm, ok := msg.(*handshake.Confirm)
-	if !ok {
-		return drop(fmt.Errorf("rsock: client sent %v, want confirm", msg.Type()))
-	}
-	if confirm.Code != handshake.DeclineNone {
-		ep.Close()
-		reason := fmt.Sprintf("client gave up on %s: %v: %s", chosen, confirm.Code, confirm.Reason)
-		if !s.fallback {
-			raw.Close()
-			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
-		}
-		return plainConn(network, raw, nil, CodeClientGaveUp, true, reason), nil
-	}
-	// The client has switched: from here on a failure aborts the
-	// connection instead of falling back.
-	if err := ep.Established(ctx); err != nil {
-		return nil, abort(raw, ep, fmt.Errorf("rsock: %s side exchange: %w", chosen, err))
-	}
-	return s.start(network, raw, ep, chosen, offer.Ring)
-}
-
-func (s *settings) start(network string, raw *net.TCPConn, ep *stream.Endpoint, name string, peer handshake.RingInfo) (*Conn, error) {
-	_ = raw.SetDeadline(time.Time{})
-	sc, err := ep.Start(streamRing(peer), stream.NetBootstrap(raw))
-	if err != nil {
-		return nil, abort(raw, ep, fmt.Errorf("rsock: starting %s: %w", name, err))
-	}
-	go sc.Watch(raw)
-	c := newConn(network, label{transport: name, code: CodeAgreed, reason: name + " agreed"})
-	c.s, c.tcp = sc, raw
-	c.keepAlive()
-	c.register()
-	return c, nil
-}
-
-// abort tells the peer the switched connection failed and closes it.
-func abort(raw *net.TCPConn, ep *stream.Endpoint, err error) error {
-	_ = raw.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = handshake.Write(raw, &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(err.Error())})
-	raw.Close()
-	ep.Close()
-	return err
-}
-
-func (s *settings) decline(network string, raw *net.TCPConn, code handshake.DeclineCode, reason string) (*Conn, error) {
-	reason = handshake.SanitizeReason(reason)
-	if err := handshake.WriteAfterMagic(raw, &handshake.Decline{Code: code, Reason: reason}); err != nil {
-		raw.Close()
-		return nil, fmt.Errorf("rsock: writing decline: %w", err)
-	}
-	if !s.fallback {
-		raw.Close()
-		return nil, fmt.Errorf("%w: declined: %s", ErrNoTransport, reason)
-	}
-	return plainConn(network, raw, nil, CodeDeclined, len(s.transports) > 0, "declined: "+reason), nil
-}
-
 // taken returns the transports of an Upgrade that we offered.
 func taken(offers []handshake.Offer, ts []handshake.Transport) []handshake.Transport {
 	var out []handshake.Transport
@@ -357,20 +250,15 @@ func (s *settings) offerable(raw *net.TCPConn) ([]string, reasons) {
 	return names, why
 }
 
-// switching reports whether a dial to key uses the switching handshake
-// (§9), not version 1's.
-func (s *settings) switching(key string) bool {
-	return s.upgradeAfter >= 0 && !(s.probeCacheTTL > 0 && v1Servers.known(key))
-}
-
 // dialEarly makes the connection of an early dial (§9.11) on raw when a
 // dial to key is one: the server at key answered UpgradeEarly lately, and
 // something may be offered. The hello is the connection's first frame,
 // queued like any other (it never waits for the socket, so the dial needs
 // no deadline), and the answer is read with the server's first frames. It
-// returns nil when the dial is not early.
+// returns nil when the dial is not early. A Dial that waits for its
+// upgrade is never early: it waits for the server's answers anyway.
 func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
-	if !s.earlyDial || s.probeCacheTTL <= 0 || !s.switching(key) || !earlyServers.known(key) {
+	if !s.earlyDial || s.dialWaits() || s.probeCacheTTL <= 0 || !earlyServers.known(key) {
 		return nil
 	}
 	h := s.earlyHelloFor(raw)
@@ -412,115 +300,6 @@ func (s *settings) earlyHelloFor(raw *net.TCPConn) *helloFrame {
 		return nil
 	}
 	return h
-}
-
-// dialHandshake runs the client side on raw. It returns the Conn, or a
-// *notRsockError when the server turned out not to speak rsock (raw is then
-// closed and the caller dials again plainly), or another error (raw closed).
-func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *net.TCPConn) (*Conn, error) {
-	names, why := s.offerable(raw)
-	if len(names) == 0 {
-		return s.nothingToOffer(network, raw, why)
-	}
-	if s.switching(key) {
-		return s.dialSwitch(ctx, network, key, raw, names)
-	}
-	// The magic goes out at once, so the listener classifies us as an
-	// rsock client however long preparing the endpoints takes.
-	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
-		raw.Close()
-		return nil, helloWriteError(ctx, err)
-	}
-	registry.probes.Add(1)
-	eps := map[handshake.Transport]*stream.Endpoint{}
-	closeAll := func(keep *stream.Endpoint) {
-		for _, e := range eps {
-			if e != keep {
-				e.Close()
-			}
-		}
-	}
-	// Host-local transports are prepared first (the server prefers them
-	// too: serveOrder), and once one is, the others are not: a verbs
-	// endpoint beside shm would cost its registration for nothing.
-	// Our rings keep their size here: they are registered before the
-	// server says whether it follows a ring move. The server's may grow.
-	hello := &handshake.Hello{Flags: handshake.FlagGrow}
-	local := false
-	for _, name := range localFirst(names) {
-		if local && !hostLocal[name] {
-			why.add(name, errLocalOffered)
-			continue
-		}
-		e, err := s.newEndpoint(name, raw, false)
-		if err != nil {
-			why.add(name, err)
-			continue
-		}
-		t := mustTransport(name)
-		eps[t] = e
-		hello.Offers = append(hello.Offers, handshake.Offer{Transport: t, Ring: ringOf(e.Ring()), Info: e.Info()})
-		local = local || hostLocal[name]
-	}
-	if len(hello.Offers) == 0 {
-		// The magic is out but there is nothing to offer: this connection
-		// cannot become plain any more; the caller redials.
-		raw.Close()
-		return nil, &redialError{CodeNothingHere, "no transport available here: " + why.String()}
-	}
-	frame, err := handshake.Append(nil, hello)
-	if err == nil {
-		_, err = raw.Write(frame[len(handshake.Magic):])
-	}
-	if err != nil {
-		closeAll(nil)
-		raw.Close()
-		return nil, helloWriteError(ctx, err)
-	}
-	msg, err := s.readAnswer(ctx, raw)
-	if err != nil {
-		closeAll(nil)
-		return nil, err
-	}
-	switch m := msg.(type) {
-	case *handshake.Hello:
-		closeAll(nil)
-		raw.Close()
-		return nil, &notRsockError{"it echoed the hello"}
-	case *handshake.Decline:
-		closeAll(nil)
-		return s.declined(network, raw, m)
-	case *handshake.Accept:
-		ep := eps[m.Transport]
-		if ep == nil {
-			closeAll(nil)
-			raw.Close()
-			return nil, &redialError{CodeNoAnswer, fmt.Sprintf("the server accepted %v, which was not offered", m.Transport)}
-		}
-		closeAll(ep)
-		name := m.Transport.String()
-		if err := s.connectActive(ctx, ep, m); err != nil {
-			ep.Close()
-			reason := fmt.Sprintf("%s: %v", name, err)
-			wErr := handshake.Write(raw, &handshake.Confirm{Code: handshake.DeclineFailed, Reason: handshake.SanitizeReason(reason)})
-			if !s.fallback || wErr != nil {
-				raw.Close()
-				return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
-			}
-			_ = raw.SetDeadline(time.Time{})
-			return plainConn(network, raw, nil, CodeConnectFail, true, "could not connect "+reason), nil
-		}
-		if err := handshake.Write(raw, &handshake.Confirm{}); err != nil {
-			ep.Close()
-			raw.Close()
-			return nil, fmt.Errorf("rsock: writing confirm: %w", err)
-		}
-		return s.start(network, raw, ep, name, m.Ring)
-	default:
-		closeAll(nil)
-		raw.Close()
-		return nil, &notRsockError{fmt.Sprintf("it answered with %v", msg.Type())}
-	}
 }
 
 // readAnswer reads the server's answer to the hello: its first 8 bytes
@@ -565,10 +344,17 @@ func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.
 	return msg, nil
 }
 
-// dialSwitch is the client's handshake on the switching protocol: magic
-// and Hello in one write, no endpoint prepared; a switching server's
-// Upgrade makes a Conn on TCP that upgrades later (upgrade.go).
-func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net.TCPConn, names []string) (*Conn, error) {
+// dialHandshake runs the client side on raw: magic and Hello in one
+// write, no endpoint prepared; a switching server's Upgrade makes a Conn on
+// TCP that upgrades later (upgrade.go), or at once and before it is
+// returned (dialWaits). It returns the Conn, or a *notRsockError when the
+// server turned out not to speak rsock (raw is then closed and the caller
+// dials again plainly), or another error (raw closed).
+func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *net.TCPConn) (*Conn, error) {
+	names, why := s.offerable(raw)
+	if len(names) == 0 {
+		return s.nothingToOffer(network, raw, why)
+	}
 	hello := switchHello(names)
 	frame, err := handshake.Append(nil, hello)
 	if err == nil {
@@ -597,16 +383,15 @@ func (s *settings) dialSwitch(ctx context.Context, network, key string, raw *net
 				return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 			}
 		}
-		return s.switchConn(network, raw, nil, switchStart{transports: ts, grow: m.Flags&handshake.UpgradeGrow != 0, reason: reason}), nil
-	case *handshake.Decline:
-		// A version-1 server declines offers without rings as
-		// unavailable (a switching one answers Upgrade, and declines a
-		// hello only for policy or no common transport): later dials use
-		// the version-1 handshake.
-		if m.Code == handshake.DeclineUnavailable && s.probeCacheTTL > 0 {
-			v1Servers.add(key, s.probeCacheTTL)
-			m.Reason += fmt.Sprintf(" (a version-1 server: dials to it in the next %v use the version-1 handshake)", s.probeCacheTTL)
+		c := s.switchConn(network, raw, nil, switchStart{transports: ts, grow: m.Flags&handshake.UpgradeGrow != 0, reason: reason})
+		if s.dialWaits() {
+			if err := c.w.awaitUpgrade(ctx); err != nil {
+				c.Close()
+				return nil, err
+			}
 		}
+		return c, nil
+	case *handshake.Decline:
 		return s.declined(network, raw, m)
 	case *handshake.Hello:
 		raw.Close()

@@ -61,7 +61,7 @@ type rawConn struct {
 
 // onSocket reports whether the stream's next bytes are the socket's.
 func (r *rawConn) onSocket() bool {
-	return r.c.w == nil && r.c.s == nil && !r.c.hasPrefix.Load()
+	return r.c.w == nil && !r.c.hasPrefix.Load()
 }
 
 // errRawUnsupported is why rawConn's Write, and a Read whose f asks to
@@ -94,7 +94,7 @@ func (r *rawConn) Read(f func(fd uintptr) bool) error {
 }
 
 func (r *rawConn) Write(f func(fd uintptr) bool) error {
-	if r.c.w == nil && r.c.s == nil {
+	if r.c.w == nil {
 		return r.boot.Write(f)
 	}
 	if r.c.closed.Load() {
@@ -126,11 +126,8 @@ func readinessOf(readable bool, err error) readiness {
 // poll is what a Read of c would find now, without waiting and without
 // taking anything; on TCP only while sniffed bytes wait (rawConn.onSocket).
 func (c *Conn) poll() readiness {
-	switch {
-	case c.w != nil:
+	if c.w != nil {
 		return c.w.poll()
-	case c.s != nil:
-		return readinessOf(c.s.Poll())
 	}
 	return readData
 }

@@ -87,7 +87,7 @@ func TestSyscallConnLiveness(t *testing.T) {
 		want   string
 	}{
 		{"tcp", tcpOnly(), false, "tcp"},
-		{"shm/version-1", &Config{Transports: []string{"shm", "tcp"}, UpgradeAfter: -1}, false, "shm"},
+		{"shm/dial-waits", &Config{Transports: []string{"shm", "tcp"}, UpgradeAfter: -1}, false, "shm"},
 		{"shm/upgraded", swCfg("shm", time.Nanosecond), true, "shm"},
 		{"sim/upgraded", swCfg("sim", time.Nanosecond), true, "sim"},
 		{"shm/before-upgrade", swCfg("shm", time.Hour), false, "tcp"},

@@ -127,16 +127,17 @@ func (s *shmSvc) handle(c *Conn) {
 	s.conns.Add(1)
 	defer s.conns.Add(-1)
 	defer c.Close()
-	if TransportOf(c) == "shm" {
-		info := c.ring().QP().Info()
-		s.mu.Lock()
-		s.lastInfo = info
-		s.mu.Unlock()
-	}
 	var cmd [1]byte
 	if _, err := io.ReadFull(c, cmd[:]); err != nil {
 		fmt.Fprintf(os.Stderr, "shm-svc: %v: reading the command: %v\n", c.RemoteAddr(), err)
 		return
+	}
+	// A client whose Dial waited for the ring wrote its command on it.
+	if r := c.ring(); r != nil && TransportOf(c) == "shm" {
+		info := r.QP().Info()
+		s.mu.Lock()
+		s.lastInfo = info
+		s.mu.Unlock()
 	}
 	switch cmd[0] {
 	case svcEcho:
@@ -1488,8 +1489,8 @@ func TestShmPastTheMappingBudget(t *testing.T) {
 	h := startSvc(t, "RSOCK_TRANSPORTS=shm,tcp")
 	cfg := testCfg(0, 0)
 	cfg.Transports = []string{"shm", "tcp"}
-	cfg.UpgradeAfter = -1 // version 1: the ring, or the reason, from Dial on
-	// Version 1's server answers once its endpoint is set up, and either
+	cfg.UpgradeAfter = -1 // Dial waits: the ring, or the reason, from Dial on
+	// Dial returns once both endpoints are set up, and either
 	// process can stall for a while here: the run takes both to the
 	// host's mapping limit, under the race detector, beside other
 	// packages' tests, and each doubling of a process's descriptor table

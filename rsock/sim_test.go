@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -44,11 +43,11 @@ func withFaults(t *testing.T, f sim.Faults) {
 	t.Cleanup(func() { simProv.SetFaults(sim.Faults{}) })
 }
 
-// simCfg is the configuration of the sim tests of the version-1
-// handshake: the ring from Dial on, and no failover (a ring failure resets
-// the connection). The switching protocol's have swCfg.
+// simCfg is the configuration of the sim tests of the ring itself: the
+// ring from Dial on (Dial waits for the upgrade), and no failover (a ring
+// failure resets the connection). The upgrade's tests have swCfg.
 func simCfg() *Config {
-	return &Config{Transports: []string{"sim", "tcp"}, RingSize: 64 << 10, UpgradeAfter: -1}
+	return &Config{Transports: []string{"sim", "tcp"}, RingSize: 64 << 10, UpgradeAfter: -1, NoFailover: true}
 }
 
 func simPipe(t testing.TB, cfg *Config) (client, server *Conn) {
@@ -89,15 +88,15 @@ func TestNettestSimSmallRingFaults(t *testing.T) {
 
 // TestNettestSimGrowingFaults: rings that start at 4 KiB grow to 64 KiB
 // during nettest's transfers while faults delay, reorder and lose
-// packets (sim retransmits): on the switching protocol both rings grow,
-// on version 1 the server's.
+// packets (sim retransmits), with the upgrade in the background and with
+// Dial waiting for it.
 func TestNettestSimGrowingFaults(t *testing.T) {
 	registerSim(t)
 	withFaults(t, sim.Faults{Delay: 50 * time.Microsecond, Reorder: true, LossRate: 0.01, RetransmitDelay: 100 * time.Microsecond})
-	for _, v1 := range []bool{false, true} {
-		t.Run(fmt.Sprintf("version1=%v", v1), func(t *testing.T) {
+	for _, waits := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dialWaits=%v", waits), func(t *testing.T) {
 			cfg := growCfg("sim", time.Nanosecond)
-			if v1 {
+			if waits {
 				cfg = &Config{Transports: []string{"sim"}, RingSize: 64 << 10, RingStart: 4 << 10, Credits: 4}
 			}
 			ln := listen(t, cfg)
@@ -119,7 +118,7 @@ func TestNettestDeclined(t *testing.T) {
 	ln := listen(t, tcpOnly())
 	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
 		c, s := pipe(t, ln, simCfg())
-		if !strings.Contains(c.Info().Reason, "declined") {
+		if c.Info().Code != CodeDeclined {
 			return nil, nil, nil, errors.New("not declined: " + c.Info().Reason)
 		}
 		return c, s, func() { c.Close(); s.Close() }, nil
@@ -146,7 +145,7 @@ func TestDeclineFallsBackOnSameConnection(t *testing.T) {
 	ci := c.Info()
 	assert.Equal(t, "tcp", ci.Transport)
 	assert.True(t, ci.Fallback)
-	assert.Contains(t, ci.Reason, "declined")
+	assert.Equal(t, CodeDeclined, ci.Code, ci.Reason)
 	roundTrip(t, c, s, []byte("over the bootstrap"))
 }
 
@@ -566,9 +565,7 @@ func TestSimRingGrows(t *testing.T) {
 		cfg  *Config
 	}{
 		{"switching", growCfg("sim", time.Nanosecond)},
-		// Version 1: the client registers before it knows the server,
-		// so only the server's ring starts small.
-		{"version1", &Config{Transports: []string{"sim"}, RingSize: 64 << 10, RingStart: 4 << 10}},
+		{"dial waits", &Config{Transports: []string{"sim"}, RingSize: 64 << 10, RingStart: 4 << 10}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ln := listen(t, tc.cfg)
@@ -578,24 +575,17 @@ func TestSimRingGrows(t *testing.T) {
 			} else {
 				c, s = pipe(t, ln, tc.cfg)
 				t.Cleanup(func() { c.Close(); s.Close() })
+				awaitSettled(t, c, s)
 			}
 			slots := int64(DefaultCredits * 64)
 			small, full := int64(4<<10), int64(64<<10)
-			cRing := small
-			if tc.name == "version1" {
-				cRing = full
-			}
-			assert.Equal(t, cRing+slots+small, c.Info().Registered, "client: its ring and staging for the server's")
-			assert.Equal(t, small+slots+cRing, s.Info().Registered)
+			assert.Equal(t, small+slots+small, c.Info().Registered, "client: its ring and staging for the server's")
+			assert.Equal(t, small+slots+small, s.Info().Registered)
 
 			hashedBothWays(t, c, s, 1<<20, 21)
-			grows := uint64(2)
-			if tc.name == "version1" {
-				grows = 1 // the server's ring; the client's started full
-			}
 			for _, x := range []*Conn{c, s} {
 				info := x.Info()
-				assert.Equal(t, grows, info.RingGrows)
+				assert.Equal(t, uint64(2), info.RingGrows)
 				assert.Equal(t, full+slots+full, info.Registered, "the old rings and staging were released")
 			}
 		})

@@ -147,6 +147,9 @@ func (w *swConn) start(transports []handshake.Transport) {
 	}
 	after, f := w.set.upgradeAfter, w.kick
 	switch {
+	case w.client && after < 0:
+		w.kick() // at once, and Dial waits for it (dialWaits)
+		return
 	case !w.client:
 		after, f = serverReaderAfter, w.serverReaderDue
 	case after > helloHold:

@@ -270,58 +270,68 @@ func TestSwitchCloseRacesUpgrade(t *testing.T) {
 	}
 }
 
-// TestSwitchClientToVersion1Server: a switching client and a server that
-// answers as version 1 does (it declines offers without rings): the
-// connection runs on TCP, saying why, and the client remembers the
-// server, so that its next dial uses the version-1 handshake and gets the
-// ring; without the cache (ProbeCacheTTL < 0) every dial stays on TCP.
-func TestSwitchClientToVersion1Server(t *testing.T) {
+// TestDialWaitsForUpgrade: with UpgradeAfter negative, Dial returns
+// with both directions on the ring, and the listener's end follows.
+func TestDialWaitsForUpgrade(t *testing.T) {
 	registerSim(t)
-	for _, ttl := range []time.Duration{time.Minute, -1} {
-		t.Run(fmt.Sprintf("ttl=%v", ttl), func(t *testing.T) {
-			cfg := swCfg("sim", time.Nanosecond)
-			cfg.ProbeCacheTTL = ttl
-			ln := listen(t, cfg)
-			ln.s.noSwitch.Store(true)
-			t.Cleanup(func() { v1Servers.forget("tcp " + ln.Addr().String()) })
-			c, s := pipe(t, ln, cfg)
-			defer c.Close()
-			defer s.Close()
-			assert.Nil(t, c.w)
-			info := c.Info()
-			assert.Equal(t, "tcp", info.Transport)
-			assert.True(t, info.Fallback)
-			assert.Contains(t, info.Reason, "server declined")
-			go func() { _, _ = io.Copy(s, s) }()
-			echoTrip(t, c, "over tcp")
-
-			c2, s2 := pipe(t, ln, cfg)
-			defer c2.Close()
-			defer s2.Close()
-			assert.Nil(t, c2.w, "no switching")
-			if ttl > 0 {
-				assert.Contains(t, info.Reason, "version-1 server")
-				assert.Equal(t, "sim", TransportOf(c2), c2.Info().Reason)
-				assert.Equal(t, "sim", TransportOf(s2))
-			} else {
-				assert.Equal(t, "tcp", TransportOf(c2))
-			}
-		})
-	}
-}
-
-// TestSwitchVersion1ClientToSwitchingServer: a version-1 client gets its
-// ring in the handshake from the same listener.
-func TestSwitchVersion1ClientToSwitchingServer(t *testing.T) {
-	registerSim(t)
-	ln := listen(t, swCfg("sim", time.Nanosecond))
+	ln := listen(t, swCfg("sim", time.Millisecond))
 	c, s := pipe(t, ln, swCfg("sim", -1))
 	defer c.Close()
 	defer s.Close()
-	assert.Nil(t, c.w)
-	assert.Nil(t, s.w)
-	assert.Equal(t, "sim", TransportOf(c))
+	assert.True(t, receivable(Settled(c)), "Dial returned before the upgrade ran its course")
+	assert.Equal(t, "sim", TransportOf(c), c.Info().Reason)
+	info := c.Info()
+	require.Len(t, info.Switches, 2, "both directions moved")
+	go func() { _, _ = io.Copy(s, s) }()
+	echoTrip(t, c, "over the ring")
+	select {
+	case <-Settled(s):
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server's end did not settle")
+	}
 	assert.Equal(t, "sim", TransportOf(s))
+}
+
+// TestDialWaitsNoTransport: a Dial that may not fall back fails with
+// ErrNoTransport when the server takes no transport it offers, and one
+// that may returns the connection on TCP, saying why.
+func TestDialWaitsNoTransport(t *testing.T) {
+	registerSim(t)
+	ln := listen(t, &Config{Transports: []string{"shm", "tcp"}})
+	d := Dialer{Config: &Config{Transports: []string{"sim"}}}
+	_, err := d.Dial("tcp", ln.Addr().String())
+	require.ErrorIs(t, err, ErrNoTransport)
+	stale, err := ln.Accept() // the server's end, which stays on TCP
+	require.NoError(t, err)
+	stale.Close()
+
+	c, s := pipe(t, ln, swCfg("sim", -1))
+	defer c.Close()
+	defer s.Close()
+	assert.Equal(t, "tcp", TransportOf(c))
+	assert.True(t, c.Info().Fallback)
+	go func() { _, _ = io.Copy(s, s) }()
+	echoTrip(t, c, "over tcp")
+}
+
+// TestVersion1ClientDeclined: a listener answers a version-1 hello with
+// Decline{version} and closes the connection, so that an older client
+// dials again plainly.
+func TestVersion1ClientDeclined(t *testing.T) {
+	ln := listen(t, nil)
+	raw := dialRaw(t, ln)
+	hello := []byte(handshake.Magic)
+	hello = append(hello, 1, byte(handshake.TypeHello), 0, 3, 0, 0, 0)
+	_, err := raw.Write(hello)
+	require.NoError(t, err)
+	require.NoError(t, raw.SetReadDeadline(time.Now().Add(10*time.Second)))
+	m, err := handshake.Read(raw)
+	require.NoError(t, err)
+	d, ok := m.(*handshake.Decline)
+	require.True(t, ok, "answered %v", m.Type())
+	assert.Equal(t, handshake.DeclineVersion, d.Code)
+	_, err = raw.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF)
 }
 
 // busyPipe connects a switching pair over sim, upgrading at once, through
@@ -836,7 +846,7 @@ func TestSwitchTinyFramesAreBounded(t *testing.T) {
 }
 
 // TestSettled: Settled is closed at once for connections that cannot
-// change transport (not rsock's, version 1); on the switching protocol it
+// change transport (not rsock's, plain TCP); on the switching protocol it
 // closes once the upgrade ran (the transport then is the ring's), or when
 // the connection ends before any upgrade.
 func TestSettled(t *testing.T) {

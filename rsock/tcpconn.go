@@ -96,16 +96,13 @@ func (c *Conn) SetLinger(sec int) error {
 	if c.w != nil {
 		return c.opError("set", c.w.setLinger(sec))
 	}
-	if c.s != nil {
-		return c.opError("set", c.s.SetLinger(sec))
-	}
 	return c.tcp.SetLinger(sec)
 }
 
 // socket is the TCP connection under c: its own or its bootstrap's. On a
 // ring it fails once the Conn is closed.
 func (c *Conn) socket() (*net.TCPConn, error) {
-	if (c.s != nil || c.w != nil) && c.closed.Load() {
+	if c.w != nil && c.closed.Load() {
 		return nil, c.opError("set", net.ErrClosed)
 	}
 	return c.tcp, nil

@@ -157,9 +157,9 @@ func keepAliveOf(t *testing.T, c *Conn) (on, idle, interval, count int) {
 }
 
 // TestKeepAliveOn: every Conn's socket gets the keep-alive net.Dial and
-// net.Listen give theirs (on; 15 s, 15 s, 9 probes): a Conn on TCP or
-// on a version-1 ring when it is made, a switching one at its first timed
-// step and not before; and what the application sets before that step
+// net.Listen give theirs (on; 15 s, 15 s, 9 probes): a Conn on TCP
+// when it is made, a switching one at its first timed step and not
+// before; and what the application sets before that step
 // stays set.
 func TestKeepAliveOn(t *testing.T) {
 	defaults := func(t *testing.T, c *Conn, who string) {

@@ -22,12 +22,11 @@ import (
 // application on TCP. Later (the client's policy: UpgradeAfter,
 // UpgradeBytes) the client prepares one endpoint and sends Offer; the
 // server prepares its own and answers Accept or Decline; Confirm follows
-// an Accept as in the version-1 handshake, and each side then switches its
-// sending (swConn.switchLocked).
+// an Accept, and each side then switches its sending
+// (swConn.switchLocked).
 
-// switchHello is the client's Hello on the switching protocol: one offer
-// per transport it could set up, with no ring prepared (a version-1 server
-// declines such offers, and the client stays on TCP).
+// switchHello is the client's Hello: one offer per transport it could set
+// up, with no ring prepared.
 func switchHello(names []string) *handshake.Hello {
 	h := &handshake.Hello{Flags: handshake.FlagSwitch | handshake.FlagGrow}
 	for _, name := range localFirst(names) {
@@ -346,6 +345,28 @@ func (w *swConn) clientUpgrade() {
 	}
 }
 
+// awaitUpgrade waits, for a Dial that waits for its upgrade (dialWaits),
+// until the connection settled or ctx ends. It returns nil with the ring
+// in place, or on TCP where TCP is allowed; otherwise the upgrade's
+// failure, or ctx's error.
+func (w *swConn) awaitUpgrade(ctx context.Context) error {
+	select {
+	case <-w.settledChan():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.err != nil:
+		return w.err
+	case !w.set.fallback && !(w.sendOn && w.switched):
+		l := w.c.label.Load()
+		return noTransport(fmt.Errorf("the upgrade ended on TCP: %s", l.reason))
+	}
+	return nil
+}
+
 // upgradeEnded ends the upgrade whose channel is mine, once: no upgrade
 // is in progress any more, and a peer's Switch waiting for it goes on.
 func (w *swConn) upgradeEnded(mine chan struct{}) {
@@ -459,8 +480,7 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		w.declineOffer(mine, handshake.DeclinePolicy, fmt.Sprintf("too many upgrade offers on this connection (%d)", maxOffers))
 		return
 	}
-	// Endpoint setups count against the listener's bound, as in the
-	// version-1 handshake.
+	// Endpoint setups count against the listener's bound.
 	select {
 	case w.ln.setups <- struct{}{}:
 	default:

@@ -363,7 +363,8 @@ func echoCheck(t *testing.T, c *Conn, size int, seed uint64) {
 // registers (pins) its ring, its state-message buffers and a staging
 // buffer of the peer's ring size, at the starting ring size while idle
 // and at the full size once a transfer filled the rings; ConnInfo says
-// so. On the version-1 handshake (no tcp) the client's ring starts full.
+// so, whether the upgrade runs in the background or Dial waits for it
+// (no tcp).
 func TestVerbsRegisteredBytes(t *testing.T) {
 	slots := int64(DefaultCredits * 64)
 	small, full := int64(DefaultRingStart), int64(DefaultRingSize)
@@ -373,7 +374,7 @@ func TestVerbsRegisteredBytes(t *testing.T) {
 		client     int64 // the client's ring while idle
 	}{
 		{"default", []string{"verbs", "tcp"}, small},
-		{"version1", []string{"verbs"}, full},
+		{"dial waits", []string{"verbs"}, small},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := verbsCfg()
@@ -387,6 +388,7 @@ func TestVerbsRegisteredBytes(t *testing.T) {
 				c, s, err = verbsPipe(t, ln, cfg)
 				require.NoError(t, err)
 				t.Cleanup(func() { c.Close(); s.Close() })
+				awaitSettled(t, c, s)
 			}
 			idle := tc.client + slots + small
 			assert.Equal(t, idle, c.Info().Registered)

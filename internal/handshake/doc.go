@@ -1,9 +1,8 @@
 // Package handshake encodes and decodes rsock's bootstrap messages: the
 // frames a client and server exchange on the TCP connection to agree on a
 // transport (verbs, shm, sim) and trade receive-ring descriptions, the
-// Goodbye that closes a switched connection, and the switching protocol's
-// frames (Hello flag FlagSwitch), which carry the stream on TCP and move it
-// to a ring (rsock/switching.go; failover back to TCP is not built yet).
+// frames that carry the stream on TCP and move it to a ring and back
+// (rsock/switching.go), and the Goodbye that closes a connection.
 //
 // # Framing
 //
@@ -11,7 +10,7 @@
 // is one frame. All integers are big-endian.
 //
 //	magic    [8]byte  "\x89RSOCK\r\n"
-//	version  uint8    1
+//	version  uint8    2
 //	type     uint8    1 Hello, 2 Accept, 3 Decline, 4 Confirm, 5 Goodbye,
 //	                  6 Upgrade, 7 Data, 8 Offer, 9 Switch, 10 Resume, 11 Fin
 //	length   uint16   body length, <= MaxBody (4096);
@@ -64,7 +63,7 @@
 // 1..4 (an Upgrade transport count over 4), an empty Data payload, an
 // unknown message type, a reason that is not valid UTF-8, a body shorter
 // than its fields and trailing bytes after them. A wrong magic is
-// ErrBadMagic and a version other than 1 is ErrVersion (ParseHeader still
+// ErrBadMagic and a version other than Version (2) is ErrVersion (ParseHeader still
 // returns the header, so a server can answer Decline with code version).
 // Nothing panics, Read and Next never read past the frame, Read allocates at
 // most the frame's length bound for it (MaxBody, MaxData for Data), and

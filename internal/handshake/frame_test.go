@@ -24,12 +24,12 @@ func TestConstants(t *testing.T) {
 }
 
 func TestParseHeader(t *testing.T) {
-	h, err := handshake.ParseHeader(rawFrame(1, 3, make([]byte, 0x0102))[:handshake.HeaderLen])
+	h, err := handshake.ParseHeader(rawFrame(handshake.Version, 3, make([]byte, 0x0102))[:handshake.HeaderLen])
 	require.NoError(t, err)
-	assert.Equal(t, handshake.Header{Version: 1, Type: handshake.TypeDecline, Length: 0x0102}, h)
+	assert.Equal(t, handshake.Header{Version: handshake.Version, Type: handshake.TypeDecline, Length: 0x0102}, h)
 
 	// Exactly MaxBody is fine, one more is not.
-	hdr := rawFrame(1, 1, nil)
+	hdr := rawFrame(handshake.Version, 1, nil)
 	hdr[10], hdr[11] = 0x10, 0x00
 	_, err = handshake.ParseHeader(hdr)
 	require.NoError(t, err)
@@ -47,10 +47,10 @@ func TestParseHeader(t *testing.T) {
 			limit = handshake.MaxData
 		}
 		for _, l := range []int{0, 1, handshake.MaxBody, handshake.MaxBody + 1, handshake.MaxData, handshake.MaxData + 1, 0xffff} {
-			hdr := rawFrame(1, typ, nil)
+			hdr := rawFrame(handshake.Version, typ, nil)
 			hdr[10], hdr[11] = byte(l>>8), byte(l)
 			h, err := handshake.ParseHeader(hdr)
-			assert.Equal(t, handshake.Header{Version: 1, Type: handshake.Type(typ), Length: uint16(l)}, h)
+			assert.Equal(t, handshake.Header{Version: handshake.Version, Type: handshake.Type(typ), Length: uint16(l)}, h)
 			if l > limit {
 				assert.ErrorIs(t, err, handshake.ErrMalformed, "type %d length %d", typ, l)
 			} else {
@@ -60,17 +60,17 @@ func TestParseHeader(t *testing.T) {
 	}
 	// Every length a uint16 holds past MaxData is rejected for Data.
 	for l := handshake.MaxData + 1; l <= 0xffff; l++ {
-		hdr := rawFrame(1, 7, nil)
+		hdr := rawFrame(handshake.Version, 7, nil)
 		hdr[10], hdr[11] = byte(l>>8), byte(l)
 		_, err := handshake.ParseHeader(hdr)
 		require.ErrorIs(t, err, handshake.ErrMalformed, l)
-		_, err = handshake.Decode(handshake.Header{Version: 1, Type: handshake.TypeData, Length: uint16(l)}, make([]byte, l))
+		_, err = handshake.Decode(handshake.Header{Version: handshake.Version, Type: handshake.TypeData, Length: uint16(l)}, make([]byte, l))
 		require.ErrorIs(t, err, handshake.ErrMalformed, l)
 	}
 
 	// Short input.
 	for n := range handshake.HeaderLen {
-		_, err := handshake.ParseHeader(rawFrame(1, 1, nil)[:n])
+		_, err := handshake.ParseHeader(rawFrame(handshake.Version, 1, nil)[:n])
 		require.ErrorIs(t, err, handshake.ErrMalformed, n)
 	}
 	_, err = handshake.ParseHeader([]byte("GET"))
@@ -79,11 +79,11 @@ func TestParseHeader(t *testing.T) {
 
 func TestUnknownType(t *testing.T) {
 	for _, typ := range []uint8{0, 12, 13, 128, 255} {
-		frame := rawFrame(1, typ, body{}.u8(0).u16(0))
+		frame := rawFrame(handshake.Version, typ, body{}.u8(0).u16(0))
 		h, err := handshake.ParseHeader(frame)
 		assert.ErrorIs(t, err, handshake.ErrMalformed, typ)
 		assert.Equal(t, handshake.Type(typ), h.Type)
-		_, err = handshake.Decode(handshake.Header{Version: 1, Type: handshake.Type(typ), Length: 3}, frame[handshake.HeaderLen:])
+		_, err = handshake.Decode(handshake.Header{Version: handshake.Version, Type: handshake.Type(typ), Length: 3}, frame[handshake.HeaderLen:])
 		assert.ErrorIs(t, err, handshake.ErrMalformed, typ)
 		_, err = handshake.Read(bytes.NewReader(frame))
 		assert.ErrorIs(t, err, handshake.ErrMalformed, typ)
@@ -91,7 +91,7 @@ func TestUnknownType(t *testing.T) {
 }
 
 func TestBadMagic(t *testing.T) {
-	good := rawFrame(1, 4, body{}.u8(0).u16(0))
+	good := rawFrame(handshake.Version, 4, body{}.u8(0).u16(0))
 	cases := map[string][]byte{
 		"http":           []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
 		"ssh":            []byte("SSH-2.0-OpenSSH_9.6\r\n"),
@@ -141,14 +141,14 @@ func TestMatchesMagicPrefix(t *testing.T) {
 	for n := 0; n <= len(m); n++ {
 		assert.True(t, handshake.MatchesMagicPrefix(m[:n]), n)
 	}
-	assert.True(t, handshake.MatchesMagicPrefix(rawFrame(1, 1, nil)), "longer input that starts with Magic")
+	assert.True(t, handshake.MatchesMagicPrefix(rawFrame(handshake.Version, 1, nil)), "longer input that starts with Magic")
 	assert.False(t, handshake.MatchesMagicPrefix([]byte("\x88")))
 	assert.False(t, handshake.MatchesMagicPrefix([]byte("\x89RSOCKS")))
 	assert.False(t, handshake.MatchesMagicPrefix([]byte("GET / HTTP/1.1")))
 }
 
 func TestVersion(t *testing.T) {
-	for _, v := range []uint8{0, 2, 255} {
+	for _, v := range []uint8{0, 1, handshake.Version + 1, 255} {
 		// A future version may have a longer body and a new type: the
 		// header is still returned and nothing past it is read.
 		frame := rawFrame(v, 77, bytesOf(5000, 'x'))
@@ -171,12 +171,12 @@ func TestVersion(t *testing.T) {
 func TestDecodeLengthMismatch(t *testing.T) {
 	b := body{}.u8(0).u16(0)
 	for _, l := range []uint16{0, 2, 4, handshake.MaxBody, handshake.MaxBody + 1, 0xffff} {
-		_, err := handshake.Decode(handshake.Header{Version: 1, Type: handshake.TypeConfirm, Length: l}, b)
+		_, err := handshake.Decode(handshake.Header{Version: handshake.Version, Type: handshake.TypeConfirm, Length: l}, b)
 		assert.ErrorIs(t, err, handshake.ErrMalformed, l)
 	}
 	// A body over MaxBody is rejected even when the header agrees.
 	big := make([]byte, handshake.MaxBody+1)
-	_, err := handshake.Decode(handshake.Header{Version: 1, Type: handshake.TypeHello, Length: uint16(len(big))}, big)
+	_, err := handshake.Decode(handshake.Header{Version: handshake.Version, Type: handshake.TypeHello, Length: uint16(len(big))}, big)
 	assert.ErrorIs(t, err, handshake.ErrMalformed)
 }
 
@@ -270,7 +270,7 @@ func bytesPerRun(runs int, f func()) float64 {
 // Read neither allocate nor read it, and that a maximal frame costs about
 // two MaxBody buffers (the body and the decoded copies).
 func TestReadAllocationBound(t *testing.T) {
-	frame := rawFrame(1, 1, nil)
+	frame := rawFrame(handshake.Version, 1, nil)
 	frame[10], frame[11] = 0xff, 0xff
 	r := bytes.NewReader(append(frame, bytesOf(0xffff, 0)...))
 	perRun := bytesPerRun(100, func() {
@@ -292,7 +292,7 @@ func TestReadAllocationBound(t *testing.T) {
 		b = b.u8(1).ring(testRing).lraw(bytesOf(n, 'i'))
 	}
 	require.Len(t, b, handshake.MaxBody)
-	full := rawFrame(1, 1, b)
+	full := rawFrame(handshake.Version, 1, b)
 	fr := bytes.NewReader(full)
 	perRun = bytesPerRun(100, func() {
 		_, _ = fr.Seek(0, io.SeekStart)
@@ -304,7 +304,7 @@ func TestReadAllocationBound(t *testing.T) {
 
 	// A Data header over MaxData: neither Read nor Next allocates or reads
 	// the body.
-	frame = rawFrame(1, 7, nil)
+	frame = rawFrame(handshake.Version, 7, nil)
 	frame[10], frame[11] = 0xff, 0xff
 	r = bytes.NewReader(append(frame, bytesOf(0xffff, 0)...))
 	perRun = bytesPerRun(100, func() {
@@ -322,7 +322,7 @@ func TestReadAllocationBound(t *testing.T) {
 
 	// A maximal Data frame: Read costs about the payload's copy (and the
 	// pooled body, when the pool drops it), Next nothing per payload byte.
-	data := rawFrame(1, 7, bytesOf(handshake.MaxData, 'd'))
+	data := rawFrame(handshake.Version, 7, bytesOf(handshake.MaxData, 'd'))
 	dr := bytes.NewReader(data)
 	perRun = bytesPerRun(100, func() {
 		_, _ = dr.Seek(0, io.SeekStart)
@@ -344,7 +344,7 @@ func TestReadAllocationBound(t *testing.T) {
 // TestWriteAfterMagic: the magic followed by WriteAfterMagic's bytes is
 // exactly one Write's frame, and Read takes it as one message.
 func TestWriteAfterMagic(t *testing.T) {
-	m := &handshake.Decline{Code: handshake.DeclineVersion, Reason: "server speaks version 1"}
+	m := &handshake.Decline{Code: handshake.DeclineVersion, Reason: "server speaks version 2"}
 	var whole, split bytes.Buffer
 	require.NoError(t, handshake.Write(&whole, m))
 	split.WriteString(handshake.Magic)
@@ -374,7 +374,7 @@ func TestNextConsumesOneFrame(t *testing.T) {
 			cr := &countingReader{r: wrap(src)}
 			h, m, err := handshake.Next(cr)
 			require.NoError(t, err, s.name)
-			assert.Equal(t, handshake.Header{Version: 1, Type: s.msg.Type(), Length: uint16(len(s.frame) - handshake.HeaderLen)}, h, s.name)
+			assert.Equal(t, handshake.Header{Version: handshake.Version, Type: s.msg.Type(), Length: uint16(len(s.frame) - handshake.HeaderLen)}, h, s.name)
 			if d, ok := s.msg.(*handshake.Data); ok {
 				assert.Nil(t, m, s.name)
 				assert.Equal(t, handshake.HeaderLen, cr.n, "%s: Next read into the payload", s.name)
@@ -403,18 +403,18 @@ func TestNextMaxData(t *testing.T) {
 	frame, err := handshake.Append(nil, &handshake.Data{Payload: payload})
 	require.NoError(t, err)
 	require.Len(t, frame, 1<<16)
-	fin := rawFrame(1, 11, body{}.u64(42))
+	fin := rawFrame(handshake.Version, 11, body{}.u64(42))
 	r := bytes.NewReader(append(frame, fin...))
 	h, m, err := handshake.Next(r)
 	require.NoError(t, err)
 	assert.Nil(t, m)
-	assert.Equal(t, handshake.Header{Version: 1, Type: handshake.TypeData, Length: uint16(handshake.MaxData)}, h)
+	assert.Equal(t, handshake.Header{Version: handshake.Version, Type: handshake.TypeData, Length: uint16(handshake.MaxData)}, h)
 	assert.Equal(t, handshake.MaxData+len(fin), r.Len())
 	_, err = r.Seek(int64(h.Length), io.SeekCurrent)
 	require.NoError(t, err)
 	h, m, err = handshake.Next(r)
 	require.NoError(t, err)
-	assert.Equal(t, handshake.Header{Version: 1, Type: handshake.TypeFin, Length: 8}, h)
+	assert.Equal(t, handshake.Header{Version: handshake.Version, Type: handshake.TypeFin, Length: 8}, h)
 	assert.Equal(t, &handshake.Fin{Cursor: 42}, m)
 	assert.Zero(t, r.Len())
 }
@@ -459,27 +459,27 @@ func TestNextErrors(t *testing.T) {
 	}
 
 	// A future version: the header is returned, the body not read.
-	frame := rawFrame(2, 77, bytesOf(5000, 'x'))
+	frame := rawFrame(handshake.Version+1, 77, bytesOf(5000, 'x'))
 	r := bytes.NewReader(frame)
 	h, m, err := handshake.Next(r)
 	require.ErrorIs(t, err, handshake.ErrVersion)
 	assert.Nil(t, m)
-	assert.Equal(t, handshake.Header{Version: 2, Type: 77, Length: 5000}, h)
+	assert.Equal(t, handshake.Header{Version: handshake.Version + 1, Type: 77, Length: 5000}, h)
 	assert.Equal(t, 5000, r.Len(), "body must not be read")
 
 	// Rejected headers: the header is returned, nothing after it read.
-	overData := rawFrame(1, 7, nil)
+	overData := rawFrame(handshake.Version, 7, nil)
 	overData[10], overData[11] = 0xff, 0xf5 // MaxData+1
-	overBody := rawFrame(1, 9, nil)
+	overBody := rawFrame(handshake.Version, 9, nil)
 	overBody[10], overBody[11] = 0x10, 0x01 // MaxBody+1
 	for name, c := range map[string]struct {
 		hdr  []byte
 		want handshake.Header
 	}{
-		"data-empty":    {rawFrame(1, 7, nil), handshake.Header{Version: 1, Type: handshake.TypeData}},
-		"data-over-max": {overData, handshake.Header{Version: 1, Type: handshake.TypeData, Length: uint16(handshake.MaxData + 1)}},
-		"switch-4097":   {overBody, handshake.Header{Version: 1, Type: handshake.TypeSwitch, Length: uint16(handshake.MaxBody + 1)}},
-		"unknown-type":  {rawFrame(1, 12, nil), handshake.Header{Version: 1, Type: 12}},
+		"data-empty":    {rawFrame(handshake.Version, 7, nil), handshake.Header{Version: handshake.Version, Type: handshake.TypeData}},
+		"data-over-max": {overData, handshake.Header{Version: handshake.Version, Type: handshake.TypeData, Length: uint16(handshake.MaxData + 1)}},
+		"switch-4097":   {overBody, handshake.Header{Version: handshake.Version, Type: handshake.TypeSwitch, Length: uint16(handshake.MaxBody + 1)}},
+		"unknown-type":  {rawFrame(handshake.Version, 12, nil), handshake.Header{Version: handshake.Version, Type: 12}},
 	} {
 		r := bytes.NewReader(append(bytes.Clone(c.hdr), samples()[0].frame...))
 		h, m, err := handshake.Next(r)
@@ -491,14 +491,14 @@ func TestNextErrors(t *testing.T) {
 
 	// Reader errors pass through, inside the header or a non-Data body.
 	boom := errors.New("boom")
-	frame = rawFrame(1, 10, body{}.u64(7))
+	frame = rawFrame(handshake.Version, 10, body{}.u64(7))
 	for _, n := range []int{0, 5, handshake.HeaderLen, handshake.HeaderLen + 3} {
 		_, _, err := handshake.Next(io.MultiReader(bytes.NewReader(frame[:n]), iotest.ErrReader(boom)))
 		assert.ErrorIs(t, err, boom, n)
 	}
 	// A Data frame's header is all Next reads: an error after it is the
 	// caller's to see.
-	data := rawFrame(1, 7, []byte("xy"))
+	data := rawFrame(handshake.Version, 7, []byte("xy"))
 	h, m, err = handshake.Next(io.MultiReader(bytes.NewReader(data[:handshake.HeaderLen]), iotest.ErrReader(boom)))
 	require.NoError(t, err)
 	assert.Nil(t, m)
@@ -519,7 +519,7 @@ func TestPutDataHeader(t *testing.T) {
 		assert.Equal(t, frame[:handshake.HeaderLen], hb[:], n)
 		h, err := handshake.ParseHeader(hb[:])
 		require.NoError(t, err)
-		assert.Equal(t, handshake.Header{Version: 1, Type: handshake.TypeData, Length: uint16(n)}, h)
+		assert.Equal(t, handshake.Header{Version: handshake.Version, Type: handshake.TypeData, Length: uint16(n)}, h)
 
 		m, err := handshake.Read(io.MultiReader(bytes.NewReader(hb[:]), bytes.NewReader(bytesOf(n, 'p'))))
 		require.NoError(t, err)

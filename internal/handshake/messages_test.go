@@ -25,7 +25,7 @@ func TestRoundTrip(t *testing.T) {
 			// ParseHeader + Decode.
 			h, err := handshake.ParseHeader(s.frame)
 			require.NoError(t, err)
-			assert.Equal(t, handshake.Header{Version: 1, Type: s.msg.Type(), Length: uint16(len(s.frame) - handshake.HeaderLen)}, h)
+			assert.Equal(t, handshake.Header{Version: handshake.Version, Type: s.msg.Type(), Length: uint16(len(s.frame) - handshake.HeaderLen)}, h)
 			m, err := handshake.Decode(h, s.frame[handshake.HeaderLen:])
 			require.NoError(t, err)
 			assert.Equal(t, s.msg, m)
@@ -54,7 +54,7 @@ func checkNext(t *testing.T, frame []byte, msg handshake.Message) {
 	r := bytes.NewReader(frame)
 	h, m, err := handshake.Next(r)
 	require.NoError(t, err)
-	assert.Equal(t, handshake.Header{Version: 1, Type: msg.Type(), Length: uint16(len(frame) - handshake.HeaderLen)}, h)
+	assert.Equal(t, handshake.Header{Version: handshake.Version, Type: msg.Type(), Length: uint16(len(frame) - handshake.HeaderLen)}, h)
 	if d, ok := msg.(*handshake.Data); ok {
 		assert.Nil(t, m, "Next returns no message for Data")
 		require.Equal(t, len(d.Payload), r.Len(), "Next must leave exactly the payload")
@@ -110,7 +110,7 @@ func TestDecodeDoesNotAlias(t *testing.T) {
 }
 
 func TestUnknownValuesKept(t *testing.T) {
-	m, err := handshake.Read(bytes.NewReader(rawFrame(1, 1, body{}.u16(0xffff).u8(2).
+	m, err := handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 1, body{}.u16(0xffff).u8(2).
 		u8(0).ring(testRing).u16(0).
 		u8(255).ring(testRing).u16(0))))
 	require.NoError(t, err)
@@ -120,15 +120,15 @@ func TestUnknownValuesKept(t *testing.T) {
 	assert.Equal(t, handshake.Transport(255), h.Offers[1].Transport)
 	assert.Nil(t, h.Offers[0].Info, "empty info decodes as nil")
 
-	m, err = handshake.Read(bytes.NewReader(rawFrame(1, 4, body{}.u8(200).u16(0))))
+	m, err = handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 4, body{}.u8(200).u16(0))))
 	require.NoError(t, err)
 	assert.Equal(t, &handshake.Confirm{Code: 200}, m)
 
 	// Goodbye: unknown flag bits are ignored; only bit 0 means Abort.
-	m, err = handshake.Read(bytes.NewReader(rawFrame(1, 5, body{}.u8(0xfe).u64(3).u16(0))))
+	m, err = handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 5, body{}.u8(0xfe).u64(3).u16(0))))
 	require.NoError(t, err)
 	assert.Equal(t, &handshake.Goodbye{FinalProd: 3}, m)
-	m, err = handshake.Read(bytes.NewReader(rawFrame(1, 5, body{}.u8(0xff).u64(3).u16(0))))
+	m, err = handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 5, body{}.u8(0xff).u64(3).u16(0))))
 	require.NoError(t, err)
 	assert.Equal(t, &handshake.Goodbye{Abort: true, FinalProd: 3}, m)
 }
@@ -169,17 +169,17 @@ func TestBounds(t *testing.T) {
 	overHello := &handshake.Hello{Offers: []handshake.Offer{offer(maxInfo), offer(maxInfo), offer(maxInfo), offer(bytesOf(fill+1, 'f'))}}
 
 	ok := []sample{
-		{"max-offers", &handshake.Hello{Offers: offers(handshake.MaxOffers)}, rawFrame(1, 1, helloBody(handshake.MaxOffers))},
-		{"max-body", fullHello, rawFrame(1, 1, fullHelloBody)},
-		{"hello-max-info", &handshake.Hello{Offers: []handshake.Offer{offer(maxInfo)}}, rawFrame(1, 1, offerBody(body{}.u16(0).u8(1), maxInfo))},
-		{"accept-max-info", &handshake.Accept{Transport: 1, Ring: testRing, Info: maxInfo}, rawFrame(1, 2, body{}.u8(1).ring(testRing).lraw(maxInfo))},
-		{"decline-max-reason", &handshake.Decline{Code: 1, Reason: maxReason}, rawFrame(1, 3, body{}.u8(1).lstr(maxReason))},
-		{"confirm-max-reason", &handshake.Confirm{Code: 1, Reason: maxReason}, rawFrame(1, 4, body{}.u8(1).lstr(maxReason))},
-		{"goodbye-max-reason", &handshake.Goodbye{Reason: maxReason}, rawFrame(1, 5, body{}.u8(0).u64(0).lstr(maxReason))},
+		{"max-offers", &handshake.Hello{Offers: offers(handshake.MaxOffers)}, rawFrame(handshake.Version, 1, helloBody(handshake.MaxOffers))},
+		{"max-body", fullHello, rawFrame(handshake.Version, 1, fullHelloBody)},
+		{"hello-max-info", &handshake.Hello{Offers: []handshake.Offer{offer(maxInfo)}}, rawFrame(handshake.Version, 1, offerBody(body{}.u16(0).u8(1), maxInfo))},
+		{"accept-max-info", &handshake.Accept{Transport: 1, Ring: testRing, Info: maxInfo}, rawFrame(handshake.Version, 2, body{}.u8(1).ring(testRing).lraw(maxInfo))},
+		{"decline-max-reason", &handshake.Decline{Code: 1, Reason: maxReason}, rawFrame(handshake.Version, 3, body{}.u8(1).lstr(maxReason))},
+		{"confirm-max-reason", &handshake.Confirm{Code: 1, Reason: maxReason}, rawFrame(handshake.Version, 4, body{}.u8(1).lstr(maxReason))},
+		{"goodbye-max-reason", &handshake.Goodbye{Reason: maxReason}, rawFrame(handshake.Version, 5, body{}.u8(0).u64(0).lstr(maxReason))},
 		{"upgrade-max-transports", &handshake.Upgrade{Transports: make([]handshake.Transport, handshake.MaxOffers)},
-			rawFrame(1, 6, body{}.u16(0).u8(handshake.MaxOffers).raw(make([]byte, handshake.MaxOffers)))},
-		{"data-max", &handshake.Data{Payload: bytesOf(handshake.MaxData, 'd')}, rawFrame(1, 7, bytesOf(handshake.MaxData, 'd'))},
-		{"upgrade-offer-max-info", &handshake.UpgradeOffer{Offer: offer(maxInfo)}, rawFrame(1, 8, offerBody(body{}, maxInfo))},
+			rawFrame(handshake.Version, 6, body{}.u16(0).u8(handshake.MaxOffers).raw(make([]byte, handshake.MaxOffers)))},
+		{"data-max", &handshake.Data{Payload: bytesOf(handshake.MaxData, 'd')}, rawFrame(handshake.Version, 7, bytesOf(handshake.MaxData, 'd'))},
+		{"upgrade-offer-max-info", &handshake.UpgradeOffer{Offer: offer(maxInfo)}, rawFrame(handshake.Version, 8, offerBody(body{}, maxInfo))},
 	}
 	for _, s := range ok {
 		t.Run(s.name, func(t *testing.T) {
@@ -194,26 +194,26 @@ func TestBounds(t *testing.T) {
 	}
 
 	bad := []sample{
-		{"zero-offers", &handshake.Hello{}, rawFrame(1, 1, helloBody(0))},
-		{"too-many-offers", &handshake.Hello{Offers: offers(handshake.MaxOffers + 1)}, rawFrame(1, 1, helloBody(handshake.MaxOffers+1))},
-		{"255-offers", &handshake.Hello{Offers: offers(255)}, rawFrame(1, 1, body{}.u16(0).u8(255))},
-		{"hello-over-info", &handshake.Hello{Offers: []handshake.Offer{offer(overInfo)}}, rawFrame(1, 1, offerBody(body{}.u16(0).u8(1), overInfo))},
-		{"accept-over-info", &handshake.Accept{Transport: 1, Ring: testRing, Info: overInfo}, rawFrame(1, 2, body{}.u8(1).ring(testRing).lraw(overInfo))},
-		{"decline-over-reason", &handshake.Decline{Code: 1, Reason: overReason}, rawFrame(1, 3, body{}.u8(1).lstr(overReason))},
-		{"confirm-over-reason", &handshake.Confirm{Code: 1, Reason: overReason}, rawFrame(1, 4, body{}.u8(1).lstr(overReason))},
-		{"goodbye-over-reason", &handshake.Goodbye{Reason: overReason}, rawFrame(1, 5, body{}.u8(0).u64(0).lstr(overReason))},
-		{"decline-bad-utf8", &handshake.Decline{Reason: "a\xffb"}, rawFrame(1, 3, body{}.u8(1).lstr("a\xffb"))},
-		{"confirm-bad-utf8", &handshake.Confirm{Reason: "\xc3"}, rawFrame(1, 4, body{}.u8(1).lstr("\xc3"))},
-		{"goodbye-bad-utf8", &handshake.Goodbye{Reason: "\xed\xa0\x80"}, rawFrame(1, 5, body{}.u8(0).u64(0).lstr("\xed\xa0\x80"))},
-		{"over-body", overHello, rawFrame(1, 1, offerBody(offerBody(offerBody(offerBody(body{}.u16(0).u8(4), maxInfo), maxInfo), maxInfo), bytesOf(fill+1, 'f')))},
+		{"zero-offers", &handshake.Hello{}, rawFrame(handshake.Version, 1, helloBody(0))},
+		{"too-many-offers", &handshake.Hello{Offers: offers(handshake.MaxOffers + 1)}, rawFrame(handshake.Version, 1, helloBody(handshake.MaxOffers+1))},
+		{"255-offers", &handshake.Hello{Offers: offers(255)}, rawFrame(handshake.Version, 1, body{}.u16(0).u8(255))},
+		{"hello-over-info", &handshake.Hello{Offers: []handshake.Offer{offer(overInfo)}}, rawFrame(handshake.Version, 1, offerBody(body{}.u16(0).u8(1), overInfo))},
+		{"accept-over-info", &handshake.Accept{Transport: 1, Ring: testRing, Info: overInfo}, rawFrame(handshake.Version, 2, body{}.u8(1).ring(testRing).lraw(overInfo))},
+		{"decline-over-reason", &handshake.Decline{Code: 1, Reason: overReason}, rawFrame(handshake.Version, 3, body{}.u8(1).lstr(overReason))},
+		{"confirm-over-reason", &handshake.Confirm{Code: 1, Reason: overReason}, rawFrame(handshake.Version, 4, body{}.u8(1).lstr(overReason))},
+		{"goodbye-over-reason", &handshake.Goodbye{Reason: overReason}, rawFrame(handshake.Version, 5, body{}.u8(0).u64(0).lstr(overReason))},
+		{"decline-bad-utf8", &handshake.Decline{Reason: "a\xffb"}, rawFrame(handshake.Version, 3, body{}.u8(1).lstr("a\xffb"))},
+		{"confirm-bad-utf8", &handshake.Confirm{Reason: "\xc3"}, rawFrame(handshake.Version, 4, body{}.u8(1).lstr("\xc3"))},
+		{"goodbye-bad-utf8", &handshake.Goodbye{Reason: "\xed\xa0\x80"}, rawFrame(handshake.Version, 5, body{}.u8(0).u64(0).lstr("\xed\xa0\x80"))},
+		{"over-body", overHello, rawFrame(handshake.Version, 1, offerBody(offerBody(offerBody(offerBody(body{}.u16(0).u8(4), maxInfo), maxInfo), maxInfo), bytesOf(fill+1, 'f')))},
 		{"upgrade-five-transports", &handshake.Upgrade{Transports: make([]handshake.Transport, handshake.MaxOffers+1)},
-			rawFrame(1, 6, body{}.u16(0).u8(handshake.MaxOffers+1).raw(make([]byte, handshake.MaxOffers+1)))},
+			rawFrame(handshake.Version, 6, body{}.u16(0).u8(handshake.MaxOffers+1).raw(make([]byte, handshake.MaxOffers+1)))},
 		{"upgrade-255-transports", &handshake.Upgrade{Transports: make([]handshake.Transport, 255)},
-			rawFrame(1, 6, body{}.u16(0).u8(255).raw(make([]byte, 255)))},
-		{"data-nil", &handshake.Data{}, rawFrame(1, 7, nil)},
-		{"data-empty", &handshake.Data{Payload: []byte{}}, rawFrame(1, 7, nil)},
-		{"data-over-max", &handshake.Data{Payload: bytesOf(handshake.MaxData+1, 'd')}, rawFrame(1, 7, bytesOf(handshake.MaxData+1, 'd'))},
-		{"upgrade-offer-over-info", &handshake.UpgradeOffer{Offer: offer(overInfo)}, rawFrame(1, 8, offerBody(body{}, overInfo))},
+			rawFrame(handshake.Version, 6, body{}.u16(0).u8(255).raw(make([]byte, 255)))},
+		{"data-nil", &handshake.Data{}, rawFrame(handshake.Version, 7, nil)},
+		{"data-empty", &handshake.Data{Payload: []byte{}}, rawFrame(handshake.Version, 7, nil)},
+		{"data-over-max", &handshake.Data{Payload: bytesOf(handshake.MaxData+1, 'd')}, rawFrame(handshake.Version, 7, bytesOf(handshake.MaxData+1, 'd'))},
+		{"upgrade-offer-over-info", &handshake.UpgradeOffer{Offer: offer(overInfo)}, rawFrame(handshake.Version, 8, offerBody(body{}, overInfo))},
 	}
 	for _, s := range bad {
 		t.Run(s.name, func(t *testing.T) {
@@ -236,7 +236,7 @@ func TestTrailingBytes(t *testing.T) {
 			continue // a Data body is all payload: one more byte is a longer payload
 		}
 		b := append(bytes.Clone(s.frame[handshake.HeaderLen:]), 0)
-		_, err := handshake.Read(bytes.NewReader(rawFrame(1, uint8(s.msg.Type()), b)))
+		_, err := handshake.Read(bytes.NewReader(rawFrame(handshake.Version, uint8(s.msg.Type()), b)))
 		assert.ErrorIs(t, err, handshake.ErrMalformed, s.name)
 		assert.ErrorContains(t, err, "trailing", s.name)
 	}
@@ -252,7 +252,7 @@ func TestShortBody(t *testing.T) {
 			cuts = 1 // a Data body has no fields: only the empty one is short
 		}
 		for n := range cuts {
-			frame := rawFrame(1, uint8(s.msg.Type()), b[:n])
+			frame := rawFrame(handshake.Version, uint8(s.msg.Type()), b[:n])
 			_, err := handshake.Read(bytes.NewReader(frame))
 			require.ErrorIs(t, err, handshake.ErrMalformed, "%s cut at %d", s.name, n)
 			h, err := handshake.ParseHeader(frame)
@@ -347,7 +347,7 @@ func TestSwitchingMalformed(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			frame := rawFrame(1, c.typ, c.body)
+			frame := rawFrame(handshake.Version, c.typ, c.body)
 			m, err := handshake.Read(bytes.NewReader(frame))
 			require.ErrorIs(t, err, handshake.ErrMalformed)
 			assert.Nil(t, m)
@@ -356,7 +356,7 @@ func TestSwitchingMalformed(t *testing.T) {
 			h, m, err := handshake.Next(r)
 			require.ErrorIs(t, err, handshake.ErrMalformed)
 			assert.Nil(t, m)
-			assert.Equal(t, handshake.Header{Version: 1, Type: handshake.Type(c.typ), Length: uint16(len(c.body))}, h)
+			assert.Equal(t, handshake.Header{Version: handshake.Version, Type: handshake.Type(c.typ), Length: uint16(len(c.body))}, h)
 			assert.Zero(t, r.Len(), "Next reads the whole (non-Data) frame before rejecting it")
 
 			m, err = handshake.Decode(h, frame[handshake.HeaderLen:])
@@ -369,18 +369,18 @@ func TestSwitchingMalformed(t *testing.T) {
 // TestUpgradeFlagsKept: Upgrade and Hello keep unknown flag bits; an Upgrade
 // encoded with an empty (non-nil) transport list decodes with nil.
 func TestUpgradeFlagsKept(t *testing.T) {
-	m, err := handshake.Read(bytes.NewReader(rawFrame(1, 6, body{}.u16(0xffff).u8(1).u8(0))))
+	m, err := handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 6, body{}.u16(0xffff).u8(1).u8(0))))
 	require.NoError(t, err)
 	assert.Equal(t, &handshake.Upgrade{Flags: 0xffff, Transports: []handshake.Transport{0}}, m)
 
 	frame, err := handshake.Append(nil, &handshake.Upgrade{Transports: []handshake.Transport{}})
 	require.NoError(t, err)
-	assert.Equal(t, rawFrame(1, 6, body{}.u16(0).u8(0)), frame)
+	assert.Equal(t, rawFrame(handshake.Version, 6, body{}.u16(0).u8(0)), frame)
 	m, err = handshake.Read(bytes.NewReader(frame))
 	require.NoError(t, err)
 	assert.Equal(t, &handshake.Upgrade{}, m)
 
-	m, err = handshake.Read(bytes.NewReader(rawFrame(1, 1, body{}.u16(handshake.FlagSwitch|0x8000).u8(1).u8(1).ring(testRing).u16(0))))
+	m, err = handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 1, body{}.u16(handshake.FlagSwitch|0x8000).u8(1).u8(1).ring(testRing).u16(0))))
 	require.NoError(t, err)
 	assert.Equal(t, handshake.FlagSwitch|0x8000, m.(*handshake.Hello).Flags)
 }

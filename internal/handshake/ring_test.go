@@ -52,7 +52,7 @@ func TestRingInfoValidate(t *testing.T) {
 // decides.
 func TestDecodeDoesNotValidateRing(t *testing.T) {
 	bad := handshake.RingInfo{Size: 3, Addr: math.MaxUint64, Credits: 0}
-	m, err := handshake.Read(bytesReader(rawFrame(1, 2, body{}.u8(1).ring(bad).u16(0))))
+	m, err := handshake.Read(bytesReader(rawFrame(handshake.Version, 2, body{}.u8(1).ring(bad).u16(0))))
 	assert.NoError(t, err)
 	assert.Equal(t, &handshake.Accept{Transport: handshake.TransportVerbs, Ring: bad}, m)
 	assert.Error(t, m.(*handshake.Accept).Ring.Validate())

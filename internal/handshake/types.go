@@ -11,8 +11,10 @@ const (
 	// byte catches 7-bit channels and its CRLF catches line-ending
 	// translation.
 	Magic = "\x89RSOCK\r\n"
-	// Version is the only protocol version this package speaks.
-	Version = 1
+	// Version is the only protocol version this package speaks. Version
+	// 1 had a second handshake, which set the ring up before the
+	// connection carried data; version 2 has only the switching one.
+	Version = 2
 	// HeaderLen is the size of the frame header: magic, version, type,
 	// body length.
 	HeaderLen = len(Magic) + 1 + 1 + 2
@@ -58,9 +60,9 @@ const (
 
 // Hello flags.
 const (
-	// FlagSwitch asks for the switching protocol: the connection starts on
-	// TCP and moves to a ring later. A server that does not know it ignores
-	// it (and sees offers without prepared rings, which it declines).
+	// FlagSwitch marks the switching protocol: the connection starts on
+	// TCP and moves to a ring later. Every version-2 hello carries it; a
+	// listener refuses one without it.
 	FlagSwitch uint16 = 1 << 0
 	// FlagGrow says the client follows a move of the server's ring: the
 	// server's ring may start small and grow (GROW and MOVED state

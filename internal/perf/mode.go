@@ -58,8 +58,8 @@ func (m Mode) config() *rsock.Config {
 
 // dialConfig is the client's Config: the mode's transport with TCP beside
 // it, so that the client runs rsock's default policy (the switching
-// protocol: on TCP until the upgrade; RSOCK_UPGRADE_AFTER=-1ns selects the
-// version-1 handshake). A connection that ends up on TCP all the same is
+// protocol: on TCP until the upgrade; RSOCK_UPGRADE_AFTER=-1ns makes Dial
+// wait for the ring). A connection that ends up on TCP all the same is
 // caught by CheckTransport and AwaitTransport, never measured as the mode.
 func (m Mode) dialConfig() *rsock.Config {
 	cfg := m.config()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"syscall"
 	"time"
 
@@ -41,31 +40,6 @@ type Bootstrap interface {
 	// closes the bootstrap connection, within a bounded time; calls after
 	// the first do nothing. The engine calls it without its lock.
 	Goodbye(g *handshake.Goodbye)
-}
-
-// NetBootstrap is the Bootstrap of a version-1 connection: after the
-// switch, nc carries one Goodbye each way (Watch reads the peer's).
-func NetBootstrap(nc net.Conn) Bootstrap { return &netBoot{Conn: nc} }
-
-type netBoot struct {
-	net.Conn
-	once sync.Once
-}
-
-func (b *netBoot) Goodbye(g *handshake.Goodbye) {
-	b.once.Do(func() {
-		_ = b.SetWriteDeadline(time.Now().Add(closeAckTimeout))
-		_ = handshake.Write(b.Conn, g)
-		_ = b.Close()
-	})
-}
-
-// Watch reads the version-1 bootstrap connection r after the switch and
-// passes the one frame the peer sends there (or the end) to PeerSaid. It
-// returns once r ends or Close closed it.
-func (c *Conn) Watch(r io.Reader) {
-	msg, err := handshake.Read(r)
-	c.PeerSaid(msg, err)
 }
 
 // PeerSaid handles what the peer said on the bootstrap connection after
