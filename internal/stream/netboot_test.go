@@ -36,4 +36,3 @@ func (c *Conn) Watch(r io.Reader) {
 	msg, err := handshake.Read(r)
 	c.PeerSaid(msg, err)
 }
-
