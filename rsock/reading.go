@@ -279,6 +279,9 @@ func (w *swConn) dataAllowed() error {
 	if w.switched {
 		return protocolError("data after the peer's switch")
 	}
+	if !w.client && w.up == upOffered {
+		return protocolError("data between an offer and its confirm")
+	}
 	if w.eof {
 		return protocolError("data after the peer's fin")
 	}
@@ -311,10 +314,11 @@ func (w *swConn) readData(n int) error {
 	w.rqCost += n + entryCost
 	w.rnote.wake()
 	for w.rqCost >= recvQueue && !w.closed && !w.rclosed {
-		if w.owe != nil && !w.owe.known {
-			// A Write may wait for the peer's Resume, behind this Data.
+		if w.owe != nil && !w.owe.known || w.client && w.up == upOffered {
+			// A Write may wait for the peer's Resume, or for its answer to
+			// our Offer, behind this Data.
 			if w.rqCost >= recvQueue+resumeLag {
-				return protocolError("more than %d bytes of data without its resume", resumeLag)
+				return protocolError("more than %d bytes of data without the frame our writes wait for", resumeLag)
 			}
 			break
 		}
@@ -348,7 +352,7 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 	}
 	switch m := msg.(type) {
 	case *handshake.Accept, *handshake.Decline:
-		if !w.client || !w.awaiting() {
+		if !w.client || !w.takeAnswer() {
 			return false, protocolError("%v without an offer", msg.Type())
 		}
 		w.answers <- msg
@@ -357,7 +361,7 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 			return false, protocolError("an offer to the client")
 		}
 		w.mu.Lock()
-		busy := w.upgrading || w.ring != nil || w.moving != nil || w.awaitResume
+		busy := w.up != upIdle || w.ring != nil || w.moving != nil || w.awaitResume
 		mine := make(chan struct{})
 		if !busy {
 			w.upgradingLocked()
@@ -370,7 +374,7 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		}
 		go w.serveUpgrade(m.Offer, mine)
 	case *handshake.Confirm:
-		if w.client || !w.awaiting() {
+		if w.client || !w.takeAnswer() {
 			return false, protocolError("a confirm without an accept")
 		}
 		if m.Code == handshake.DeclineNone {
@@ -400,11 +404,16 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 	return false, nil
 }
 
-// awaiting reports whether an upgrade waits for the peer's answer.
-func (w *swConn) awaiting() bool {
+// takeAnswer moves an upgrade that waits for the peer's answer on to
+// upAnswered, and reports whether one waited.
+func (w *swConn) takeAnswer() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.upgrading && len(w.answers) == 0
+	if w.up != upOffered {
+		return false
+	}
+	w.up = upAnswered
+	return true
 }
 
 // peerSwitched handles the peer's Switch{x}: its Data ends at x, its

@@ -56,6 +56,9 @@ type sender struct {
 	// held is a frame that goes out in front of the next one queued, or
 	// at flush or finish (hold); shared, read only.
 	held []byte
+	// offered: the client's Offer is queued and its Confirm not yet; no
+	// Data goes between them (offer, confirmed; docs/protocol.md §9.4).
+	offered bool
 }
 
 // queueLocked is sendLocked for a whole frame, which it takes (pooled).
@@ -222,6 +225,36 @@ func (s *sender) sendAt(m func(cursor uint64) handshake.Message, last bool) (uin
 	return cursor, nil
 }
 
+// offer queues the client's Offer; Data waits from here until confirmed.
+func (s *sender) offer(m *handshake.UpgradeOffer) error {
+	s.mu.Lock()
+	s.offered = true
+	s.mu.Unlock()
+	err := s.send(m)
+	if err != nil {
+		s.confirmed(nil)
+	}
+	return err
+}
+
+// confirmed queues the client's Confirm m, if not nil, and lets Data go
+// again: the offer was answered (a Decline, or the Confirm of an Accept)
+// or the upgrade ended. It fails only once the socket has failed or the
+// sender took its last frame.
+func (s *sender) confirmed(m *handshake.Confirm) error {
+	var err error
+	if m != nil {
+		err = s.send(m)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.offered {
+		s.offered = false
+		s.room.wake()
+	}
+	return err
+}
+
 // cursor is the Data cursor: the stream bytes queued so far.
 func (s *sender) cursor() uint64 {
 	s.mu.Lock()
@@ -246,13 +279,13 @@ func (s *sender) failureLocked() error {
 }
 
 // data queues b as Data frames. It waits for room while sendQueue bytes
-// are queued, until dl passes or done is closed, and returns how many
-// bytes of b it queued.
+// are queued, and while an offer awaits its answer (offer), until dl
+// passes or done is closed, and returns how many bytes of b it queued.
 func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (int, error) {
 	n := 0
 	for n < len(b) {
 		s.mu.Lock()
-		for s.queued >= sendQueue && s.err == nil && !s.closing {
+		for (s.queued >= sendQueue || s.offered) && s.err == nil && !s.closing {
 			s.mu.Unlock()
 			select {
 			case <-s.room.C():

@@ -83,7 +83,7 @@ type swConn struct {
 	closed    bool   // Close
 	ring      *stream.Conn
 	agreed    bool                   // an Accept and Confirm{0} set up ring: the peer may switch
-	upgrading bool                   // an offer is being answered (server) or awaits its answer (client)
+	up        upPhase                // where the upgrade in progress is
 	upDone    chan struct{}          // server: closed when the upgrade in progress ends
 	answers   chan handshake.Message // the peer's Accept or Decline (client), Confirm (server) (upgradingLocked makes it)
 	rdlT      time.Time
@@ -115,6 +115,22 @@ type swConn struct {
 	setbacks    int           // failovers, and upgrades a busy server declined: the next upgrade's backoff
 	offers      int           // server: the client's upgrade offers so far (maxOffers)
 }
+
+// upPhase is where a connection's upgrade is (docs/protocol.md §9.4).
+type upPhase uint8
+
+const (
+	upIdle upPhase = iota // no upgrade runs
+	// upOffered: the client's Offer is out (client) or was read (server),
+	// and its answer not yet read: the server's Accept or Decline on the
+	// client, the client's Confirm on the server (or the server declined).
+	// The client sends no Data meanwhile (sender.offer).
+	upOffered
+	// upAnswered: the answer was read; the upgrade finishes (a ring is
+	// started, or the connection stays on TCP) and then ends
+	// (upgradeEnded).
+	upAnswered
+)
 
 // SwitchEvent is one move of a direction of a connection between TCP and
 // a ring, or an upgrade that did not happen (From == To).
@@ -465,7 +481,7 @@ func (w *swConn) settleLocked() {
 	recv := w.switched || w.eof
 	// The peer's end settles the connection once no upgrade runs (one
 	// that runs ends on it, and says how).
-	gone := w.gone.set && !w.upgrading
+	gone := w.gone.set && w.up == upIdle
 	if w.closed || w.err != nil || w.stayed || gone || (send && recv) {
 		w.settled.fire()
 	}
@@ -474,7 +490,7 @@ func (w *swConn) settleLocked() {
 // upgradingLocked marks an upgrade begun, and makes the channels its
 // steps wait on (once: a connection that never upgrades has none).
 func (w *swConn) upgradingLocked() {
-	w.upgrading = true
+	w.up = upOffered
 	if w.answers == nil {
 		w.answers = make(chan handshake.Message, 1)
 	}

@@ -587,6 +587,60 @@ func TestSwitchHostilePeer(t *testing.T) {
 	}
 }
 
+// validOffer is an Offer of a prepared sim endpoint, as an honest client
+// makes it, for raw clients.
+func validOffer(t *testing.T, raw net.Conn) *handshake.UpgradeOffer {
+	t.Helper()
+	set, err := swCfg("sim", time.Hour).resolve()
+	require.NoError(t, err)
+	ep, err := set.newEndpoint("sim", raw, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { ep.Close() })
+	return &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: handshake.TransportSim, Ring: ringOf(ep.Ring()), Info: ep.Info()}}
+}
+
+// TestSwitchConfirmBounds: a client that was accepted must confirm, and
+// send nothing else first: one that sends Data instead, or nothing within
+// twice the server's HandshakeTimeout, has its connection reset, and the
+// endpoint the server prepared for it released.
+func TestSwitchConfirmBounds(t *testing.T) {
+	registerSim(t)
+	for _, tc := range []struct {
+		name string
+		then []handshake.Message // after reading the Accept
+		want string
+	}{
+		{"data instead", []handshake.Message{&handshake.Data{Payload: []byte("x")}}, "data between an offer and its confirm"},
+		{"silence", nil, "did not confirm sim within 200ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := swCfg("sim", time.Hour)
+			cfg.HandshakeTimeout = 100 * time.Millisecond
+			ln := listen(t, cfg)
+			raw, s := rawSwitchClient(t, ln)
+			_, err := raw.Write(frame(t, validOffer(t, raw)))
+			require.NoError(t, err)
+			m, err := handshake.Read(raw)
+			require.NoError(t, err)
+			require.IsType(t, &handshake.Accept{}, m)
+			for _, f := range tc.then {
+				_, err = raw.Write(frame(t, f))
+				require.NoError(t, err)
+			}
+			_ = s.SetReadDeadline(time.Now().Add(time.Minute))
+			_, err = s.Read(make([]byte, 1))
+			require.Error(t, err)
+			assert.ErrorIs(t, err, syscall.ECONNRESET)
+			assert.Contains(t, err.Error(), tc.want)
+			m, err = handshake.Read(raw)
+			require.NoError(t, err)
+			g, ok := m.(*handshake.Goodbye)
+			require.True(t, ok, "%v", m.Type())
+			assert.True(t, g.Abort)
+		})
+	}
+}
+
 // TestSwitchHostileServer: a server that switches without an agreed ring
 // resets the client's connection.
 func TestSwitchHostileServer(t *testing.T) {

@@ -277,6 +277,7 @@ func (w *swConn) clientUpgrade() {
 	w.mu.Unlock()
 	again := false // the server was busy: offer again after the backoff
 	defer func() {
+		_ = w.out.confirmed(nil) // however the upgrade ended, Data goes on
 		w.upgradeEnded(mine)
 		if again {
 			w.upgradeLater()
@@ -284,7 +285,7 @@ func (w *swConn) clientUpgrade() {
 		testHookUpgradeOver.run(w)
 	}()
 	offer := &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: mustTransport(name), Ring: ringOf(ep.Ring()), Info: ep.Info()}}
-	if err := w.out.send(offer); err != nil {
+	if err := w.out.offer(offer); err != nil {
 		ep.Close()
 		return
 	}
@@ -319,7 +320,7 @@ func (w *swConn) clientUpgrade() {
 		if err != nil {
 			ep.Close()
 			reason := fmt.Sprintf("%s: %v", name, err)
-			if w.out.send(&handshake.Confirm{Code: handshake.DeclineFailed, Reason: handshake.SanitizeReason(reason)}) == nil {
+			if w.out.confirmed(&handshake.Confirm{Code: handshake.DeclineFailed, Reason: handshake.SanitizeReason(reason)}) == nil {
 				w.stayOnTCP(CodeConnectFail, "could not connect "+reason)
 			}
 			return
@@ -329,7 +330,7 @@ func (w *swConn) clientUpgrade() {
 		w.mu.Unlock()
 		// Confirm goes out before a Write can see the ring and queue its
 		// Switch behind it.
-		if err := w.out.send(&handshake.Confirm{}); err != nil {
+		if err := w.out.confirmed(&handshake.Confirm{}); err != nil {
 			_ = r.SetLinger(0) // nothing was sent on it
 			_ = r.Close()
 			return
@@ -373,7 +374,7 @@ func (w *swConn) upgradeEnded(mine chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !receivable(mine) {
-		w.upgrading = false
+		w.up = upIdle
 		close(mine)
 	}
 	w.settleLocked() // the peer's end may have come meanwhile
@@ -499,15 +500,21 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		ep.Close()
 		return
 	}
-	// The client always answers an Accept, but its Confirm may wait
-	// behind Data our application has not read yet, for as long as it
-	// does not read: wait for it until Close, as the client waits for the
-	// Accept. The endpoint held meanwhile is what an upgraded connection
-	// holds anyway.
+	// The client answers an Accept once it has connected its side, within
+	// its HandshakeTimeout, and sends no Data before (sender.offer), so
+	// the Confirm is the next frame the reader reads. One that does not
+	// come within twice that is a client that will not confirm: the
+	// endpoint it makes us hold is released, and the connection reset.
+	confirmBy := time.NewTimer(2 * w.set.handshake)
+	defer confirmBy.Stop()
 	var confirm *handshake.Confirm
 	select {
 	case m := <-w.answers:
 		confirm = m.(*handshake.Confirm)
+	case <-confirmBy.C:
+		ep.Close()
+		w.fail(&stream.ResetError{Reason: fmt.Sprintf("the client did not confirm %s within %v", name, 2*w.set.handshake)})
+		return
 	case <-w.done:
 		ep.Close()
 		return
