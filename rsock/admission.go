@@ -7,21 +7,24 @@ import (
 )
 
 // Admission: what a Listener bounds so that no client, however many
-// connections it opens and stalls, keeps others waiting. The accept loop
-// never stops accepting; a connection costs the listener, in each phase of
-// its handshake:
+// connections it opens and stalls, keeps others waiting or costs the
+// server without bound. The accept loop stops accepting only while the
+// ready queue is full (the application does not Accept) or maxPending
+// handshakes run; a connection costs the listener, in each phase of its
+// handshake:
 //
 //   - before its first bytes: SniffTimeout, then it is handed to Accept as
 //     a plain client (the application's own limits apply to it);
 //   - after the magic, until its hello is complete (within
 //     HandshakeTimeout): a place among perSourceWaiting of its source
-//     address; past them, a newer connection from the same address takes
+//     (sourceOf: the IPv4 address, or the IPv6 /64); past them, a newer connection from the same address takes
 //     the oldest one's place, which is closed (its client, if it was a
 //     real one, dials again over plain TCP and says why);
-//   - while an endpoint is prepared for it (memory registered, a queue pair
-//     made): one of maxSetups places; past them, the hello is declined
-//     (DeclineResources) and the client continues on TCP with that reason;
-//   - on the switching protocol, per connection: maxOffers upgrade offers,
+//   - while an endpoint is prepared for its upgrade offer (memory
+//     registered, a queue pair made): one of maxSetups places; past them,
+//     the offer is declined (DeclineResources), the connection stays on
+//     TCP with that reason, and the client offers again after a backoff;
+//   - per connection: maxOffers upgrade offers,
 //     each of which may prepare an endpoint (an Offer, our Accept, the
 //     client's Confirm{declined}, and again); past them, every offer is
 //     declined (DeclinePolicy) at no cost, and the connection stays on TCP
@@ -36,7 +39,16 @@ const (
 	perSourceWaiting = 1024
 	maxSetups        = 256
 	maxOffers        = 16
+	// maxClientSetups bounds the upgrades a process's clients set up at
+	// once (clientSetups); the others wait for a place.
+	maxClientSetups = 128
 )
+
+// maxPending bounds the handshakes a listener runs at once, over all
+// sources: past it, the accept loop accepts nothing more until one ends
+// (acceptLoop), and the kernel's backlog holds the next clients. A
+// variable for tests.
+var maxPending = 4096
 
 // waitingSet holds, per source address, the connections that sent the
 // magic and not yet a complete hello, oldest first: at most max each.
@@ -92,11 +104,25 @@ func (w *waitingSet) evictions() uint64 {
 	return w.evicted
 }
 
+// sourceOf is the source that c's waiting place counts against: its
+// IPv4 address, or the /64 of its IPv6 address (a host is commonly given
+// a whole /64, and could otherwise take a waiting place set per address).
 func sourceOf(c *net.TCPConn) netip.Addr {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			return ip.Unmap()
+			return sourceGroup(ip)
 		}
 	}
 	return netip.Addr{}
+}
+
+// sourceGroup is ip's source group: the address itself for IPv4 (also
+// IPv4-mapped), its /64 for IPv6.
+func sourceGroup(ip netip.Addr) netip.Addr {
+	ip = ip.Unmap()
+	if ip.Is4() {
+		return ip
+	}
+	p, _ := ip.Prefix(64)
+	return p.Addr()
 }

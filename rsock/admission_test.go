@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -346,4 +348,128 @@ func concurrentDialsToASlowServer(t *testing.T, after time.Duration) {
 	}
 	assert.False(t, plainServers.known(key))
 	assert.Equal(t, int32(2*dials), slow.opens.Load())
+}
+
+// TestSourceGroups: waiting places count per IPv4 address, and per /64
+// for IPv6.
+func TestSourceGroups(t *testing.T) {
+	a := netip.MustParseAddr
+	assert.Equal(t, sourceGroup(a("2001:db8:1:2:aaaa::1")), sourceGroup(a("2001:db8:1:2:ffff::9")))
+	assert.NotEqual(t, sourceGroup(a("2001:db8:1:2::1")), sourceGroup(a("2001:db8:1:3::1")))
+	assert.Equal(t, a("192.0.2.7"), sourceGroup(a("::ffff:192.0.2.7")))
+	assert.NotEqual(t, sourceGroup(a("192.0.2.7")), sourceGroup(a("192.0.2.8")))
+}
+
+// pauses counts the accept loop's pauses for backpressure, for the rest
+// of the test.
+func pauses(t *testing.T) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	testHookAcceptPaused.set(func(*swConn) { wake(ch) })
+	t.Cleanup(func() { testHookAcceptPaused.set(nil) })
+	return ch
+}
+
+// TestListenerBackpressureReady: while the ready queue is full the
+// listener accepts nothing more; once the application accepts again,
+// every connection is served.
+func TestListenerBackpressureReady(t *testing.T) {
+	paused := pauses(t)
+	ln := listen(t, nil)
+	client := func(i int) {
+		raw := dialRaw(t, ln)
+		_, err := raw.Write([]byte{byte(i)}) // a plain client: straight to the ready queue
+		require.NoError(t, err)
+	}
+	for i := range readyQueue {
+		client(i)
+	}
+	require.Eventually(t, func() bool { return len(ln.ready) == readyQueue }, 10*time.Second, time.Millisecond)
+	// The next is accepted (the accept loop waited in accept), and then
+	// the loop stops: the one after it waits in the kernel's backlog.
+	client(readyQueue)
+	select {
+	case <-paused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the accept loop did not pause with the ready queue full")
+	}
+	client(readyQueue + 1)
+	assert.EqualValues(t, readyQueue+1, ln.handedOff.Load())
+	seen := map[byte]bool{}
+	for range readyQueue + 2 {
+		c, err := ln.Accept()
+		require.NoError(t, err)
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var b [1]byte
+		_, err = c.Read(b[:])
+		require.NoError(t, err)
+		seen[b[0]] = true
+		c.Close()
+	}
+	assert.Len(t, seen, readyQueue+2, "every client served once")
+}
+
+// TestListenerBackpressurePending: at maxPending handshakes running the
+// listener accepts nothing more; when one ends, the next client is
+// served.
+func TestListenerBackpressurePending(t *testing.T) {
+	old := maxPending
+	maxPending = 4
+	t.Cleanup(func() { maxPending = old })
+	paused := pauses(t)
+	ln := listen(t, nil)
+	var stalled []net.Conn
+	for range maxPending {
+		raw := dialRaw(t, ln)
+		_, err := raw.Write([]byte(handshake.Magic)) // and never the hello
+		require.NoError(t, err)
+		stalled = append(stalled, raw)
+	}
+	select {
+	case <-paused:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the accept loop did not pause at maxPending handshakes")
+	}
+	assert.EqualValues(t, maxPending, ln.handedOff.Load())
+	go echoAccepted(ln)
+	type dialed struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan dialed, 1)
+	go func() {
+		d := Dialer{Config: &Config{Transports: []string{"shm", "tcp"}, ProbeTimeout: time.Minute}, Timeout: time.Minute}
+		c, err := d.Dial("tcp", ln.Addr().String())
+		ch <- dialed{c, err}
+	}()
+	stalled[0].Close() // its handshake ends: the next client is accepted
+	r := <-ch
+	require.NoError(t, r.err)
+	defer r.c.Close()
+	echoTrip(t, r.c, "served")
+}
+
+// TestClientSetupsBounded: a client's upgrade waits for one of the
+// process's maxClientSetups places: with all of them taken, a Dial that
+// waits for its ring runs out of time; with one free, it gets the ring.
+func TestClientSetupsBounded(t *testing.T) {
+	registerSim(t)
+	ln := listen(t, swCfg("sim", time.Hour))
+	go echoAccepted(ln)
+	for range maxClientSetups {
+		clientSetups <- struct{}{}
+	}
+	cfg := swCfg("sim", -1)
+	cfg.HandshakeTimeout = 200 * time.Millisecond
+	_, err := (&Dialer{Config: cfg}).Dial("tcp", ln.Addr().String())
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	<-clientSetups
+	cfg.HandshakeTimeout = time.Minute
+	c, err := (&Dialer{Config: cfg}).Dial("tcp", ln.Addr().String())
+	for range maxClientSetups - 1 {
+		<-clientSetups
+	}
+	require.NoError(t, err)
+	defer c.Close()
+	assert.Equal(t, "sim", TransportOf(c), c.(*Conn).Info().Reason)
+	echoTrip(t, c, "on the ring")
 }

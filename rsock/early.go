@@ -18,7 +18,7 @@ import (
 // connection fails with ErrEarlyRefused, and the address is forgotten.
 
 // ErrEarlyRefused is wrapped by the errors of a connection dialed without
-// waiting for the server's answer (Config.NoEarlyDial) whose server did not
+// waiting for the server's answer (Config.EarlyDial) whose server did not
 // answer as a switching rsock server: a server that no longer speaks rsock
 // at that address, or that declined the hello. Bytes written to such a
 // connection may have reached that server behind a hello it did not

@@ -14,7 +14,7 @@ import (
 	"github.com/rdmanet/rdmanet/internal/stream"
 )
 
-// Failover (docs/protocol.md §9.8): when the ring's transport fails, a
+// Failover (docs/protocol.md §9.10): when the ring's transport fails, a
 // switching connection moves both directions back to its bootstrap TCP
 // connection without losing, repeating or reordering a byte.
 //

@@ -131,6 +131,7 @@ func (l *Listener) interruptFirst(next *arrival) bool {
 // new one, unless the listener has closed.
 func (l *Listener) handOff(a *arrival) {
 	l.handedOff.Add(1)
+	l.pending.Add(1)
 	select {
 	case l.next <- a: // the goroutine kept from the last handshake
 		return
@@ -142,6 +143,7 @@ func (l *Listener) handOff(a *arrival) {
 	defer l.running.mu.Unlock()
 	if l.running.ended {
 		a.raw.Close()
+		l.handshakeOver()
 		return
 	}
 	l.wg.Add(1)
@@ -156,6 +158,7 @@ func (l *Listener) handshaker(a *arrival) {
 	defer l.wg.Done()
 	for {
 		l.serveConn(a)
+		l.handshakeOver()
 		if !l.keeping.CompareAndSwap(false, true) {
 			return // another waits
 		}
@@ -165,6 +168,14 @@ func (l *Listener) handshaker(a *arrival) {
 		case <-l.done:
 			return
 		}
+	}
+}
+
+// handshakeOver counts a handed-off handshake over, and wakes the accept
+// loop if it waits for one (acceptLoop).
+func (l *Listener) handshakeOver() {
+	if l.pending.Add(-1) == int64(maxPending)-1 {
+		l.room.wake()
 	}
 }
 

@@ -66,10 +66,12 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 
 // Listener accepts rsock connections, and plain TCP clients on the same
 // port. Handshakes that must wait for the client run in their own
-// goroutines, off the Accept path, and the listener never stops
-// accepting: a slow, silent or hostile client never delays the others
-// (admission.go bounds what each costs). Accept returns an error only once
-// the listener is closed or its socket failed.
+// goroutines, off the Accept path: a slow, silent or hostile client never
+// delays the others (admission.go bounds what each costs). While 64
+// connections wait for Accept, or 4096 handshakes run, the listener
+// accepts no more, and the kernel's backlog holds the next clients back,
+// as for a net.Listener whose application stops calling Accept. Accept
+// returns an error only once the listener is closed or its socket failed.
 type Listener struct {
 	network string
 	ln      *net.TCPListener
@@ -98,6 +100,11 @@ type Listener struct {
 	err       error // the socket's fatal error, once the accept loop ended
 
 	handedOff       atomic.Uint64 // sockets given to a handshaker (tests)
+	// pending counts the handshakes handed off and not yet over (their
+	// connection queued for Accept, or dropped); room wakes the accept
+	// loop when it or the ready queue shrinks (acceptLoop).
+	pending atomic.Int64
+	room    note
 	handshakeErrors atomic.Uint64
 	busy            atomic.Uint64
 	logLimit        limiter // of the failed handshakes' records
@@ -112,8 +119,9 @@ type ListenerStats struct {
 	// Evicted counts connections closed because their source address had
 	// too many others stalled between the magic and a complete hello.
 	Evicted uint64
-	// Busy counts hellos declined because too many endpoints were being
-	// prepared at once (their clients continue on TCP).
+	// Busy counts upgrade offers declined because too many endpoints were
+	// being prepared at once (their connections stay on TCP until the
+	// client offers again).
 	Busy uint64
 }
 
@@ -134,11 +142,13 @@ func (l *Listener) Accept() (net.Conn, error) {
 		// Prefer a ready connection over reporting the end.
 		select {
 		case c := <-l.ready:
+			l.room.wake()
 			return c, nil
 		default:
 		}
 		select {
 		case c := <-l.ready:
+			l.room.wake()
 			return c, nil
 		case a := <-l.fresh:
 			if c := l.acceptArrived(a); c != nil {
@@ -193,6 +203,18 @@ func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
 	var delay time.Duration
 	for {
+		// Backpressure: with the ready queue full (the application does
+		// not Accept), or maxPending handshakes running, accept nothing
+		// more; the kernel's backlog holds the next clients back, as for
+		// a net.Listener whose application stops calling Accept.
+		for len(l.ready) == cap(l.ready) || l.pending.Load() >= int64(maxPending) {
+			testHookAcceptPaused.run(nil)
+			select {
+			case <-l.room.C():
+			case <-l.done:
+				return
+			}
+		}
 		raw, err := l.ln.AcceptTCP()
 		if err != nil {
 			select {
@@ -226,6 +248,10 @@ func (l *Listener) acceptLoop() {
 		}
 	}
 }
+
+// testHookAcceptPaused runs each time the accept loop stops accepting
+// for backpressure (tests).
+var testHookAcceptPaused hook
 
 func isTemporary(err error) bool {
 	var t interface{ Temporary() bool }

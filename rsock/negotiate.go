@@ -405,16 +405,18 @@ func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *
 	}
 }
 
-// declined handles the server's Decline of the hello: the connection
-// continues on the same socket as plain TCP (or fails without tcp); after
-// a version decline the server closes, and the caller redials.
+// declined handles the server's Decline of the hello. After a version it
+// does not speak (the caller redials plainly), or no common transport
+// (code 1: the listener allows no TCP), the server closes the connection;
+// any other Decline (a late hello, code 5) leaves it to carry on as plain
+// TCP, if this side allows that.
 func (s *settings) declined(network string, raw *net.TCPConn, m *handshake.Decline) (*Conn, error) {
 	reason := fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason)
-	if m.Code == handshake.DeclineVersion {
+	switch {
+	case m.Code == handshake.DeclineVersion:
 		raw.Close()
 		return nil, &redialError{CodeDeclined, reason}
-	}
-	if !s.fallback {
+	case m.Code == handshake.DeclineNoCommonTransport || !s.fallback:
 		raw.Close()
 		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 	}

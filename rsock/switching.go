@@ -64,38 +64,38 @@ type swConn struct {
 	peerGrows  bool                     // the peer follows a move of our ring (handshake FlagGrow, UpgradeGrow; as transports)
 	upStarted  atomic.Bool              // the client's upgrade has begun (kick)
 	parked     atomic.Bool              // the reader waits for the application to make room (tests)
-	upTimer    interface{ Stop() bool } // the client's upgrade policy; the server's reader (start)
+	upTimer    interface{ Stop() bool } // the client's upgrade policy; the server's reader (start), then ringDue
 	moved      atomic.Uint64            // bytes read and written on TCP, for the policy
 
 	bytesRead, bytesWritten, writes atomic.Uint64 // on TCP; the ring counts its own
 
-	mu        sync.Mutex // guards what follows
-	rq        [][]byte   // Data payloads not yet read (pooled); rq[0] from roff
-	roff      int
-	rqLen     int    // bytes in rq
-	rqCost    int    // rqLen plus entryCost per entry: what recvQueue bounds
-	rcvd      uint64 // Data bytes received: the peer's stream cursor on TCP
-	switched  bool   // the peer's Switch came, at rcvd: its bytes are in the ring
-	eof       bool   // the peer's Fin, or its goodbye while sending on TCP
-	gone      signal // the peer's goodbye: writes fail, and an upgrade waiting for the peer's answer ends
-	err       error  // the connection failed; set once
-	rclosed   bool   // CloseRead
-	closed    bool   // Close
-	ring      *stream.Conn
-	agreed    bool                   // an Accept and Confirm{0} set up ring: the peer may switch
-	up        upPhase                // where the upgrade in progress is
-	upDone    chan struct{}          // server: closed when the upgrade in progress ends
-	answers   chan handshake.Message // the peer's Accept or Decline (client), Confirm (server) (upgradingLocked makes it)
-	rdlT      time.Time
-	wdlT      time.Time
-	linger    *int
-	log       []SwitchEvent
-	sendOn    bool   // our sending moved to the ring (mirrors wring)
-	sendDone  bool   // CloseWrite on TCP (mirrors wfin)
-	stayed    bool   // the upgrade ended without a ring
-	settled   signal // no direction will move any more (settleLocked)
-	goodbye   sync.Once
-	pending   *earlyHello // client: the answer to our early hello is still to come
+	mu       sync.Mutex // guards what follows
+	rq       [][]byte   // Data payloads not yet read (pooled); rq[0] from roff
+	roff     int
+	rqLen    int    // bytes in rq
+	rqCost   int    // rqLen plus entryCost per entry: what recvQueue bounds
+	rcvd     uint64 // Data bytes received: the peer's stream cursor on TCP
+	switched bool   // the peer's Switch came, at rcvd: its bytes are in the ring
+	eof      bool   // the peer's Fin, or its goodbye while sending on TCP
+	gone     signal // the peer's goodbye: writes fail, and an upgrade waiting for the peer's answer ends
+	err      error  // the connection failed; set once
+	rclosed  bool   // CloseRead
+	closed   bool   // Close
+	ring     *stream.Conn
+	agreed   bool                   // an Accept and Confirm{0} set up ring: the peer may switch
+	up       upPhase                // where the upgrade in progress is
+	upDone   chan struct{}          // server: closed when the upgrade in progress ends
+	answers  chan handshake.Message // the peer's Accept or Decline (client), Confirm (server) (upgradingLocked makes it)
+	rdlT     time.Time
+	wdlT     time.Time
+	linger   *int
+	log      []SwitchEvent
+	sendOn   bool   // our sending moved to the ring (mirrors wring)
+	sendDone bool   // CloseWrite on TCP (mirrors wfin)
+	stayed   bool   // the upgrade ended without a ring
+	settled  signal // no direction will move any more (settleLocked)
+	goodbye  sync.Once
+	pending  *earlyHello // client: the answer to our early hello is still to come
 
 	// The socket's reader (reading.go), guarded by mu.
 	appReading  bool      // a Read reads the socket itself
@@ -249,11 +249,31 @@ func (w *swConn) kick() {
 // serverReaderDue is the server's reader timer: what it holds for the
 // client (the answer to an early hello) goes out, and readLoop reads on,
 // so that an offer is answered whether or not the application reads.
-// Keep-alive goes on.
+// Keep-alive goes on. A server that may not run on TCP arms ringDue.
 func (w *swConn) serverReaderDue() {
 	w.c.keepAlive()
 	w.out.flush()
 	w.needReader()
+	if !w.set.fallback {
+		w.mu.Lock()
+		if !w.closed {
+			w.upTimer = time.AfterFunc(w.set.handshake-serverReaderAfter, w.ringDue)
+		}
+		w.mu.Unlock()
+	}
+}
+
+// ringDue resets a server's connection that may not run on TCP (no "tcp"
+// in its Transports) and has no ring, nor an upgrade running, once
+// HandshakeTimeout has passed since the handshake: its client never
+// offered one (a long UpgradeAfter, or nothing it could prepare).
+func (w *swConn) ringDue() {
+	w.mu.Lock()
+	due := w.ring == nil && w.up == upIdle
+	w.mu.Unlock()
+	if due {
+		w.fail(&stream.ResetError{Reason: fmt.Sprintf("no ring within %v and TCP is not allowed here (%s)", w.set.handshake, w.set.transportList()), Err: ErrNoTransport})
+	}
 }
 
 // counted notes n bytes moved on TCP and starts the upgrade once the

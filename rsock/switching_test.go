@@ -734,10 +734,32 @@ func TestSwitchWithoutTCP(t *testing.T) {
 	assert.Contains(t, err.Error(), "server busy")
 	release()
 
+	// A listener without tcp that takes none of the transports offered
+	// declines the hello and closes: Dial fails, even for a client that
+	// would take TCP.
 	shmOnly := listen(t, &Config{Transports: []string{"shm"}})
-	d := Dialer{Config: cfg, Timeout: 10 * time.Second}
-	_, err = d.Dial("tcp", shmOnly.Addr().String())
-	assert.ErrorIs(t, err, ErrNoTransport)
+	for _, dc := range []*Config{cfg, swCfg("sim", time.Nanosecond)} {
+		d := Dialer{Config: dc, Timeout: 10 * time.Second}
+		_, err = d.Dial("tcp", shmOnly.Addr().String())
+		assert.ErrorIs(t, err, ErrNoTransport)
+		assert.ErrorContains(t, err, "no common transport")
+	}
+}
+
+// TestServerWithoutTCPWantsARing: a listener without tcp resets a
+// connection whose client offers no upgrade within its HandshakeTimeout.
+func TestServerWithoutTCPWantsARing(t *testing.T) {
+	registerSim(t)
+	ln := listen(t, &Config{Transports: []string{"sim"}, HandshakeTimeout: 100 * time.Millisecond})
+	c, s := dialAccept(t, ln, swCfg("sim", time.Hour))
+	defer c.Close()
+	defer s.Close()
+	for _, x := range []*Conn{s, c} {
+		_ = x.SetReadDeadline(time.Now().Add(time.Minute))
+		_, err := x.Read(make([]byte, 1))
+		assert.ErrorIs(t, err, syscall.ECONNRESET)
+		assert.ErrorContains(t, err, "no ring within 100ms and TCP is not allowed here")
+	}
 }
 
 // TestSwitchOfferFlood: clients that answer every Decline with another

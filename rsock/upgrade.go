@@ -240,6 +240,19 @@ func (w *swConn) clientUpgrade() {
 		testHookUpgradeOver.run(w)
 		return
 	}
+	// One of the process's places for a client's endpoint setup, held
+	// until this upgrade ends: an endpoint holds descriptors (a memfd per
+	// region, until the peer has mapped them) that a running ring no
+	// longer needs, so a burst of dials must not set up all at once.
+	select {
+	case clientSetups <- struct{}{}:
+	case <-w.done:
+		return
+	}
+	defer func() { <-clientSetups }()
+	if w.isClosed() {
+		return // while it waited
+	}
 	s := w.set
 	var why reasons
 	var ep *stream.Endpoint
@@ -367,6 +380,10 @@ func (w *swConn) awaitUpgrade(ctx context.Context) error {
 	}
 	return nil
 }
+
+// clientSetups holds the places of the process's clients' endpoint
+// setups (clientUpgrade): maxClientSetups at once.
+var clientSetups = make(chan struct{}, maxClientSetups)
 
 // upgradeEnded ends the upgrade whose channel is mine, once: no upgrade
 // is in progress any more, and a peer's Switch waiting for it goes on.

@@ -57,12 +57,12 @@ type Confirm struct {
 	Reason string // at most MaxReason bytes of UTF-8
 }
 
-// Goodbye is sent by either side after the switch, on the TCP connection,
-// just before closing it. Wire body: flags uint8 (bit 0 Abort, other bits
-// ignored), finalProd uint64, reasonLen uint16, reason (UTF-8).
+// Goodbye is sent by either side on the TCP connection just before it
+// closes it: in order, or to abort. Wire body: flags uint8 (bit 0 Abort,
+// other bits ignored), finalProd uint64, reasonLen uint16, reason (UTF-8).
 type Goodbye struct {
 	Abort     bool   // the sender aborted: data in flight may be lost
-	FinalProd uint64 // sender's final producer cursor: all bytes it ever wrote
+	FinalProd uint64 // the sender's final stream cursor: all bytes it ever sent
 	Reason    string // at most MaxReason bytes of UTF-8
 }
 

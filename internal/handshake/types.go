@@ -45,9 +45,9 @@ type Type uint8
 const (
 	TypeHello   Type = 1 // client -> server: transport offers
 	TypeAccept  Type = 2 // server -> client: chosen transport
-	TypeDecline Type = 3 // server -> client: no switch, stay on TCP
+	TypeDecline Type = 3 // server -> client: no to a Hello (the server closes) or to an Offer (stay on TCP)
 	TypeConfirm Type = 4 // client -> server: switch (or give up) after Accept
-	TypeGoodbye Type = 5 // either side, after the switch, before closing
+	TypeGoodbye Type = 5 // either side, before closing: in order, or an abort
 
 	// The switching protocol (Hello flag FlagSwitch; docs/protocol.md §9).
 	TypeUpgrade Type = 6  // server -> client: switching agreed, at once after the Hello

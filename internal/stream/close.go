@@ -23,8 +23,6 @@ const (
 	// fails the send (an error completion ends the wait at once), and a
 	// dead peer process is found by the bootstrap connection instead.
 	finalAckTimeout = 4 * time.Second
-	// closeAckTimeout bounds a goodbye's write on the bootstrap connection.
-	closeAckTimeout = time.Second
 	// goodbyeGrace bounds how long, after the peer's goodbye, we wait for
 	// the ring messages it promised (its final producer cursor).
 	goodbyeGrace = time.Second

@@ -23,7 +23,7 @@ type netBoot struct {
 
 func (b *netBoot) Goodbye(g *handshake.Goodbye) {
 	b.once.Do(func() {
-		_ = b.SetWriteDeadline(time.Now().Add(closeAckTimeout))
+		_ = b.SetWriteDeadline(time.Now().Add(time.Second))
 		_ = handshake.Write(b.Conn, g)
 		_ = b.Close()
 	})
