@@ -99,12 +99,12 @@ type Listener struct {
 	errMu     sync.Mutex
 	err       error // the socket's fatal error, once the accept loop ended
 
-	handedOff       atomic.Uint64 // sockets given to a handshaker (tests)
+	handedOff atomic.Uint64 // sockets given to a handshaker (tests)
 	// pending counts the handshakes handed off and not yet over (their
 	// connection queued for Accept, or dropped); room wakes the accept
 	// loop when it or the ready queue shrinks (acceptLoop).
-	pending atomic.Int64
-	room    note
+	pending         atomic.Int64
+	room            note
 	handshakeErrors atomic.Uint64
 	busy            atomic.Uint64
 	logLimit        limiter // of the failed handshakes' records
