@@ -31,7 +31,9 @@ type Config struct {
 	Transports []string
 
 	// RingSize is the receive ring of each connection, in bytes: a power
-	// of two from 4 KiB to 1 GiB. Env RSOCK_RING_SIZE (accepts k, m, g
+	// of two from 4 KiB to 1 GiB. Each side tells the other its RingSize:
+	// a ring goes up to the smaller of the two, and a peer's ring larger
+	// than our own is refused. Env RSOCK_RING_SIZE (accepts k, m, g
 	// suffixes). Default 1 MiB.
 	RingSize int
 

@@ -51,7 +51,7 @@ func (w *swConn) answered(p *earlyHello, msg handshake.Message) error {
 	}
 	ts := taken(p.offers, up.Transports)
 	w.mu.Lock()
-	w.transports, w.peerGrows = ts, up.Flags&handshake.UpgradeGrow != 0
+	w.transports, w.peer = ts, peerRing{grows: up.Flags&handshake.UpgradeGrow != 0, max: up.RingMax}
 	w.mu.Unlock()
 	if len(ts) == 0 {
 		w.stayOnTCP(CodeDeclined, "the server takes none of the transports offered here")

@@ -31,12 +31,32 @@ var aLongTimeAgo = time.Unix(1, 0)
 // fallback is not allowed.
 var ErrNoTransport = errors.New("rsock: no transport could be agreed and TCP fallback is not allowed")
 
-// streamOptions are the endpoint options; with grow (the peer follows a
-// ring move) the ring starts at RingStart and grows to RingSize.
-func (s *settings) streamOptions(grow bool) stream.Options {
-	o := stream.Options{RingSize: s.ringSize, Credits: s.credits, BusyPoll: s.busyPoll, Failover: s.failover, PeerRingLimit: s.peerRingLimit()}
-	if grow && s.ringStart < s.ringSize {
-		o.RingSize, o.GrowTo = s.ringStart, s.ringSize
+// peerRing is what the peer said of rings in the handshake: whether it
+// follows a move of ours (FlagGrow, UpgradeGrow) and the largest ring it
+// accepts from us (RingMax).
+type peerRing struct {
+	grows bool
+	max   uint64
+}
+
+// ringSize is the size our ring goes up to with peer p: RingSize, or the
+// largest ring p accepts if that is smaller (at least the smallest ring).
+func (s *settings) ringSizeFor(p peerRing) int {
+	size := uint64(s.ringSize)
+	for size > p.max && size > handshake.MinRing {
+		size /= 2
+	}
+	return int(size)
+}
+
+// streamOptions are the endpoint options for peer p: the ring is
+// ringSizeFor(p); if p follows a ring move it starts at RingStart and
+// grows to that. A peer's ring may be no larger than our RingSize.
+func (s *settings) streamOptions(p peerRing) stream.Options {
+	size := s.ringSizeFor(p)
+	o := stream.Options{RingSize: size, Credits: s.credits, BusyPoll: s.busyPoll, Failover: s.failover, PeerRingLimit: uint64(s.ringSize)}
+	if p.grows && s.ringStart < size {
+		o.RingSize, o.GrowTo = s.ringStart, size
 	}
 	return o
 }
@@ -45,32 +65,32 @@ func (s *settings) openOptions(raw net.Conn) verbs.OpenOptions {
 	return verbs.OpenOptions{LocalAddr: raw.LocalAddr(), RemoteAddr: raw.RemoteAddr(), Device: s.device, Port: s.port, GIDIndex: s.gidIndex, ConnectionManager: s.viaCM, Pool: s.pool, PoolIdle: s.poolIdle}
 }
 
-// newEndpoint prepares an endpoint of the named transport for raw; grow
-// says the peer follows a ring move.
-func (s *settings) newEndpoint(name string, raw net.Conn, grow bool) (*stream.Endpoint, error) {
-	p, ok := transport.Lookup(name)
+// newEndpoint prepares an endpoint of the named transport for raw, with
+// peer p.
+func (s *settings) newEndpoint(name string, raw net.Conn, p peerRing) (*stream.Endpoint, error) {
+	prov, ok := transport.Lookup(name)
 	if !ok {
 		return nil, errNotBuiltIn
 	}
-	opts := s.streamOptions(grow)
+	opts := s.streamOptions(p)
 	if s.log != discard {
 		opts.Logger = s.log.With(slog.String("transport", name))
 	} else {
 		opts.Logger = nil
 	}
-	return stream.NewEndpoint(p, s.openOptions(raw), opts)
+	return stream.NewEndpoint(prov, s.openOptions(raw), opts)
 }
 
 // preparePassive makes the server's endpoint for the client's offer of
 // transport name: it checks the client's ring, connects passively and
 // registers everything the connection needs before the client switches,
 // so that a registration the host refuses is a decline, not an abort.
-// grow says the client follows a ring move (its Hello's FlagGrow).
-func (s *settings) preparePassive(ctx context.Context, name string, raw net.Conn, o handshake.Offer, grow bool) (*stream.Endpoint, error) {
+// p is what the client's Hello said of rings.
+func (s *settings) preparePassive(ctx context.Context, name string, raw net.Conn, o handshake.Offer, p peerRing) (*stream.Endpoint, error) {
 	if err := s.checkPeerRing(o.Ring); err != nil {
 		return nil, fmt.Errorf("client's ring: %w", err)
 	}
-	e, err := s.newEndpoint(name, raw, grow)
+	e, err := s.newEndpoint(name, raw, p)
 	if err != nil {
 		return nil, err
 	}
@@ -105,25 +125,19 @@ func streamRing(r handshake.RingInfo) stream.Ring {
 	return stream.Ring{Size: r.Size, Addr: r.Addr, RKey: r.RKey, Credits: uint64(r.Credits)}
 }
 
-// maxPeerRing is the largest peer ring accepted when it is larger than our
-// own: a staging buffer the size of the peer's ring is allocated (and, on
-// RDMA, pinned), so a peer must not be able to make us allocate a gigabyte.
-const maxPeerRing = 64 << 20
-
-// checkPeerRing validates the peer's ring description and our limit on it.
+// checkPeerRing validates the peer's ring description and our limit on
+// it: no larger than our own RingSize, which we told the peer (RingMax). A
+// staging buffer the size of the peer's ring is allocated (and, on RDMA,
+// pinned), so a peer must not make us hold more than our own ring costs.
 func (s *settings) checkPeerRing(r handshake.RingInfo) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
-	if limit := s.peerRingLimit(); r.Size > limit {
-		return fmt.Errorf("peer ring of %d bytes is over the limit of %d", r.Size, limit)
+	if r.Size > uint64(s.ringSize) {
+		return fmt.Errorf("peer ring of %d bytes is over the limit of %d", r.Size, s.ringSize)
 	}
 	return nil
 }
-
-// peerRingLimit is the largest peer ring accepted, in the handshake or
-// in a GROW.
-func (s *settings) peerRingLimit() uint64 { return max(uint64(s.ringSize), maxPeerRing) }
 
 // reasons collects why transports were passed over, for ConnInfo.Reason.
 type reasons []string
@@ -288,7 +302,7 @@ func (s *settings) earlyHelloFor(raw *net.TCPConn) *helloFrame {
 	names, _ := s.offerable(raw)
 	h := &helloFrame{}
 	if len(names) > 0 {
-		hello := switchHello(names)
+		hello := s.switchHello(names)
 		hello.Flags |= handshake.FlagEarly
 		frame, err := handshake.Append(nil, hello)
 		if err == nil {
@@ -355,7 +369,7 @@ func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *
 	if len(names) == 0 {
 		return s.nothingToOffer(network, raw, why)
 	}
-	hello := switchHello(names)
+	hello := s.switchHello(names)
 	frame, err := handshake.Append(nil, hello)
 	if err == nil {
 		_, err = raw.Write(frame)
@@ -383,7 +397,7 @@ func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *
 				return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 			}
 		}
-		c := s.switchConn(network, raw, nil, switchStart{transports: ts, grow: m.Flags&handshake.UpgradeGrow != 0, reason: reason})
+		c := s.switchConn(network, raw, nil, switchStart{transports: ts, peer: peerRing{grows: m.Flags&handshake.UpgradeGrow != 0, max: m.RingMax}, reason: reason})
 		if s.dialWaits() {
 			if err := c.w.awaitUpgrade(ctx); err != nil {
 				c.Close()

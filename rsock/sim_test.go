@@ -592,6 +592,37 @@ func TestSimRingGrows(t *testing.T) {
 	}
 }
 
+// TestRingSizesNegotiated: sides with different RingSizes tell each other
+// (RingMax): each ring grows to the smaller of the two, the transfer is
+// intact, and neither side holds a peer ring larger than its own.
+func TestRingSizesNegotiated(t *testing.T) {
+	registerSim(t)
+	small, large := 64<<10, 1<<20
+	for _, tc := range []struct {
+		name           string
+		client, server int
+	}{{"small client", small, large}, {"small server", large, small}} {
+		t.Run(tc.name, func(t *testing.T) {
+			scfg := growCfg("sim", time.Nanosecond)
+			scfg.RingSize = tc.server
+			ccfg := growCfg("sim", time.Nanosecond)
+			ccfg.RingSize = tc.client
+			c, s := dialAccept(t, listen(t, scfg), ccfg)
+			t.Cleanup(func() { c.Close(); s.Close() })
+			byteEachWay(t, c, s)
+			awaitSettled(t, c, s)
+			require.Equal(t, "sim", TransportOf(c), c.Info().Reason)
+			hashedBothWays(t, c, s, 2<<20, 41)
+			slots := int64(DefaultCredits * 64)
+			for _, x := range []*Conn{c, s} {
+				info := x.Info()
+				assert.Equal(t, uint64(2), info.RingGrows)
+				assert.Equal(t, int64(small)+slots+int64(small), info.Registered, "rings of the smaller size, each side")
+			}
+		})
+	}
+}
+
 // TestShmHostileGrow: a GROW to a side that maps the peer's ring (shm) is
 // a protocol violation: mapped rings never grow.
 func TestShmHostileGrow(t *testing.T) {

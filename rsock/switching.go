@@ -61,7 +61,7 @@ type swConn struct {
 	space note // wakes the reader waiting for queue room
 
 	transports []handshake.Transport    // client: what the server takes, in our order (set under mu while pending)
-	peerGrows  bool                     // the peer follows a move of our ring (handshake FlagGrow, UpgradeGrow; as transports)
+	peer       peerRing                 // what the peer said of rings (set as transports)
 	upStarted  atomic.Bool              // the client's upgrade has begun (kick)
 	parked     atomic.Bool              // the reader waits for the application to make room (tests)
 	upTimer    interface{ Stop() bool } // the client's upgrade policy; the server's reader (start), then ringDue

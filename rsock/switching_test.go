@@ -497,6 +497,15 @@ func rawSwitchClient(t *testing.T, ln *Listener) (net.Conn, *Conn) {
 	return raw, s.(*Conn)
 }
 
+// switchHello is the Hello of a client at the default settings.
+func switchHello(names []string) *handshake.Hello {
+	s, err := (*Config)(nil).resolve()
+	if err != nil {
+		panic(err)
+	}
+	return s.switchHello(names)
+}
+
 func frame(t *testing.T, m handshake.Message) []byte {
 	b, err := handshake.Append(nil, m)
 	require.NoError(t, err)
@@ -593,7 +602,7 @@ func validOffer(t *testing.T, raw net.Conn) *handshake.UpgradeOffer {
 	t.Helper()
 	set, err := swCfg("sim", time.Hour).resolve()
 	require.NoError(t, err)
-	ep, err := set.newEndpoint("sim", raw, false)
+	ep, err := set.newEndpoint("sim", raw, peerRing{max: 64 << 10})
 	require.NoError(t, err)
 	t.Cleanup(func() { ep.Close() })
 	return &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: handshake.TransportSim, Ring: ringOf(ep.Ring()), Info: ep.Info()}}

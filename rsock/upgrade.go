@@ -27,8 +27,8 @@ import (
 
 // switchHello is the client's Hello: one offer per transport it could set
 // up, with no ring prepared.
-func switchHello(names []string) *handshake.Hello {
-	h := &handshake.Hello{Flags: handshake.FlagSwitch | handshake.FlagGrow}
+func (s *settings) switchHello(names []string) *handshake.Hello {
+	h := &handshake.Hello{Flags: handshake.FlagSwitch | handshake.FlagGrow, RingMax: uint64(s.ringSize)}
 	for _, name := range localFirst(names) {
 		if len(h.Offers) < handshake.MaxOffers {
 			h.Offers = append(h.Offers, handshake.Offer{Transport: mustTransport(name)})
@@ -58,7 +58,7 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 	if !a.upgrade {
 		return nil, a.refuse(raw, frame)
 	}
-	st := switchStart{transports: a.transports, grow: hello.Flags&handshake.FlagGrow != 0, reason: a.reason, arrived: arrived, untimed: !from.timed}
+	st := switchStart{transports: a.transports, peer: peerRing{grows: hello.Flags&handshake.FlagGrow != 0, max: hello.RingMax}, reason: a.reason, arrived: arrived, untimed: !from.timed}
 	// Only a connection that may upgrade has the reader timer that
 	// flushes a held answer.
 	if len(a.transports) > 0 && hello.Flags&handshake.FlagEarly != 0 {
@@ -121,7 +121,7 @@ func (s *settings) switchAnswer(offers []handshake.Offer) *upAnswer {
 		}
 	}
 	a := &upAnswer{upgrade: true, transports: ts, reason: "on TCP until the client upgrades"}
-	var answer handshake.Message = &handshake.Upgrade{Flags: handshake.UpgradeGrow | handshake.UpgradeEarly, Transports: ts}
+	var answer handshake.Message = &handshake.Upgrade{Flags: handshake.UpgradeGrow | handshake.UpgradeEarly, RingMax: uint64(s.ringSize), Transports: ts}
 	if len(ts) == 0 {
 		a.reason = "no common transport: " + s.transportList()
 		if !s.fallback {
@@ -140,7 +140,7 @@ func (s *settings) switchAnswer(offers []handshake.Offer) *upAnswer {
 // switchStart is how a switching connection starts (switchConn).
 type switchStart struct {
 	transports []handshake.Transport // what the peer takes; for the client, in our order
-	grow       bool                  // the peer follows a ring move (Hello FlagGrow, Upgrade UpgradeGrow)
+	peer       peerRing              // what the peer said of rings (Hello, Upgrade)
 	reason     string                // ConnInfo.Reason until the upgrade
 	// early: the client sent its hello with FlagEarly and awaits the
 	// answer, which sets transports and grow (swConn.answered).
@@ -180,7 +180,7 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 	c.w = &both.w
 	c.w.init(c, s, raw, ln == nil)
 	c.w.ln = ln
-	c.w.peerGrows = st.grow
+	c.w.peer = st.peer
 	if st.early {
 		c.w.pending = &earlyHello{key: st.key, offers: st.offers}
 	}
@@ -266,7 +266,7 @@ func (w *swConn) clientUpgrade() {
 			why.add(n, errNotSameHost)
 			continue
 		}
-		e, err := s.newEndpoint(n, w.raw, w.peerGrows)
+		e, err := s.newEndpoint(n, w.raw, w.peer)
 		if err != nil {
 			why.add(n, err)
 			continue
@@ -594,5 +594,5 @@ func (w *swConn) servePrepare(ctx context.Context, o handshake.Offer) (*stream.E
 	if !slices.Contains(w.set.transports, name) {
 		return nil, fmt.Errorf("not allowed here (%s)", w.set.transportList())
 	}
-	return w.set.preparePassive(ctx, name, w.raw, o, w.peerGrows)
+	return w.set.preparePassive(ctx, name, w.raw, o, w.peer)
 }

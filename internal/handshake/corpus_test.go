@@ -49,11 +49,11 @@ func seedFiles() []seedFile {
 	add("reason-max", rawFrame(handshake.Version, 5, body{}.u8(1).u64(1).lstr(maxReason)))
 	add("reason-over-max", rawFrame(handshake.Version, 4, body{}.u8(1).lstr(maxReason+"!")))
 	add("reason-len-past-end", rawFrame(handshake.Version, 3, body{}.u8(1).u16(10).str("abc")))
-	add("zero-offers", rawFrame(handshake.Version, 1, body{}.u16(0).u8(0)))
-	add("five-offers", rawFrame(handshake.Version, 1, body{}.u16(0).u8(5).
+	add("zero-offers", rawFrame(handshake.Version, 1, body{}.u16(0).u64(0).u8(0)))
+	add("five-offers", rawFrame(handshake.Version, 1, body{}.u16(0).u64(0).u8(5).
 		u8(1).ring(testRing).u16(0).u8(1).ring(testRing).u16(0).u8(1).ring(testRing).u16(0).
 		u8(1).ring(testRing).u16(0).u8(1).ring(testRing).u16(0)))
-	add("offer-count-past-end", rawFrame(handshake.Version, 1, body{}.u16(0).u8(3).u8(1).ring(testRing).u16(0)))
+	add("offer-count-past-end", rawFrame(handshake.Version, 1, body{}.u16(0).u64(0).u8(3).u8(1).ring(testRing).u16(0)))
 	add("info-over-max", rawFrame(handshake.Version, 2, body{}.u8(1).ring(testRing).lraw(bytesOf(handshake.MaxInfo+1, 'i'))))
 	add("info-len-huge", rawFrame(handshake.Version, 2, body{}.u8(1).ring(testRing).u16(0xffff)))
 	add("bad-ring", rawFrame(handshake.Version, 2, body{}.u8(9).ring(bad).u16(0)))
@@ -67,9 +67,9 @@ func seedFiles() []seedFile {
 	add("data-length-over-max", dataOverMax)
 	add("data-length-max-short", append(rawFrame(handshake.Version, 7, nil)[:10], 0xff, 0xf4, 'd'))
 	add("switch-length-over-max", append(rawFrame(handshake.Version, 9, nil)[:10], 0x10, 0x01))
-	add("upgrade-five-transports", rawFrame(handshake.Version, 6, body{}.u16(0).u8(5).raw([]byte{1, 2, 3, 1, 2})))
-	add("upgrade-count-past-end", rawFrame(handshake.Version, 6, body{}.u16(0).u8(3).u8(1)))
-	add("upgrade-trailing", rawFrame(handshake.Version, 6, body{}.u16(0).u8(0).u8(1)))
+	add("upgrade-five-transports", rawFrame(handshake.Version, 6, body{}.u16(0).u64(0).u8(5).raw([]byte{1, 2, 3, 1, 2})))
+	add("upgrade-count-past-end", rawFrame(handshake.Version, 6, body{}.u16(0).u64(0).u8(3).u8(1)))
+	add("upgrade-trailing", rawFrame(handshake.Version, 6, body{}.u16(0).u64(0).u8(0).u8(1)))
 	add("upgrade-offer-info-over-max", rawFrame(handshake.Version, 8, body{}.u8(1).ring(testRing).lraw(bytesOf(handshake.MaxInfo+1, 'i'))))
 	add("upgrade-offer-info-len-huge", rawFrame(handshake.Version, 8, body{}.u8(1).ring(testRing).u16(0xffff)))
 	add("switch-7-bytes", rawFrame(handshake.Version, 9, bytesOf(7, 0xff)))
@@ -99,7 +99,7 @@ func seedFiles() []seedFile {
 	next("data-in-data", rawFrame(handshake.Version, 7, rawFrame(handshake.Version, 7, []byte("x"))))
 	next("switch-length-over-max", append(rawFrame(handshake.Version, 9, nil)[:10], 0x10, 0x01))
 	next("resume-cut", rawFrame(handshake.Version, 10, body{}.u64(1))[:handshake.HeaderLen+3])
-	next("upgrade-five-transports", rawFrame(handshake.Version, 6, body{}.u16(0).u8(5).raw([]byte{1, 2, 3, 1, 2})))
+	next("upgrade-five-transports", rawFrame(handshake.Version, 6, body{}.u16(0).u64(0).u8(5).raw([]byte{1, 2, 3, 1, 2})))
 
 	rt := func(name string, args ...any) {
 		seeds = append(seeds, seedFile{"FuzzRoundTrip", name, args})

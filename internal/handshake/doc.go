@@ -29,14 +29,14 @@
 // # Bodies
 //
 //	RingInfo (22 bytes): size uint64, addr uint64, rkey uint32, credits uint16
-//	Hello    flags uint16, count uint8 (1..4),
+//	Hello    flags uint16, ringMax uint64, count uint8 (1..4),
 //	         count × { transport uint8, RingInfo, infoLen uint16 (<= 1024), info }
 //	Accept   transport uint8, RingInfo, infoLen uint16 (<= 1024), info
 //	Decline  code uint8, reasonLen uint16 (<= 256), reason
 //	Confirm  code uint8 (0 = OK), reasonLen uint16 (<= 256), reason
 //	Goodbye  flags uint8 (bit 0 Abort), finalProd uint64,
 //	         reasonLen uint16 (<= 256), reason
-//	Upgrade  flags uint16, count uint8 (0..4), count × transport uint8
+//	Upgrade  flags uint16, ringMax uint64, count uint8 (0..4), count × transport uint8
 //	Data     payload (1..65524 bytes)
 //	Offer    as one Hello offer (UpgradeOffer)
 //	Switch, Resume, Fin   cursor uint64

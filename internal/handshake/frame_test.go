@@ -283,7 +283,7 @@ func TestReadAllocationBound(t *testing.T) {
 	assert.Less(t, perRun, 1024.0)
 
 	// A Hello with a body of exactly MaxBody bytes.
-	b := body{}.u16(0).u8(4)
+	b := body{}.u16(0).u64(0).u8(4)
 	for i := range 4 {
 		n := handshake.MaxInfo
 		if i == 3 {

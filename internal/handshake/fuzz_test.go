@@ -132,8 +132,8 @@ func FuzzRoundTrip(f *testing.F) {
 		switch kind % 11 {
 		case 0:
 			n := int(nOffers) % (handshake.MaxOffers + 2) // 0..MaxOffers+1
-			h := &handshake.Hello{Flags: flags, Offers: make([]handshake.Offer, n)}
-			bodyLen = 3
+			h := &handshake.Hello{Flags: flags, RingMax: finalProd, Offers: make([]handshake.Offer, n)}
+			bodyLen = 11
 			for i := range h.Offers {
 				o := handshake.Offer{
 					Transport: handshake.Transport(transport + uint8(i)),
@@ -163,11 +163,11 @@ func FuzzRoundTrip(f *testing.F) {
 			bodyLen, wantErr = 11+len(reason), reasonBad
 		case 5:
 			n := int(nOffers) % (handshake.MaxOffers + 2) // 0..MaxOffers+1
-			u := &handshake.Upgrade{Flags: flags}
+			u := &handshake.Upgrade{Flags: flags, RingMax: finalProd}
 			for i := range n {
 				u.Transports = append(u.Transports, handshake.Transport(transport+uint8(i)))
 			}
-			m, bodyLen, wantErr = u, 3+n, n > handshake.MaxOffers
+			m, bodyLen, wantErr = u, 11+n, n > handshake.MaxOffers
 		case 6:
 			// The payload's length comes from size, 0..MaxData+1; its
 			// bytes from info.

@@ -50,13 +50,13 @@ func samples() []sample {
 	ring2 := handshake.RingInfo{Size: 4096, Addr: 0, RKey: 1, Credits: 4}
 	return []sample{
 		{"hello-one", &handshake.Hello{Offers: []handshake.Offer{{Transport: handshake.TransportVerbs, Ring: testRing, Info: []byte("mlx5_0:1")}}},
-			rawFrame(handshake.Version, 1, body{}.u16(0).u8(1).u8(1).ring(testRing).lstr("mlx5_0:1"))},
-		{"hello-four", &handshake.Hello{Flags: 0xbeef, Offers: []handshake.Offer{
+			rawFrame(handshake.Version, 1, body{}.u16(0).u64(0).u8(1).u8(1).ring(testRing).lstr("mlx5_0:1"))},
+		{"hello-four", &handshake.Hello{Flags: 0xbeef, RingMax: 1 << 20, Offers: []handshake.Offer{
 			{Transport: handshake.TransportVerbs, Ring: testRing, Info: []byte("a")},
 			{Transport: handshake.TransportShm, Ring: ring2},
 			{Transport: handshake.TransportSim, Ring: testRing, Info: []byte{0, 1, 2}},
 			{Transport: 200, Ring: handshake.RingInfo{}, Info: []byte("future")},
-		}}, rawFrame(handshake.Version, 1, body{}.u16(0xbeef).u8(4).
+		}}, rawFrame(handshake.Version, 1, body{}.u16(0xbeef).u64(1<<20).u8(4).
 			u8(1).ring(testRing).lstr("a").
 			u8(2).ring(ring2).u16(0).
 			u8(3).ring(testRing).lraw([]byte{0, 1, 2}).
@@ -81,12 +81,12 @@ func samples() []sample {
 		// The switching protocol. Data samples stay small (TestTruncatedFrame
 		// cuts every frame at every byte); TestBounds has a MaxData payload.
 		{"hello-switch", &handshake.Hello{Flags: handshake.FlagSwitch, Offers: []handshake.Offer{{Transport: handshake.TransportShm}}},
-			rawFrame(handshake.Version, 1, body{}.u16(1).u8(1).u8(2).ring(handshake.RingInfo{}).u16(0))},
+			rawFrame(handshake.Version, 1, body{}.u16(1).u64(0).u8(1).u8(2).ring(handshake.RingInfo{}).u16(0))},
 		{"upgrade-none", &handshake.Upgrade{},
-			rawFrame(handshake.Version, 6, body{}.u16(0).u8(0))},
-		{"upgrade-four", &handshake.Upgrade{Flags: 0x8001, Transports: []handshake.Transport{
+			rawFrame(handshake.Version, 6, body{}.u16(0).u64(0).u8(0))},
+		{"upgrade-four", &handshake.Upgrade{Flags: 0x8001, RingMax: 64 << 10, Transports: []handshake.Transport{
 			handshake.TransportShm, handshake.TransportVerbs, handshake.TransportSim, 200}},
-			rawFrame(handshake.Version, 6, body{}.u16(0x8001).u8(4).u8(2).u8(1).u8(3).u8(200))},
+			rawFrame(handshake.Version, 6, body{}.u16(0x8001).u64(64<<10).u8(4).u8(2).u8(1).u8(3).u8(200))},
 		{"data-one", &handshake.Data{Payload: []byte{0}},
 			rawFrame(handshake.Version, 7, body{}.u8(0))},
 		{"data-frame-like", &handshake.Data{Payload: rawFrame(handshake.Version, 4, body{}.u8(0).u16(0))},

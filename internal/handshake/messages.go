@@ -27,11 +27,15 @@ type Offer struct {
 }
 
 // Hello is the client's first message: the transports it offers, in order of
-// preference. Wire body: flags uint16, count uint8 (1..MaxOffers), then per
-// offer: transport uint8, RingInfo, infoLen uint16, info.
+// preference. Wire body: flags uint16, ringMax uint64, count uint8
+// (1..MaxOffers), then per offer: transport uint8, RingInfo, infoLen
+// uint16, info.
 type Hello struct {
-	Flags  uint16 // FlagSwitch; unknown bits are ignored
-	Offers []Offer
+	Flags uint16 // FlagSwitch; unknown bits are ignored
+	// RingMax is the largest receive ring the client accepts from the
+	// server (its own ring size): the server's ring never grows past it.
+	RingMax uint64
+	Offers  []Offer
 }
 
 // Accept is the server's answer choosing one offered transport, with its own
@@ -71,10 +75,13 @@ const goodbyeAbort = 1 << 0
 // Upgrade is a switching server's answer to a Hello with FlagSwitch: the
 // connection runs on TCP now, and the client may later offer one of
 // Transports (the server's order; none: it will take none). Wire body:
-// flags uint16 (none defined: sent 0, unknown bits ignored), count uint8
-// (0..MaxOffers), count × transport uint8.
+// flags uint16 (UpgradeGrow, UpgradeEarly; unknown bits ignored), ringMax
+// uint64, count uint8 (0..MaxOffers), count × transport uint8.
 type Upgrade struct {
-	Flags      uint16
+	Flags uint16
+	// RingMax is the largest receive ring the server accepts from the
+	// client (its own ring size): the client's ring never grows past it.
+	RingMax    uint64
 	Transports []Transport
 }
 
@@ -125,6 +132,7 @@ func (m *Hello) appendBody(b []byte) ([]byte, error) {
 		return b, encodeErr("hello", "%d offers, want 1..%d", len(m.Offers), MaxOffers)
 	}
 	b = binary.BigEndian.AppendUint16(b, m.Flags)
+	b = binary.BigEndian.AppendUint64(b, m.RingMax)
 	b = append(b, uint8(len(m.Offers)))
 	for i, o := range m.Offers {
 		b = append(b, uint8(o.Transport))
@@ -168,6 +176,7 @@ func (m *Upgrade) appendBody(b []byte) ([]byte, error) {
 		return b, encodeErr("upgrade", "%d transports, want at most %d", len(m.Transports), MaxOffers)
 	}
 	b = binary.BigEndian.AppendUint16(b, m.Flags)
+	b = binary.BigEndian.AppendUint64(b, m.RingMax)
 	b = append(b, uint8(len(m.Transports)))
 	for _, t := range m.Transports {
 		b = append(b, uint8(t))
@@ -209,7 +218,7 @@ func decodeBody(t Type, body []byte) (Message, error) {
 	var m Message
 	switch t {
 	case TypeHello:
-		h := &Hello{Flags: d.u16("flags")}
+		h := &Hello{Flags: d.u16("flags"), RingMax: d.u64("ring max")}
 		n := d.u8("offer count")
 		if d.err == nil && (n == 0 || n > MaxOffers) {
 			d.fail("%d offers, want 1..%d", n, MaxOffers)
@@ -243,7 +252,7 @@ func decodeBody(t Type, body []byte) (Message, error) {
 			Reason:    d.reason(),
 		}
 	case TypeUpgrade:
-		u := &Upgrade{Flags: d.u16("flags")}
+		u := &Upgrade{Flags: d.u16("flags"), RingMax: d.u64("ring max")}
 		n := d.u8("transport count")
 		if d.err == nil && n > MaxOffers {
 			d.fail("%d transports, want at most %d", n, MaxOffers)

@@ -110,7 +110,7 @@ func TestDecodeDoesNotAlias(t *testing.T) {
 }
 
 func TestUnknownValuesKept(t *testing.T) {
-	m, err := handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 1, body{}.u16(0xffff).u8(2).
+	m, err := handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 1, body{}.u16(0xffff).u64(0).u8(2).
 		u8(0).ring(testRing).u16(0).
 		u8(255).ring(testRing).u16(0))))
 	require.NoError(t, err)
@@ -153,31 +153,31 @@ func TestBounds(t *testing.T) {
 		return o
 	}
 	helloBody := func(n int) body {
-		b := body{}.u16(0).u8(uint8(n))
+		b := body{}.u16(0).u64(0).u8(uint8(n))
 		for range n {
 			b = offerBody(b, nil)
 		}
 		return b
 	}
-	// A Hello body of exactly MaxBody bytes: 3 + 4*25 + infos = 4096.
-	fill := handshake.MaxBody - 3 - 4*(1+handshake.RingInfoLen+2) - 3*handshake.MaxInfo
+	// A Hello body of exactly MaxBody bytes: 11 + 4*25 + infos = 4096.
+	fill := handshake.MaxBody - 11 - 4*(1+handshake.RingInfoLen+2) - 3*handshake.MaxInfo
 	require.Positive(t, fill)
 	require.LessOrEqual(t, fill, handshake.MaxInfo)
 	fullHello := &handshake.Hello{Offers: []handshake.Offer{offer(maxInfo), offer(maxInfo), offer(maxInfo), offer(bytesOf(fill, 'f'))}}
-	fullHelloBody := offerBody(offerBody(offerBody(offerBody(body{}.u16(0).u8(4), maxInfo), maxInfo), maxInfo), bytesOf(fill, 'f'))
+	fullHelloBody := offerBody(offerBody(offerBody(offerBody(body{}.u16(0).u64(0).u8(4), maxInfo), maxInfo), maxInfo), bytesOf(fill, 'f'))
 	require.Len(t, fullHelloBody, handshake.MaxBody)
 	overHello := &handshake.Hello{Offers: []handshake.Offer{offer(maxInfo), offer(maxInfo), offer(maxInfo), offer(bytesOf(fill+1, 'f'))}}
 
 	ok := []sample{
 		{"max-offers", &handshake.Hello{Offers: offers(handshake.MaxOffers)}, rawFrame(handshake.Version, 1, helloBody(handshake.MaxOffers))},
 		{"max-body", fullHello, rawFrame(handshake.Version, 1, fullHelloBody)},
-		{"hello-max-info", &handshake.Hello{Offers: []handshake.Offer{offer(maxInfo)}}, rawFrame(handshake.Version, 1, offerBody(body{}.u16(0).u8(1), maxInfo))},
+		{"hello-max-info", &handshake.Hello{Offers: []handshake.Offer{offer(maxInfo)}}, rawFrame(handshake.Version, 1, offerBody(body{}.u16(0).u64(0).u8(1), maxInfo))},
 		{"accept-max-info", &handshake.Accept{Transport: 1, Ring: testRing, Info: maxInfo}, rawFrame(handshake.Version, 2, body{}.u8(1).ring(testRing).lraw(maxInfo))},
 		{"decline-max-reason", &handshake.Decline{Code: 1, Reason: maxReason}, rawFrame(handshake.Version, 3, body{}.u8(1).lstr(maxReason))},
 		{"confirm-max-reason", &handshake.Confirm{Code: 1, Reason: maxReason}, rawFrame(handshake.Version, 4, body{}.u8(1).lstr(maxReason))},
 		{"goodbye-max-reason", &handshake.Goodbye{Reason: maxReason}, rawFrame(handshake.Version, 5, body{}.u8(0).u64(0).lstr(maxReason))},
 		{"upgrade-max-transports", &handshake.Upgrade{Transports: make([]handshake.Transport, handshake.MaxOffers)},
-			rawFrame(handshake.Version, 6, body{}.u16(0).u8(handshake.MaxOffers).raw(make([]byte, handshake.MaxOffers)))},
+			rawFrame(handshake.Version, 6, body{}.u16(0).u64(0).u8(handshake.MaxOffers).raw(make([]byte, handshake.MaxOffers)))},
 		{"data-max", &handshake.Data{Payload: bytesOf(handshake.MaxData, 'd')}, rawFrame(handshake.Version, 7, bytesOf(handshake.MaxData, 'd'))},
 		{"upgrade-offer-max-info", &handshake.UpgradeOffer{Offer: offer(maxInfo)}, rawFrame(handshake.Version, 8, offerBody(body{}, maxInfo))},
 	}
@@ -196,7 +196,7 @@ func TestBounds(t *testing.T) {
 	bad := []sample{
 		{"zero-offers", &handshake.Hello{}, rawFrame(handshake.Version, 1, helloBody(0))},
 		{"too-many-offers", &handshake.Hello{Offers: offers(handshake.MaxOffers + 1)}, rawFrame(handshake.Version, 1, helloBody(handshake.MaxOffers+1))},
-		{"255-offers", &handshake.Hello{Offers: offers(255)}, rawFrame(handshake.Version, 1, body{}.u16(0).u8(255))},
+		{"255-offers", &handshake.Hello{Offers: offers(255)}, rawFrame(handshake.Version, 1, body{}.u16(0).u64(0).u8(255))},
 		{"hello-over-info", &handshake.Hello{Offers: []handshake.Offer{offer(overInfo)}}, rawFrame(handshake.Version, 1, offerBody(body{}.u16(0).u8(1), overInfo))},
 		{"accept-over-info", &handshake.Accept{Transport: 1, Ring: testRing, Info: overInfo}, rawFrame(handshake.Version, 2, body{}.u8(1).ring(testRing).lraw(overInfo))},
 		{"decline-over-reason", &handshake.Decline{Code: 1, Reason: overReason}, rawFrame(handshake.Version, 3, body{}.u8(1).lstr(overReason))},
@@ -205,11 +205,11 @@ func TestBounds(t *testing.T) {
 		{"decline-bad-utf8", &handshake.Decline{Reason: "a\xffb"}, rawFrame(handshake.Version, 3, body{}.u8(1).lstr("a\xffb"))},
 		{"confirm-bad-utf8", &handshake.Confirm{Reason: "\xc3"}, rawFrame(handshake.Version, 4, body{}.u8(1).lstr("\xc3"))},
 		{"goodbye-bad-utf8", &handshake.Goodbye{Reason: "\xed\xa0\x80"}, rawFrame(handshake.Version, 5, body{}.u8(0).u64(0).lstr("\xed\xa0\x80"))},
-		{"over-body", overHello, rawFrame(handshake.Version, 1, offerBody(offerBody(offerBody(offerBody(body{}.u16(0).u8(4), maxInfo), maxInfo), maxInfo), bytesOf(fill+1, 'f')))},
+		{"over-body", overHello, rawFrame(handshake.Version, 1, offerBody(offerBody(offerBody(offerBody(body{}.u16(0).u64(0).u8(4), maxInfo), maxInfo), maxInfo), bytesOf(fill+1, 'f')))},
 		{"upgrade-five-transports", &handshake.Upgrade{Transports: make([]handshake.Transport, handshake.MaxOffers+1)},
-			rawFrame(handshake.Version, 6, body{}.u16(0).u8(handshake.MaxOffers+1).raw(make([]byte, handshake.MaxOffers+1)))},
+			rawFrame(handshake.Version, 6, body{}.u16(0).u64(0).u8(handshake.MaxOffers+1).raw(make([]byte, handshake.MaxOffers+1)))},
 		{"upgrade-255-transports", &handshake.Upgrade{Transports: make([]handshake.Transport, 255)},
-			rawFrame(handshake.Version, 6, body{}.u16(0).u8(255).raw(make([]byte, 255)))},
+			rawFrame(handshake.Version, 6, body{}.u16(0).u64(0).u8(255).raw(make([]byte, 255)))},
 		{"data-nil", &handshake.Data{}, rawFrame(handshake.Version, 7, nil)},
 		{"data-empty", &handshake.Data{Payload: []byte{}}, rawFrame(handshake.Version, 7, nil)},
 		{"data-over-max", &handshake.Data{Payload: bytesOf(handshake.MaxData+1, 'd')}, rawFrame(handshake.Version, 7, bytesOf(handshake.MaxData+1, 'd'))},
@@ -369,18 +369,18 @@ func TestSwitchingMalformed(t *testing.T) {
 // TestUpgradeFlagsKept: Upgrade and Hello keep unknown flag bits; an Upgrade
 // encoded with an empty (non-nil) transport list decodes with nil.
 func TestUpgradeFlagsKept(t *testing.T) {
-	m, err := handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 6, body{}.u16(0xffff).u8(1).u8(0))))
+	m, err := handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 6, body{}.u16(0xffff).u64(0).u8(1).u8(0))))
 	require.NoError(t, err)
 	assert.Equal(t, &handshake.Upgrade{Flags: 0xffff, Transports: []handshake.Transport{0}}, m)
 
 	frame, err := handshake.Append(nil, &handshake.Upgrade{Transports: []handshake.Transport{}})
 	require.NoError(t, err)
-	assert.Equal(t, rawFrame(handshake.Version, 6, body{}.u16(0).u8(0)), frame)
+	assert.Equal(t, rawFrame(handshake.Version, 6, body{}.u16(0).u64(0).u8(0)), frame)
 	m, err = handshake.Read(bytes.NewReader(frame))
 	require.NoError(t, err)
 	assert.Equal(t, &handshake.Upgrade{}, m)
 
-	m, err = handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 1, body{}.u16(handshake.FlagSwitch|0x8000).u8(1).u8(1).ring(testRing).u16(0))))
+	m, err = handshake.Read(bytes.NewReader(rawFrame(handshake.Version, 1, body{}.u16(handshake.FlagSwitch|0x8000).u64(0).u8(1).u8(1).ring(testRing).u16(0))))
 	require.NoError(t, err)
 	assert.Equal(t, handshake.FlagSwitch|0x8000, m.(*handshake.Hello).Flags)
 }
