@@ -86,8 +86,7 @@ type swConn struct {
 	up       upPhase                // where the upgrade in progress is
 	upDone   chan struct{}          // server: closed when the upgrade in progress ends
 	answers  chan handshake.Message // the peer's Accept or Decline (client), Confirm (server) (upgradingLocked makes it)
-	rdlT     time.Time
-	wdlT     time.Time
+	rdlT     time.Time              // the read deadline's time, for the socket (socketDeadlineLocked)
 	linger   *int
 	log      []SwitchEvent
 	sendOn   bool   // our sending moved to the ring (mirrors wring)
@@ -743,16 +742,9 @@ func (w *swConn) setDeadline(t time.Time, read, write bool) error {
 		if w.appReading && !w.interrupted {
 			w.socketDeadlineLocked(t)
 		}
-		if w.ring != nil {
-			_ = w.ring.SetReadDeadline(t)
-		}
 	}
 	if write {
-		w.wdlT = t
 		w.wdl.Set(t)
-		if w.ring != nil {
-			_ = w.ring.SetWriteDeadline(t)
-		}
 		if w.owe != nil && w.owe.known {
 			go w.resendBg() // it may have stopped at the old deadline
 		}
@@ -785,8 +777,6 @@ func (w *swConn) setRing(r *stream.Conn) bool {
 		_ = r.Close()
 		return false
 	}
-	_ = r.SetReadDeadline(w.rdlT)
-	_ = r.SetWriteDeadline(w.wdlT)
 	if w.linger != nil {
 		_ = r.SetLinger(*w.linger)
 	}

@@ -471,7 +471,7 @@ func (w *swConn) clientStart(ctx context.Context, ep *stream.Endpoint, name stri
 	if err := w.set.connectActive(ctx, ep, m); err != nil {
 		return nil, err
 	}
-	return ep.Start(streamRing(m.Ring), w)
+	return ep.Start(streamRing(m.Ring), w, &w.rdl, &w.wdl)
 }
 
 // switchSend moves our sending to the ring (waiting for a Write in
@@ -560,7 +560,7 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		return
 	}
 	testHookServeStart.run(w)
-	r, err := ep.Start(streamRing(o.Ring), w)
+	r, err := ep.Start(streamRing(o.Ring), w, &w.rdl, &w.wdl)
 	if err != nil {
 		ep.Close()
 		w.fail(&stream.ResetError{Reason: "starting " + name, Err: err})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/verbs"
 	"github.com/rdmanet/rdmanet/internal/verbs/sim"
 )
@@ -36,9 +37,9 @@ func newPair(t *testing.T, opts Options) (a, b *Conn) {
 	require.NoError(t, ea.Connect(ctx, eb.Info(), true))
 	require.NoError(t, eb.Established(ctx))
 	pa, pb := net.Pipe()
-	a, err = ea.Start(eb.Ring(), NetBootstrap(pa))
+	a, err = ea.Start(eb.Ring(), NetBootstrap(pa), deadline.New(), deadline.New())
 	require.NoError(t, err)
-	b, err = eb.Start(ea.Ring(), NetBootstrap(pb))
+	b, err = eb.Start(ea.Ring(), NetBootstrap(pb), deadline.New(), deadline.New())
 	require.NoError(t, err)
 	go a.Watch(pa)
 	go b.Watch(pb)

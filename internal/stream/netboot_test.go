@@ -12,6 +12,11 @@ import (
 // The engine's tests run a ring over a bootstrap of their own: one
 // Goodbye each way on a net.Conn, which the peer's Watch reads.
 
+// SetReadDeadline and SetWriteDeadline set the deadlines the tests' Conns
+// were started with (startPair).
+func (c *Conn) SetReadDeadline(t time.Time) error  { c.rd.dl.Set(t); return nil }
+func (c *Conn) SetWriteDeadline(t time.Time) error { c.wr.dl.Set(t); return nil }
+
 // NetBootstrap is a Bootstrap on nc: after the switch, nc carries one
 // Goodbye each way (Watch reads the peer's).
 func NetBootstrap(nc net.Conn) Bootstrap { return &netBoot{Conn: nc} }

@@ -46,11 +46,11 @@ import (
 type recvHalf struct {
 	mu   sync.Mutex // serialises Reads and CopyTo
 	e    entry
-	dl   deadline.Deadline
-	spin spinCtl     // guarded by mu
-	stop atomic.Bool // Close or CloseRead was called: no more Reads from a lease; set under Conn.mu
-	shut bool        // CloseRead was called; guarded by Conn.mu
-	lent bool        // readable bytes are lent outside Conn.mu (a lease, a CopyTo piece): CloseRead leaves them to their holder; guarded by Conn.mu
+	dl   *deadline.Deadline // the caller's (Endpoint.Start)
+	spin spinCtl            // guarded by mu
+	stop atomic.Bool        // Close or CloseRead was called: no more Reads from a lease; set under Conn.mu
+	shut bool               // CloseRead was called; guarded by Conn.mu
+	lent bool               // readable bytes are lent outside Conn.mu (a lease, a CopyTo piece): CloseRead leaves them to their holder; guarded by Conn.mu
 	// copying is the piece a CopyTo has handed to its writer, whose
 	// Write may block for as long as it likes: Detach counts it read
 	// rather than wait for rd.mu. Guarded by Conn.mu.
@@ -125,7 +125,7 @@ func (c *Conn) awaitLeaseLocked(zero bool) error {
 		case zero:
 			return nil
 		}
-		if err := c.wait(&c.rd.e, &c.rd.dl, &c.rd.spin); err != nil {
+		if err := c.wait(&c.rd.e, c.rd.dl, &c.rd.spin); err != nil {
 			return err
 		}
 	}
@@ -308,7 +308,7 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 		case c.life == lifePeerGone:
 			return n, nil, nil
 		}
-		if err := c.wait(&c.rd.e, &c.rd.dl, &c.rd.spin); err != nil {
+		if err := c.wait(&c.rd.e, c.rd.dl, &c.rd.spin); err != nil {
 			return n, err, nil
 		}
 	}

@@ -15,9 +15,9 @@ import (
 type sendHalf struct {
 	mu   sync.Mutex
 	e    entry
-	dl   deadline.Deadline
-	spin spinCtl // guarded by mu
-	shut bool    // CloseWrite was called; guarded by Conn.mu
+	dl   *deadline.Deadline // the caller's (Endpoint.Start)
+	spin spinCtl            // guarded by mu
+	shut bool               // CloseWrite was called; guarded by Conn.mu
 	// chunk: a Write copies a chunk outside Conn.mu, to the destination
 	// it computed; the writing does not move to a new ring meanwhile
 	// (grow.go). Guarded by Conn.mu.
@@ -64,7 +64,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 				stalled = true
 				c.stats.CreditStalls.Add(1)
 			}
-			if err := c.wait(&c.wr.e, &c.wr.dl, &c.wr.spin); err != nil {
+			if err := c.wait(&c.wr.e, c.wr.dl, &c.wr.spin); err != nil {
 				return written, err
 			}
 			continue
@@ -100,7 +100,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			// The bytes did not go; whether that is the peer's orderly
 			// close or a failure is decided shortly (suspectLocked).
 			c.suspectLocked(reset("posting a write", err))
-			if err := c.wait(&c.wr.e, &c.wr.dl, nil); err != nil {
+			if err := c.wait(&c.wr.e, c.wr.dl, nil); err != nil {
 				return written, err
 			}
 			continue
