@@ -209,8 +209,8 @@ const (
 	DefaultBusyPoll = 100 * time.Microsecond
 	// DefaultUpgradeAfter and DefaultUpgradeBytes are the upgrade
 	// policy's defaults: a connection that lives past a millisecond, or
-	// moves 64 KiB, gets its ring (the choice is measured in
-	// BENCHMARKS.md).
+	// moves 64 KiB, gets its ring (BENCHMARKS.md says what the
+	// millisecond was chosen from; the 64 KiB is not measured).
 	DefaultUpgradeAfter = time.Millisecond
 	DefaultUpgradeBytes = 64 << 10
 	// DefaultEndpointPool and DefaultEndpointPoolIdle bound the verbs
