@@ -360,6 +360,21 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		if w.client {
 			return false, protocolError("an offer to the client")
 		}
+		// An offer may follow the Confirm that declined the last one
+		// at once, in the same segment: that upgrade is answered, and
+		// ends without waiting for anything from the client.
+		w.mu.Lock()
+		finishing := w.upDone
+		if w.up != upAnswered {
+			finishing = nil
+		}
+		w.mu.Unlock()
+		if finishing != nil {
+			select {
+			case <-finishing:
+			case <-w.done:
+			}
+		}
 		w.mu.Lock()
 		busy := w.up != upIdle || w.ring != nil || w.moving != nil || w.awaitResume
 		mine := make(chan struct{})

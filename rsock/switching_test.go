@@ -650,6 +650,38 @@ func TestSwitchConfirmBounds(t *testing.T) {
 	}
 }
 
+// TestSwitchOfferRightAfterDecliningConfirm: a client may offer again in
+// the same write as the Confirm that declined the last Accept; the
+// server answers the new offer instead of taking it for a second upgrade
+// at once.
+func TestSwitchOfferRightAfterDecliningConfirm(t *testing.T) {
+	registerSim(t)
+	ln := listen(t, swCfg("sim", time.Hour))
+	raw, s := rawSwitchClient(t, ln)
+	_, err := raw.Write(frame(t, validOffer(t, raw)))
+	require.NoError(t, err)
+	m, err := handshake.Read(raw)
+	require.NoError(t, err)
+	require.IsType(t, &handshake.Accept{}, m)
+	both := append(frame(t, &handshake.Confirm{Code: handshake.DeclineFailed, Reason: "changed my mind"}), frame(t, validOffer(t, raw))...)
+	_, err = raw.Write(both)
+	require.NoError(t, err)
+	m, err = handshake.Read(raw)
+	require.NoError(t, err)
+	require.IsType(t, &handshake.Accept{}, m, "the second offer is answered")
+	// The server's end is still usable: the client's Data after its
+	// Confirm reaches it.
+	_, err = raw.Write(frame(t, &handshake.Confirm{Code: handshake.DeclineFailed, Reason: "again"}))
+	require.NoError(t, err)
+	_, err = raw.Write(frame(t, &handshake.Data{Payload: []byte("ok")}))
+	require.NoError(t, err)
+	got := make([]byte, 2)
+	_ = s.SetReadDeadline(time.Now().Add(time.Minute))
+	_, err = io.ReadFull(s, got)
+	require.NoError(t, err)
+	assert.Equal(t, "ok", string(got))
+}
+
 // TestSwitchHostileServer: a server that switches without an agreed ring
 // resets the client's connection.
 func TestSwitchHostileServer(t *testing.T) {
