@@ -294,6 +294,9 @@ func TestVerbsTwoHosts(t *testing.T) {
 		for range conns {
 			c, err := ln.Accept()
 			require.NoError(t, err)
+			// Accept hands the connection over on TCP; the client's Dial
+			// waits for the ring (no tcp), and so does this end.
+			awaitSettledEnd(t, c.(*Conn))
 			require.Equal(t, "verbs", TransportOf(c), c.(*Conn).Info().Reason)
 			wg.Add(1)
 			go func() {
