@@ -473,3 +473,44 @@ func TestClientSetupsBounded(t *testing.T) {
 	assert.Equal(t, "sim", TransportOf(c), c.(*Conn).Info().Reason)
 	echoTrip(t, c, "on the ring")
 }
+
+// TestClientSetupPlaceReleasedWhileWaiting: an upgrade whose server does
+// not answer its offer gives its setup place back after HandshakeTimeout,
+// and the process's other upgrades go on.
+func TestClientSetupPlaceReleasedWhileWaiting(t *testing.T) {
+	registerSim(t)
+	silent := fakeServer(t, func(_ int, c net.Conn) {
+		if _, err := handshake.Read(c); err != nil {
+			return
+		}
+		up, _ := handshake.Append(nil, &handshake.Upgrade{RingMax: 64 << 10, Transports: []handshake.Transport{handshake.TransportSim}})
+		if _, err := c.Write(up); err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, c) // the offer is never answered
+	})
+	t.Cleanup(func() { plainServers.forget("tcp " + silent) })
+	for range maxClientSetups - 1 {
+		clientSetups <- struct{}{}
+	}
+	t.Cleanup(func() {
+		for range maxClientSetups - 1 {
+			<-clientSetups
+		}
+	})
+	cfg := swCfg("sim", time.Nanosecond)
+	cfg.HandshakeTimeout = 100 * time.Millisecond
+	stuck, err := (&Dialer{Config: cfg}).Dial("tcp", silent)
+	require.NoError(t, err)
+	defer stuck.Close()
+
+	ln := listen(t, swCfg("sim", time.Hour))
+	go echoAccepted(ln)
+	waits := swCfg("sim", -1)
+	waits.HandshakeTimeout = time.Minute
+	c, err := (&Dialer{Config: waits}).Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	assert.Equal(t, "sim", TransportOf(c), c.(*Conn).Info().Reason)
+	assert.Equal(t, "tcp", TransportOf(stuck), "its offer is still unanswered")
+}

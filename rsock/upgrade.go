@@ -249,7 +249,14 @@ func (w *swConn) clientUpgrade() {
 	case <-w.done:
 		return
 	}
-	defer func() { <-clientSetups }()
+	placed := true
+	release := func() {
+		if placed {
+			placed = false
+			<-clientSetups
+		}
+	}
+	defer release()
 	if w.isClosed() {
 		return // while it waited
 	}
@@ -302,20 +309,29 @@ func (w *swConn) clientUpgrade() {
 		ep.Close()
 		return
 	}
+	// The answer may wait behind Data the server's application has not
+	// read, for as long as it does not read: past HandshakeTimeout this
+	// upgrade gives its setup place to the process's others.
+	slow := time.NewTimer(w.set.handshake)
+	defer slow.Stop()
 	var answer handshake.Message
-	select {
-	case answer = <-w.answers:
-	case <-w.done:
-		ep.Close()
-		return
-	case <-w.gone.ch:
-		// The peer's end: its answer, if it sent one, was read before.
+	for answer == nil {
 		select {
 		case answer = <-w.answers:
-		default:
+		case <-slow.C:
+			release()
+		case <-w.done:
 			ep.Close()
-			w.stayOnTCP(CodeDeclined, "the server closed the connection before it answered the offer")
 			return
+		case <-w.gone.ch:
+			// The peer's end: its answer, if it sent one, was read before.
+			select {
+			case answer = <-w.answers:
+			default:
+				ep.Close()
+				w.stayOnTCP(CodeDeclined, "the server closed the connection before it answered the offer")
+				return
+			}
 		}
 	}
 	switch m := answer.(type) {
