@@ -608,6 +608,16 @@ func validOffer(t *testing.T, raw net.Conn) *handshake.UpgradeOffer {
 	return &handshake.UpgradeOffer{Offer: handshake.Offer{Transport: handshake.TransportSim, Ring: ringOf(ep.Ring()), Info: ep.Info()}}
 }
 
+// offerAccepted sends a valid Offer on raw and reads the server's Accept.
+func offerAccepted(t *testing.T, raw net.Conn) {
+	t.Helper()
+	_, err := raw.Write(frame(t, validOffer(t, raw)))
+	require.NoError(t, err)
+	m, err := handshake.Read(raw)
+	require.NoError(t, err)
+	require.IsType(t, &handshake.Accept{}, m)
+}
+
 // TestSwitchConfirmBounds: a client that was accepted must confirm, and
 // send nothing else first: one that sends Data instead, or nothing within
 // twice the server's HandshakeTimeout, has its connection reset, and the
@@ -627,21 +637,17 @@ func TestSwitchConfirmBounds(t *testing.T) {
 			cfg.HandshakeTimeout = 100 * time.Millisecond
 			ln := listen(t, cfg)
 			raw, s := rawSwitchClient(t, ln)
-			_, err := raw.Write(frame(t, validOffer(t, raw)))
-			require.NoError(t, err)
-			m, err := handshake.Read(raw)
-			require.NoError(t, err)
-			require.IsType(t, &handshake.Accept{}, m)
+			offerAccepted(t, raw)
 			for _, f := range tc.then {
-				_, err = raw.Write(frame(t, f))
+				_, err := raw.Write(frame(t, f))
 				require.NoError(t, err)
 			}
 			_ = s.SetReadDeadline(time.Now().Add(time.Minute))
-			_, err = s.Read(make([]byte, 1))
+			_, err := s.Read(make([]byte, 1))
 			require.Error(t, err)
 			assert.ErrorIs(t, err, syscall.ECONNRESET)
 			assert.Contains(t, err.Error(), tc.want)
-			m, err = handshake.Read(raw)
+			m, err := handshake.Read(raw)
 			require.NoError(t, err)
 			g, ok := m.(*handshake.Goodbye)
 			require.True(t, ok, "%v", m.Type())
@@ -658,15 +664,11 @@ func TestSwitchOfferRightAfterDecliningConfirm(t *testing.T) {
 	registerSim(t)
 	ln := listen(t, swCfg("sim", time.Hour))
 	raw, s := rawSwitchClient(t, ln)
-	_, err := raw.Write(frame(t, validOffer(t, raw)))
+	offerAccepted(t, raw)
+	both := append(frame(t, &handshake.Confirm{Code: handshake.DeclineFailed, Reason: "changed my mind"}), frame(t, validOffer(t, raw))...)
+	_, err := raw.Write(both)
 	require.NoError(t, err)
 	m, err := handshake.Read(raw)
-	require.NoError(t, err)
-	require.IsType(t, &handshake.Accept{}, m)
-	both := append(frame(t, &handshake.Confirm{Code: handshake.DeclineFailed, Reason: "changed my mind"}), frame(t, validOffer(t, raw))...)
-	_, err = raw.Write(both)
-	require.NoError(t, err)
-	m, err = handshake.Read(raw)
 	require.NoError(t, err)
 	require.IsType(t, &handshake.Accept{}, m, "the second offer is answered")
 	// The server's end is still usable: the client's Data after its
