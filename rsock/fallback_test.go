@@ -386,6 +386,9 @@ func TestRegistrationRefusedFallsBack(t *testing.T) {
 	c, s := pipe(t, ln, cfg)
 	defer c.Close()
 	defer s.Close()
+	// The server records its decline once it is sent, so the client can
+	// read it first: Settled is when the server's outcome is final.
+	awaitSettledEnd(t, s)
 	for _, x := range []*Conn{c, s} {
 		info := x.Info()
 		assert.Equal(t, "tcp", TransportOf(x), info.Reason)
