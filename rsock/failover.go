@@ -164,6 +164,35 @@ func (w *swConn) failover(cause string) error {
 	return nil
 }
 
+// startFailed handles the failure of the server's start of an agreed ring
+// (§9.4 step 4) as the failover of a ring that carried nothing: the
+// client may have switched already, or closed (its queue pair gone is
+// what failed), and its Switch, if it comes, is stale. The Resume asks it
+// to send again what it sent on its ring. Without failover it resets.
+func (w *swConn) startFailed(cause string, err error) {
+	if !w.set.failover {
+		w.fail(&stream.ResetError{Reason: cause + " (failover is off)", Err: err})
+		return
+	}
+	why := fmt.Sprintf("%s: %v", cause, err)
+	w.mu.Lock()
+	if w.closed || w.err != nil {
+		w.mu.Unlock()
+		return
+	}
+	w.agreed = false
+	w.stayed = true
+	w.awaitResume = true
+	w.staleSwitch = true
+	w.setbacks++
+	recv := w.rcvd
+	w.noteLocked("", "tcp", "tcp", "the ring failed as it started: "+why)
+	w.settleLocked()
+	w.mu.Unlock()
+	w.c.relabel(&label{transport: "tcp", code: CodeFailedOver, fallback: true, reason: "failed over to TCP: the ring failed as it started: " + why})
+	_ = w.out.send(&handshake.Resume{Cursor: recv}) // if the socket failed, the reader reports it
+}
+
 // peerResumed handles the peer's Resume{r}: our ring is detached (if the
 // peer saw the failure first), and what we owe is sent again from r.
 func (w *swConn) peerResumed(r uint64) error {

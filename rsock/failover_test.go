@@ -309,6 +309,27 @@ func TestFailoverThenClose(t *testing.T) {
 	}
 }
 
+// TestFailoverCloseRightAfterBreak: a Close right after the ring failed,
+// before any call saw it, fails over too (stream.Conn.Moving polls for
+// the failure), and the peer reads every byte, then io.EOF. It used to
+// close on the broken ring: the final message never came back, and after
+// finalAckTimeout the peer was reset.
+func TestFailoverCloseRightAfterBreak(t *testing.T) {
+	registerSim(t)
+	noReupgrade(t)
+	c, s := simOnRing(t)
+	data := streamBytes(1000, 7)
+	_, err := s.Write(data)
+	require.NoError(t, err)
+	breakRing(s)
+	require.NoError(t, s.Close())
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(time.Minute)))
+	got, err := io.ReadAll(c)
+	require.NoError(t, err)
+	assert.Equal(t, data, got)
+	assert.Equal(t, CodeFailedOver, c.Info().Code, c.Info().Reason)
+}
+
 // TestFailoverOff: with NoFailover, a ring failure resets the connection.
 func TestFailoverOff(t *testing.T) {
 	registerSim(t)
@@ -772,9 +793,7 @@ func TestFailoverResumeBeforeServerRing(t *testing.T) {
 	byteEachWay(t, c, s)
 	release := make(chan struct{})
 	// The server stops between its side exchange (done: c's queue pair
-	// is still up) and the start of its ring. Breaking c's ring before
-	// the exchange is done would fail the exchange, which resets (a
-	// failure after Confirm{0}), and is not what this test is about.
+	// is still up) and the start of its ring.
 	exchanged := make(chan struct{}, 1)
 	testHookServeStart.set(func(*swConn) { exchanged <- struct{}{}; <-release })
 	t.Cleanup(func() { testHookServeStart.set(nil) })
@@ -794,6 +813,38 @@ func TestFailoverResumeBeforeServerRing(t *testing.T) {
 	require.NoError(t, s.SetDeadline(time.Now().Add(10*time.Second)))
 	byteEachWay(t, c, s)
 	assert.Equal(t, "tcp", TransportOf(s), s.Info().Reason)
+}
+
+// TestServerStartFails: the server's start of an agreed ring fails, as its
+// side exchange meets a client queue pair that is gone: the client closed
+// right after its Confirm and its Switch. The server fails over as from a
+// ring that carried nothing (§9.4 step 4) instead of resetting, and reads
+// every byte, then io.EOF.
+func TestServerStartFails(t *testing.T) {
+	registerSim(t)
+	noReupgrade(t)
+	c, s := simOnTCP(t)
+	byteEachWay(t, c, s)
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	testHookServeExchange.set(func(*swConn) { entered <- struct{}{}; <-release })
+	t.Cleanup(func() { testHookServeExchange.set(nil) })
+	_, err := c.Write([]byte("on tcp"))
+	require.NoError(t, err)
+	c.w.kick()
+	select {
+	case <-entered: // Confirm{0} read
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not start its side exchange")
+	}
+	require.Eventually(t, func() bool { return c.ring() != nil }, 10*time.Second, time.Millisecond, "c's ring")
+	require.NoError(t, c.Close()) // its queue pair is released
+	close(release)
+	require.NoError(t, s.SetDeadline(time.Now().Add(10*time.Second)))
+	got, err := io.ReadAll(s)
+	require.NoError(t, err, "the client's orderly close is no reset")
+	assert.Equal(t, "on tcp", string(got))
+	assert.Equal(t, CodeFailedOver, s.Info().Code, s.Info().Reason)
 }
 
 // TestFailoverSecondResumeDuringResend: a second failover while the bytes

@@ -44,9 +44,8 @@ import (
 //     io.EOF (reads), net.ErrClosed (after the side's own Close), EPIPE
 //     (after the peer's Close), and a reset (ECONNRESET) only where one
 //     is allowed: after an abort, a Close that gave up on the bytes a
-//     failover owed (closeAckTimeout), a ring failure with failover off,
-//     or a ring failure during the server's start of an agreed ring
-//     (§9.4 step 4: that resets by design);
+//     failover owed (closeAckTimeout), or a ring failure with failover
+//     off;
 //   - after both sides closed, the process's goroutines come back to
 //     where they were before the program.
 //
@@ -718,10 +717,6 @@ func (m *model) resetAllowed(at time.Time, err error) bool {
 	switch {
 	case m.p.noFailover && m.broke.Load():
 		return true // a ring failure resets
-	case m.broke.Load() && (strings.Contains(err.Error(), "side exchange") || strings.Contains(err.Error(), "starting sim")):
-		// The ring failed between the client's Confirm and the server's
-		// start of its side: a reset by design (§9.4 step 4).
-		return true
 	case closing.IsZero() || at.Before(closing):
 		return false // while both sides are open: none but the above
 	case lenient:

@@ -828,7 +828,7 @@ func (w *swConn) fail(err error) {
 }
 
 // Test hooks: run where a race with a failover is widest.
-var testHookGoodbye, testHookDetached, testHookServeStart hook
+var testHookGoodbye, testHookDetached, testHookServeExchange, testHookServeStart hook
 
 // hook is a function tests set to run at a point of the code.
 type hook struct{ f atomic.Pointer[func(*swConn)] }

@@ -567,19 +567,21 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		w.stayOnTCP(CodeClientGaveUp, fmt.Sprintf("client gave up on %s: %v: %s", name, confirm.Code, confirm.Reason))
 		return
 	}
-	// The client has switched, or will: a failure from here resets.
+	// The client has switched, or will: a failure from here is the
+	// ring's failure (startFailed).
 	ctx, cancel = w.stepContext()
 	defer cancel()
+	testHookServeExchange.run(w)
 	if err := ep.Established(ctx); err != nil {
 		ep.Close()
-		w.fail(&stream.ResetError{Reason: name + " side exchange", Err: err})
+		w.startFailed(name+" side exchange", err)
 		return
 	}
 	testHookServeStart.run(w)
 	r, err := ep.Start(streamRing(o.Ring), w, &w.rdl, &w.wdl)
 	if err != nil {
 		ep.Close()
-		w.fail(&stream.ResetError{Reason: "starting " + name, Err: err})
+		w.startFailed("starting "+name, err)
 		return
 	}
 	if !w.setRing(r) {

@@ -124,6 +124,9 @@ const (
 // else in the background once the last one has left (a Read copying out of
 // the ring, a CopyTo whose writer blocks). A second Close returns
 // net.ErrClosed.
+// A transport failure that shows while Close waits (its final message
+// fails) ends the wait at once, and the goodbye is an abort; a caller
+// with a Mover asks Moving first, which finds a failure already there.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.life >= lifeClosing {
@@ -201,7 +204,13 @@ func (c *Conn) sayGoodbye(final bool) {
 			c.sendLocked(0, true)
 		}
 		c.progressLocked()
-		if c.err != nil || c.st.PeerClosed() || (c.closeSig != 0 && c.sqDone >= c.closeSig) {
+		if c.st.PeerClosed() || (c.closeSig != 0 && c.sqDone >= c.closeSig) {
+			break
+		}
+		if c.suspect != nil {
+			c.failLocked(c.suspect) // the final message failed: no ack will come
+		}
+		if c.err != nil {
 			break
 		}
 		if err := c.wait(e, dl, nil); err != nil {

@@ -33,10 +33,19 @@ type Mover interface {
 
 // Moving reports whether the Conn's transport failed and its stream is to
 // move on (TransportFailed was or is about to be called), or Detach was
-// called.
+// called. It polls the completions first, and decides on a failure they
+// show at once (no suspectGrace): a Mover asks before it closes the Conn,
+// so that a failure no call has seen yet moves the stream rather than
+// aborting it.
 func (c *Conn) Moving() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.err == nil && c.life == lifeOpen {
+		c.progressLocked()
+		if c.suspect != nil {
+			c.movingLocked(c.suspect)
+		}
+	}
 	return errors.Is(c.err, ErrMoving)
 }
 

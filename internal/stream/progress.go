@@ -121,7 +121,7 @@ func (c *Conn) handleSendLocked(wc *verbs.Completion) {
 	}
 	// After the peer's CLOSE it tears its queue pair down: our requests
 	// may fail, and that is its goodbye, not a fault.
-	if err := wc.Err(); err != nil && c.life < lifeClosing {
+	if err := wc.Err(); err != nil {
 		c.suspectLocked(reset("send failed", err))
 	}
 }
@@ -206,11 +206,18 @@ const suspectGrace = 250 * time.Millisecond
 // suspectGrace, and a CLOSE or goodbye in the meantime makes the failure
 // benign. A peer that died is still caught at once by the bootstrap
 // connection, and protocol violations fail at once.
+//
+// While Close waits for its final message, a failure is only recorded:
+// Close's wait (sayGoodbye) decides, after what it polled with it.
 func (c *Conn) suspectLocked(err error) {
-	if c.err != nil || c.life >= lifeClosing || c.life == lifePeerGone || c.st.PeerClosed() || c.suspect != nil {
+	if c.err != nil || c.life == lifePeerGone || c.st.PeerClosed() || c.suspect != nil {
 		return
 	}
 	c.suspect = err
+	if c.life >= lifeClosing {
+		c.wakeLocked(evClose)
+		return
+	}
 	c.loops.Add(1)
 	if c.mover != nil {
 		// A failover is cheap to undo when the peer's goodbye turns up
