@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
@@ -249,9 +248,6 @@ type settings struct {
 	pool          int // 0: no endpoint pool
 	poolIdle      time.Duration
 	log           *slog.Logger
-
-	earlyHellos [2]atomic.Pointer[helloFrame]    // earlyHelloFor's, [1] for a peer maybe on this host
-	answers     [1 << 3]atomic.Pointer[upAnswer] // by switchAnswer's key: a bit per served transport, of at most three
 }
 
 // defaultUpgradeAfter is UpgradeAfter's default: DefaultUpgradeAfter, or
@@ -291,63 +287,6 @@ func (e *ConfigError) Unwrap() error { return e.Err }
 func CheckConfig(cfg *Config) error {
 	_, err := cfg.resolve()
 	return err
-}
-
-// resolveShared is resolve for a caller that does not change the settings
-// (Dial): it returns the last dial's settings when the Config's fields and
-// the reading of the RSOCK_* variables are as they were then. A program
-// dials with one Config, or none, so most dials skip parsing it all again.
-func (c *Config) resolveShared() (*settings, error) {
-	k := memoKeyOf(c)
-	if m := settingsMemo.Load(); m != nil && m.key == k {
-		return m.s, nil
-	}
-	s, err := c.resolve()
-	if err == nil {
-		settingsMemo.Store(&memoEntry{key: k, s: s})
-	}
-	return s, err
-}
-
-var settingsMemo atomic.Pointer[memoEntry]
-
-type memoEntry struct {
-	key memoKey
-	s   *settings
-}
-
-// memoKey is everything a resolution depends on: each Config field and
-// the reading of the environment. The transports are copied into the key
-// (up to four; more are joined), not joined for every Dial.
-type memoKey struct {
-	nilConfig                                                           bool
-	nTransports                                                         int
-	transports                                                          [4]string
-	moreTransports                                                      string
-	ringSize, ringStart, credits, port, gidIndex, pool, upgradeBytes    int
-	busyPoll, handshake, sniff, probe, probeCacheTTL, poolIdle, upAfter time.Duration
-	device                                                              string
-	viaCM, noFailover, earlyDial, noEarlyDial                           bool
-	logger                                                              *slog.Logger
-	env                                                                 *rsockenv.Vars
-}
-
-func memoKeyOf(c *Config) memoKey {
-	k := memoKey{nilConfig: c == nil, env: rsockenv.Load()}
-	if c != nil {
-		k.nTransports = len(c.Transports)
-		if k.nTransports <= len(k.transports) {
-			copy(k.transports[:], c.Transports)
-		} else {
-			k.moreTransports = strings.Join(c.Transports, ",")
-		}
-		k.ringSize, k.ringStart, k.credits, k.port, k.gidIndex = c.RingSize, c.RingStart, c.Credits, c.Port, c.GIDIndex
-		k.pool, k.upgradeBytes = c.EndpointPool, c.UpgradeBytes
-		k.busyPoll, k.handshake, k.sniff, k.probe = c.BusyPoll, c.HandshakeTimeout, c.SniffTimeout, c.ProbeTimeout
-		k.probeCacheTTL, k.poolIdle, k.upAfter = c.ProbeCacheTTL, c.EndpointPoolIdle, c.UpgradeAfter
-		k.device, k.viaCM, k.noFailover, k.earlyDial, k.noEarlyDial, k.logger = c.Device, c.ConnectionManager, c.NoFailover, c.EarlyDial, c.NoEarlyDial, c.Logger
-	}
-	return k
 }
 
 func (c *Config) resolve() (*settings, error) {

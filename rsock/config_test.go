@@ -3,7 +3,6 @@ package rsock
 import (
 	"errors"
 	"net"
-	"reflect"
 	"testing"
 	"time"
 
@@ -110,61 +109,21 @@ func TestEndpointPoolSetting(t *testing.T) {
 	}
 }
 
-// The dialer's memo of its settings depends on every Config field and
-// on the reading of the environment: changing any one misses it.
-func TestSettingsMemoKey(t *testing.T) {
-	base := memoKeyOf(&Config{})
-	require.NotEqual(t, base, memoKeyOf(nil), "nil and empty Config: the same settings, but kept apart")
-	cfgType := reflect.TypeOf(Config{})
-	for i := range cfgType.NumField() {
-		f := cfgType.Field(i)
-		var c Config
-		v := reflect.ValueOf(&c).Elem().Field(i)
-		switch v.Kind() {
-		case reflect.Slice:
-			v.Set(reflect.ValueOf([]string{"shm"}))
-		case reflect.Int, reflect.Int64:
-			v.SetInt(7)
-		case reflect.Bool:
-			v.SetBool(true)
-		case reflect.String:
-			v.SetString("x")
-		case reflect.Pointer:
-			v.Set(reflect.New(f.Type.Elem()))
-		default:
-			t.Fatalf("Config.%s: a %v the memo's key does not know", f.Name, v.Kind())
-		}
-		require.NotEqual(t, base, memoKeyOf(&c), "Config.%s is not in the memo's key", f.Name)
-	}
-	for _, pair := range [][2][]string{
-		{{"shm", "tcp"}, {"tcp", "shm"}},
-		{{"shm", "tcp", "shm", "tcp", "shm"}, {"shm", "tcp", "shm", "tcp", "verbs"}}, // past the key's array
-	} {
-		require.NotEqual(t, memoKeyOf(&Config{Transports: pair[0]}), memoKeyOf(&Config{Transports: pair[1]}), "%v", pair)
-		require.Equal(t, memoKeyOf(&Config{Transports: pair[0]}), memoKeyOf(&Config{Transports: append([]string(nil), pair[0]...)}))
-	}
-	rsockenv.Reload()
-	require.True(t, base != memoKeyOf(&Config{}), "a new reading of the environment is not in the memo's key")
-}
-
 // A dial sees the environment as read once (rsockenv): a change is seen
 // after a reload, not before.
-func TestSettingsMemoFollowsEnv(t *testing.T) {
+func TestSettingsFollowEnv(t *testing.T) {
 	rsockenv.Setenv(t, "RSOCK_UPGRADE_BYTES", "")
-	s1, err := (*Config)(nil).resolveShared()
+	s1, err := (*Config)(nil).resolve()
 	require.NoError(t, err)
-	s2, err := (*Config)(nil).resolveShared()
-	require.NoError(t, err)
-	require.Same(t, s1, s2, "unchanged: the memo")
 	t.Setenv("RSOCK_UPGRADE_BYTES", "1k")
-	s3, err := (*Config)(nil).resolveShared()
+	s2, err := (*Config)(nil).resolve()
 	require.NoError(t, err)
-	require.Same(t, s1, s3, "the environment is read once")
+	require.Equal(t, s1.upgradeBytes, s2.upgradeBytes, "the environment is read once")
 	rsockenv.Reload()
-	s3, err = (*Config)(nil).resolveShared()
+	s2, err = (*Config)(nil).resolve()
 	require.NoError(t, err)
-	require.Equal(t, 1024, s3.upgradeBytes)
+	require.Equal(t, 1024, s2.upgradeBytes)
 	rsockenv.Setenv(t, "RSOCK_UPGRADE_BYTES", "nonsense")
-	_, err = (*Config)(nil).resolveShared()
-	require.Error(t, err, "a bad variable is reported, not hidden by the memo")
+	_, err = (*Config)(nil).resolve()
+	require.Error(t, err)
 }

@@ -1,8 +1,8 @@
 package rsock
 
-// The listener's handshakes: the first read of each accepted socket, the
-// goroutines that run the handshakes that must wait, and the sniff that
-// tells an rsock client from a plain one (docs/protocol.md §2.1, §9).
+// The listener's handshakes: a goroutine for each accepted socket, the
+// first read, and the sniff that tells an rsock client from a plain one
+// (docs/protocol.md §2.1, §9).
 
 import (
 	"bytes"
@@ -17,158 +17,26 @@ import (
 	"github.com/rdmanet/rdmanet/internal/handshake"
 )
 
-// arrival is an accepted socket, and what was read of it so far.
-type arrival struct {
-	raw     *net.TCPConn
-	buf     [128]byte
-	n       int       // buf[:n] was read
-	err     error     // with this error
-	read    bool      // the first read was made (readArrived)
-	timed   bool      // raw has a read deadline (awaitFirst), which the connection clears
-	sniffBy time.Time // when the sniff for its first bytes ends, once one began (awaitFirst)
-}
-
-// acceptArrived runs a's handshake in Accept when it needs no waiting: a
-// switching hello that has come whole with the magic is answered at
-// once, and its connection returned, one goroutine hand-off fewer than
-// through a handshaker. When nothing has arrived yet, Accept waits for the
-// first bytes itself while nothing else needs it (awaitFirst), and takes
-// on the accept loop's next socket if that ends the wait. Any other
-// socket goes on to a handshaker, with what was read of it, and
-// acceptArrived returns nil.
-func (l *Listener) acceptArrived(a *arrival) *Conn {
-	for a != nil {
-		a.n, a.err = readArrived(a.raw, a.buf[:])
-		a.read = true
-		var next *arrival
-		if a.err == nil && a.n == 0 {
-			next = l.awaitFirst(a)
-		}
-		if c := l.serveArrived(a); c != nil {
-			if next != nil {
-				l.handOff(next)
-			}
-			return c
-		}
-		a = next
-	}
-	return nil
-}
-
-// serveArrived answers a's switching hello and returns its connection if
-// a holds one whole; otherwise it hands a to a handshaker and returns nil.
-func (l *Listener) serveArrived(a *arrival) *Conn {
-	if a.err == nil {
-		if hello, k := switchHelloIn(a.buf[:a.n]); hello != nil {
-			peer := a.raw.RemoteAddr()
-			c, err := l.s.serveSwitch(l, a.raw, hello, switchFrom{withMagic: true, timed: a.timed}, a.buf[k:a.n])
-			if err != nil {
-				l.dropped(err, peer)
-				return nil
-			}
-			l.s.logConn(c, "server")
-			select {
-			case <-l.done:
-				c.Close() // the listener closed under us
-				return nil
-			default:
-				return c
-			}
-		}
-	}
-	l.handOff(a)
-	return nil
-}
-
-// awaitFirst waits, in Accept, for a's first bytes (into a) until they
-// come, its sniff ends, or something else needs Accept: the accept loop's
-// next socket, which it returns for Accept to take on, a handshake that
-// finished, or Close (interruptFirst). A client that writes just after it
-// connects is then answered by Accept, as one whose bytes had come
-// already, and a silent or slow one keeps no other connection waiting.
-// It returns at once, with nothing read, if another Accept waits so, a
-// connection is ready, or the listener is closed.
-func (l *Listener) awaitFirst(a *arrival) *arrival {
-	l.firstMu.Lock()
-	busy := l.firstRaw != nil || len(l.ready) > 0 || receivable(l.done)
-	if !busy {
-		l.firstRaw, l.firstStop, l.firstNext = a.raw, false, nil
-		// Under the lock, so that an interruptFirst's deadline comes after.
-		a.sniffBy = time.Now().Add(l.s.sniffTimeout())
-		a.timed = true
-		_ = a.raw.SetReadDeadline(a.sniffBy)
-	}
-	l.firstMu.Unlock()
-	if busy {
-		return nil
-	}
-	a.n, a.err = a.raw.Read(a.buf[:])
-	l.firstMu.Lock()
-	stopped, next := l.firstStop, l.firstNext
-	l.firstRaw, l.firstNext = nil, nil
-	l.firstMu.Unlock()
-	if stopped && isTimeout(a.err) {
-		a.err = nil // ended early, not by the client: a handshaker waits on until sniffBy
-	}
-	return next
-}
-
-// interruptFirst ends the wait of an Accept in awaitFirst, if one waits
-// and its wait has not been ended already, and hands it next (which may be
-// nil); it reports whether it did.
-func (l *Listener) interruptFirst(next *arrival) bool {
-	l.firstMu.Lock()
-	defer l.firstMu.Unlock()
-	if l.firstRaw == nil || l.firstStop {
-		return false
-	}
-	l.firstStop, l.firstNext = true, next
-	_ = l.firstRaw.SetReadDeadline(aLongTimeAgo)
-	return true
-}
-
-// handOff gives a's handshake to the handshaker waiting for one, or to a
-// new one, unless the listener has closed.
-func (l *Listener) handOff(a *arrival) {
+// handshakeConn runs raw's handshake on a goroutine of its own, unless
+// the listener has closed, and queues the connection for Accept.
+func (l *Listener) handshakeConn(raw *net.TCPConn) {
 	l.handedOff.Add(1)
 	l.pending.Add(1)
-	select {
-	case l.next <- a: // the goroutine kept from the last handshake
-		return
-	default:
-	}
 	// Counted in wg under running's lock, which Close takes before it
-	// waits for wg: an Accept may get here as the listener closes.
+	// waits for wg.
 	l.running.mu.Lock()
 	defer l.running.mu.Unlock()
 	if l.running.ended {
-		a.raw.Close()
+		raw.Close()
 		l.handshakeOver()
 		return
 	}
 	l.wg.Add(1)
-	go l.handshaker(a)
-}
-
-// handshaker runs a's handshake, then the next one the accept loop hands
-// it while no other waits for one. A goroutine that has run a handshake
-// has the stack the next one needs; a fresh one starts with too small a
-// stack and grows it, a copy per connection.
-func (l *Listener) handshaker(a *arrival) {
-	defer l.wg.Done()
-	for {
-		l.serveConn(a)
+	go func() {
+		defer l.wg.Done()
+		l.serveConn(raw)
 		l.handshakeOver()
-		if !l.keeping.CompareAndSwap(false, true) {
-			return // another waits
-		}
-		select {
-		case a = <-l.next:
-			l.keeping.Store(false)
-		case <-l.done:
-			return
-		}
-	}
+	}()
 }
 
 // handshakeOver counts a handed-off handshake over, and wakes the accept
@@ -238,14 +106,13 @@ func (f *inflight) end() {
 
 // serveConn sniffs raw's first bytes and runs the handshake, then hands the
 // result to Accept.
-func (l *Listener) serveConn(a *arrival) {
-	raw := a.raw
+func (l *Listener) serveConn(raw *net.TCPConn) {
 	if !l.running.add(raw) {
 		raw.Close() // the listener closed under us
 		return
 	}
 	peer := raw.RemoteAddr() // before the handshake, which may close raw
-	c, err := l.handshake(a)
+	c, err := l.handshake(raw)
 	ended := !l.running.remove(raw)
 	if err != nil {
 		l.dropped(err, peer)
@@ -258,9 +125,6 @@ func (l *Listener) serveConn(a *arrival) {
 	}
 	select {
 	case l.ready <- c:
-		if len(l.ready) > 0 { // no Accept has taken it: the one waiting for a first read does
-			l.interruptFirst(nil)
-		}
 	case <-l.done:
 		c.Close()
 	}
@@ -274,24 +138,18 @@ func (l *Listener) dropped(err error, peer net.Addr) {
 		slog.String("reason", err.Error()), slog.String("peer", fmt.Sprint(peer)))
 }
 
-func (l *Listener) handshake(a *arrival) (*Conn, error) {
+func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	s := l.s
-	raw := a.raw
 	// The first read takes whatever has arrived: a switching client sends
 	// its magic and hello at once, and is answered in one write. Most
 	// often they are there already, and the sniff needs no deadline.
-	if !a.read {
-		a.n, a.err = readArrived(raw, a.buf[:])
-	}
-	first, n, err := a.buf[:], a.n, a.err
-	timed := a.timed
+	var buf [128]byte
+	first := buf[:]
+	n, err := readArrived(raw, first)
+	timed := false
 	if err == nil && n < len(handshake.Magic) && handshake.MatchesMagicPrefix(first[:n]) {
-		// The sniff may have begun in Accept (awaitFirst).
-		if a.sniffBy.IsZero() {
-			a.sniffBy = time.Now().Add(s.sniffTimeout())
-		}
 		testHookSniff.run(nil)
-		l.running.setDeadline(raw, a.sniffBy, false)
+		l.running.setDeadline(raw, time.Now().Add(s.sniffTimeout()), false)
 		timed = true
 		n, err = sniffMagic(raw, first, n)
 	}
@@ -311,7 +169,7 @@ func (l *Listener) handshake(a *arrival) (*Conn, error) {
 	return l.awaitHello(raw, head[len(handshake.Magic):])
 }
 
-// testHookSniff runs as a handshaker begins its sniff of a socket's first
+// testHookSniff runs as a handshake begins its sniff of a socket's first
 // bytes (tests; no connection yet).
 var testHookSniff hook
 

@@ -50,8 +50,6 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		ln:       ln.(*net.TCPListener),
 		s:        s,
 		ready:    make(chan *Conn, readyQueue),
-		fresh:    make(chan *arrival),
-		next:     make(chan *arrival),
 		done:     make(chan struct{}),
 		setups:   make(chan struct{}, maxSetups),
 		waiting:  waitingSet{max: perSourceWaiting},
@@ -81,25 +79,15 @@ type Listener struct {
 	setups  chan struct{} // places of the handshakes preparing an endpoint
 	waiting waitingSet    // handshakes between the magic and a complete hello
 	running inflight      // sockets whose handshake runs, for Close to end
-	fresh   chan *arrival // unbuffered: to an Accept waiting (acceptArrived)
-	next    chan *arrival // unbuffered: to the handshaker waiting for one
-	keeping atomic.Bool   // a handshaker waits on next
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
-
-	// An Accept waiting for the first bytes of the socket it took
-	// (awaitFirst), and what ends its wait (interruptFirst).
-	firstMu   sync.Mutex
-	firstRaw  *net.TCPConn // the socket, or nil
-	firstNext *arrival     // the accept loop's next socket, handed to it
-	firstStop bool         // its wait was ended
 
 	closeOnce sync.Once
 	errMu     sync.Mutex
 	err       error // the socket's fatal error, once the accept loop ended
 
-	handedOff atomic.Uint64 // sockets given to a handshaker (tests)
+	handedOff atomic.Uint64 // sockets whose handshake began (tests)
 	// pending counts the handshakes handed off and not yet over (their
 	// connection queued for Accept, or dropped); room wakes the accept
 	// loop when it or the ready queue shrinks (acceptLoop).
@@ -132,11 +120,8 @@ func (l *Listener) Stats() ListenerStats {
 
 // Accept waits for and returns the next connection: *Conn, on whichever
 // transport the handshake agreed, or TCP. It blocks until a connection is
-// ready or the listener is closed (an error wrapping net.ErrClosed). A
-// connection accepted while Accept waits is answered by Accept itself if
-// its switching hello has arrived whole, or arrives whole while Accept
-// has nothing else to do (no other connection to accept or ready); every
-// other handshake runs on the listener's goroutines.
+// ready or the listener is closed (an error wrapping net.ErrClosed).
+// Handshakes run on the listener's goroutines, one per socket.
 func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		// Prefer a ready connection over reporting the end.
@@ -150,10 +135,6 @@ func (l *Listener) Accept() (net.Conn, error) {
 		case c := <-l.ready:
 			l.room.wake()
 			return c, nil
-		case a := <-l.fresh:
-			if c := l.acceptArrived(a); c != nil {
-				return c, nil
-			}
 		case <-l.done:
 			l.errMu.Lock()
 			err := l.err
@@ -190,7 +171,6 @@ func (l *Listener) shutdown(cause error) error {
 		close(l.done)
 		l.cancel()
 		l.running.end()
-		l.interruptFirst(nil) // after end: the socket it waited on is closed, not handed over
 		err = l.ln.Close()
 	})
 	return err
@@ -238,14 +218,7 @@ func (l *Listener) acceptLoop() {
 			return
 		}
 		delay = 0
-		a := &arrival{raw: raw}
-		select {
-		case l.fresh <- a: // an Accept waits: it answers a hello already there
-		default:
-			if !l.interruptFirst(a) { // or the Accept waiting for a first read takes a on
-				l.handOff(a)
-			}
-		}
+		l.handshakeConn(raw)
 	}
 }
 

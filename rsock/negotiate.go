@@ -275,45 +275,17 @@ func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
 	if !s.earlyDial || s.dialWaits() || s.probeCacheTTL <= 0 || !earlyServers.known(key) {
 		return nil
 	}
-	h := s.earlyHelloFor(raw)
-	if h == nil {
-		return nil
-	}
-	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: h.offers, held: h.frame, untimed: true})
-}
-
-// helloFrame is an early dial's hello, made once per settings for each
-// answer of offerable: its offers (shared, read only) and its frame.
-type helloFrame struct {
-	offers []handshake.Offer
-	frame  []byte
-}
-
-// earlyHelloFor returns the early hello of a dial on raw, or nil if it
-// has nothing to offer.
-func (s *settings) earlyHelloFor(raw *net.TCPConn) *helloFrame {
-	i := 0
-	if maybeSameHost(raw) {
-		i = 1
-	}
-	if h := s.earlyHellos[i].Load(); h != nil {
-		return h
-	}
 	names, _ := s.offerable(raw)
-	h := &helloFrame{}
-	if len(names) > 0 {
-		hello := s.switchHello(names)
-		hello.Flags |= handshake.FlagEarly
-		frame, err := handshake.Append(nil, hello)
-		if err == nil {
-			h.offers, h.frame = hello.Offers, frame
-		}
-	}
-	s.earlyHellos[i].Store(h)
-	if h.frame == nil {
+	if len(names) == 0 {
 		return nil
 	}
-	return h
+	hello := s.switchHello(names)
+	hello.Flags |= handshake.FlagEarly
+	frame, err := handshake.Append(nil, hello)
+	if err != nil {
+		return nil
+	}
+	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: hello.Offers, held: frame, untimed: true})
 }
 
 // readAnswer reads the server's answer to the hello: its first 8 bytes

@@ -62,7 +62,7 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 	// Only a connection that may upgrade has the reader timer that
 	// flushes a held answer.
 	if len(a.transports) > 0 && hello.Flags&handshake.FlagEarly != 0 {
-		st.held = frame // the cached answer's: shared, read only
+		st.held = frame
 	} else if _, err := raw.Write(frame); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
@@ -76,9 +76,8 @@ type switchFrom struct {
 	timed     bool // raw has a deadline, which the connection clears
 }
 
-// upAnswer is a switching server's answer to a hello's offers: made once
-// per settings for each set of offered transports it would take
-// (switchAnswer), and shared read only.
+// upAnswer is a switching server's answer to a hello's offers
+// (switchAnswer).
 type upAnswer struct {
 	upgrade    bool                  // Upgrade; otherwise Decline
 	transports []handshake.Transport // the Upgrade's
@@ -102,21 +101,9 @@ func (a *upAnswer) refuse(raw *net.TCPConn, frame []byte) error {
 // order.
 func (s *settings) switchAnswer(offers []handshake.Offer) *upAnswer {
 	order := s.serveOrder()
-	var key uint64 // which of order's transports are taken
-	for i, t := range s.servedT {
-		if _, built := transport.Lookup(order[i]); built && indexOffer(offers, t) >= 0 {
-			key |= 1 << i
-		}
-	}
-	cached := key < uint64(len(s.answers))
-	if cached {
-		if a := s.answers[key].Load(); a != nil {
-			return a
-		}
-	}
 	var ts []handshake.Transport
 	for i, t := range s.servedT {
-		if key&(1<<i) != 0 {
+		if _, built := transport.Lookup(order[i]); built && indexOffer(offers, t) >= 0 {
 			ts = append(ts, t)
 		}
 	}
@@ -130,11 +117,7 @@ func (s *settings) switchAnswer(offers []handshake.Offer) *upAnswer {
 		}
 	}
 	a.frame, a.err = handshake.Append(nil, answer)
-	if !cached {
-		return a
-	}
-	s.answers[key].CompareAndSwap(nil, a)
-	return s.answers[key].Load()
+	return a
 }
 
 // switchStart is how a switching connection starts (switchConn).
