@@ -88,6 +88,8 @@ func (w *swConn) failover(cause string) error {
 	}
 	ch := make(chan struct{})
 	w.moving = ch
+	w.wfast.Store(nil) // (a Write on TCP may publish the old ring again: its calls fail, and take the slow path)
+	w.rfast.Store(nil)
 	w.mu.Unlock()
 	defer func() {
 		w.mu.Lock()
@@ -247,7 +249,7 @@ func (w *swConn) peerResumed(r uint64) error {
 // anew.
 func (w *swConn) resendBg() {
 	w.wmu.Lock()
-	defer w.wmu.Unlock()
+	defer w.wunlock()
 	_ = w.resendLocked(&w.wdl)
 }
 

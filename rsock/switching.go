@@ -48,11 +48,20 @@ type swConn struct {
 	rdl    deadline.Deadline
 	wdl    deadline.Deadline
 
-	// Send direction: wmu is held by a Write for its whole call, by
-	// CloseWrite and by the switch, and guards wring and wfin.
+	// Send direction: wmu is held by a Write on TCP for its whole call,
+	// by CloseWrite and by the switch, and guards wring and wfin.
 	wmu   sync.Mutex
 	wring *stream.Conn // the ring our sending moved to, or nil
 	wfin  bool         // CloseWrite while sending on TCP
+
+	// The settled fast paths: the ring a Write or a Read goes to
+	// directly, without wmu, rmu or mu (the ring serialises its own
+	// calls). wfast is wring, published as wmu is released, so that a
+	// Write that switched between its chunks ends before another one goes
+	// to the ring. rfast is the ring once the peer switched and its Data
+	// was read, published by a Read holding rmu. A failover clears both;
+	// a call that finds its ring detached takes the slow path.
+	wfast, rfast atomic.Pointer[stream.Conn]
 
 	// rmu is held by a Read for its whole call: one waits at a time.
 	rmu   sync.Mutex
@@ -285,6 +294,15 @@ func (w *swConn) counted(n int) {
 
 // Read implements net.Conn.Read for a switching connection.
 func (w *swConn) Read(b []byte) (int, error) {
+	if r := w.rfast.Load(); r != nil {
+		n, err := r.Read(b)
+		if n > 0 || err == nil {
+			return n, nil
+		}
+		if !moved(err) {
+			return 0, err
+		}
+	}
 	w.rmu.Lock()
 	defer w.rmu.Unlock()
 	for {
@@ -304,6 +322,9 @@ func (w *swConn) Read(b []byte) (int, error) {
 			return 0, io.EOF
 		case w.switched:
 			r := w.ring
+			if w.moving == nil {
+				w.rfast.Store(r)
+			}
 			w.mu.Unlock()
 			n, err := r.Read(b)
 			if n > 0 || err == nil {
@@ -385,9 +406,16 @@ func (w *swConn) dropQueueLocked() {
 // returns once b is queued for the socket (sender); it moves to the ring
 // between chunks as soon as the ring is ready.
 func (w *swConn) Write(b []byte) (int, error) {
-	w.wmu.Lock()
-	defer w.wmu.Unlock()
 	n := 0
+	if r := w.wfast.Load(); r != nil {
+		k, err := r.Write(b)
+		if err == nil || !moved(err) {
+			return k, err
+		}
+		n = k
+	}
+	w.wmu.Lock()
+	defer w.wunlock()
 	for {
 		w.switchLocked()
 		if r := w.wring; r != nil {
@@ -442,6 +470,19 @@ func (w *swConn) Write(b []byte) (int, error) {
 			return n, err
 		}
 	}
+}
+
+// moved reports whether err, from a ring's call, may mean the ring was
+// taken away (a failover: ErrMoving, then net.ErrClosed once detached),
+// so that the call goes on by the slow path, which knows.
+func moved(err error) bool {
+	return errors.Is(err, stream.ErrMoving) || errors.Is(err, net.ErrClosed)
+}
+
+// wunlock releases wmu, publishing wring for the fast path.
+func (w *swConn) wunlock() {
+	w.wfast.Store(w.wring)
+	w.wmu.Unlock()
 }
 
 // writeErr is why a Write on TCP cannot go on, or nil.
@@ -592,7 +633,7 @@ const maxSwitchLog = 16
 // CloseWrite ends the sending: a Fin on TCP, the ring's FIN on the ring.
 func (w *swConn) CloseWrite() error {
 	w.wmu.Lock()
-	defer w.wmu.Unlock()
+	defer w.wunlock()
 	if r := w.wring; r != nil {
 		err := r.CloseWrite()
 		if err == nil {

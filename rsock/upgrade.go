@@ -478,7 +478,7 @@ func (w *swConn) clientStart(ctx context.Context, ep *stream.Endpoint, name stri
 func (w *swConn) switchSend() {
 	w.wmu.Lock()
 	w.switchLocked()
-	w.wmu.Unlock()
+	w.wunlock()
 }
 
 // serveUpgrade answers the client's offer: Accept with a prepared,

@@ -79,16 +79,43 @@ func (c *Conn) Read(b []byte) (int, error) {
 			return 0, net.ErrClosed
 		}
 		c.enterLocked()
-		defer c.exit()
 		err := c.awaitLeaseLocked(len(b) == 0)
+		var n uint64
+		if err == nil && len(b) > 0 && c.rd.lease <= lockedCopy {
+			// A small lease is copied and reported in this one section.
+			n = c.copyLease(b)
+			err = c.syncLeaseLocked()
+		}
+		c.exitLocked()
 		c.mu.Unlock()
-		if err != nil || len(b) == 0 {
-			return 0, err
+		if err != nil || n > 0 || len(b) == 0 {
+			c.stats.BytesRead.Add(n)
+			return int(n), err
 		}
 	}
 	n, err := c.readLease(b)
 	c.stats.BytesRead.Add(n)
 	return int(n), err
+}
+
+// lockedCopy is the most a call copies holding mu: a larger copy goes
+// outside it, so that completions are handled meanwhile.
+const lockedCopy = 4 << 10
+
+// copyLease copies the next bytes of the lease into b, at most a quarter
+// of the ring, and counts them taken; rd.mu is held.
+func (c *Conn) copyLease(b []byte) uint64 {
+	mem := c.rd.mem // the lease's ring changes only with the lease (a ring that grew)
+	size := uint64(len(mem))
+	n := min(uint64(len(b)), c.rd.lease-c.rd.taken, max(size/4, 1))
+	// The peer does not write these bytes again until we report them
+	// consumed, and nothing else consumes them while lent, so the copy
+	// needs no lock.
+	off := (c.rd.base + c.rd.taken) & (size - 1)
+	k := copy(b[:n], mem[off:])
+	copy(b[k:n], mem)
+	c.rd.taken += n
+	return n
 }
 
 // awaitLeaseLocked waits until bytes are lent to Reads (rd.lease > 0, with
@@ -139,20 +166,8 @@ func (c *Conn) awaitLeaseLocked(zero bool) error {
 func (c *Conn) readLease(b []byte) (uint64, error) {
 	var done uint64
 	for done < uint64(len(b)) && c.rd.lease > c.rd.taken {
-		// The lease's ring changes only with the lease (a ring that grew).
-		mem := c.rd.mem
-		size := uint64(len(mem))
-		chunk := max(size/4, 1)
-		report := max(size>>leaseReportShift, 1)
-		n := min(uint64(len(b))-done, c.rd.lease-c.rd.taken, chunk)
-		// The peer does not write these bytes again until we report them
-		// consumed, and nothing else consumes them while lent, so the copy
-		// needs no lock.
-		off := (c.rd.base + c.rd.taken) & (size - 1)
-		k := copy(b[done:done+n], mem[off:])
-		copy(b[done+uint64(k):done+n], mem)
-		c.rd.taken += n
-		done += n
+		report := max(uint64(len(c.rd.mem))>>leaseReportShift, 1)
+		done += c.copyLease(b[done:])
 		if c.rd.taken >= report || c.rd.taken == c.rd.lease {
 			c.mu.Lock()
 			err := c.syncLeaseLocked()

@@ -29,16 +29,19 @@ type sendHalf struct {
 // returns, so b may be reused at once. A deadline that passes mid-way
 // leaves a whole prefix written and reports its length.
 func (c *Conn) Write(b []byte) (int, error) {
-	if err := c.enter(); err != nil {
-		return 0, err
-	}
-	defer c.exit()
 	c.wr.mu.Lock()
 	defer c.wr.mu.Unlock()
-	written := 0
-	stalled := false
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// Counted in the Conn from here: a Write waiting for wr.mu touches
+	// nothing before it finds the Conn closed.
+	if c.life >= lifeClosing {
+		return 0, net.ErrClosed
+	}
+	c.enterLocked()
+	defer c.exitLocked()
+	written := 0
+	stalled := false
 	for {
 		// A write that placed every byte succeeded, whatever happened since
 		// (the peer closing, a concurrent Close or CloseWrite, the deadline).
@@ -76,25 +79,22 @@ func (c *Conn) Write(b []byte) (int, error) {
 		n := min(uint64(len(b)-written), space, max(c.peer.Size/4, 1))
 		s1, s2 := c.st.WriteSegments(n)
 		chunk := b[written : written+int(n)]
-		stage := c.ep.stage
-		c.wr.chunk = true
-		c.mu.Unlock()
-		// Copy outside the lock: only this writer moves the producer cursor,
-		// and the peer has released this space. Bytes small enough to go
-		// inline are staged too: until the peer reports them consumed,
-		// they are what a failover sends again (detach.go).
-		if c.direct != nil {
-			copy(c.direct[s1.Off:s1.Off+s1.Len], chunk)
-			copy(c.direct[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
+		// A large chunk is copied outside the lock: only this writer
+		// moves the producer cursor, and the peer has released this
+		// space. Bytes small enough to go inline are staged too: until the
+		// peer reports them consumed, they are what a failover sends
+		// again (detach.go).
+		if n <= lockedCopy {
+			c.copyChunk(chunk, s1, s2)
 		} else {
-			st := stage.Bytes()
-			copy(st[s1.Off:s1.Off+s1.Len], chunk)
-			copy(st[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
-		}
-		c.mu.Lock()
-		c.wr.chunk = false
-		if err := c.writeErrLocked(); err != nil {
-			return written, err
+			c.wr.chunk = true
+			c.mu.Unlock()
+			c.copyChunk(chunk, s1, s2)
+			c.mu.Lock()
+			c.wr.chunk = false
+			if err := c.writeErrLocked(); err != nil {
+				return written, err
+			}
 		}
 		if err := c.postWritesLocked(chunk, s1, s2); err != nil {
 			// The bytes did not go; whether that is the peer's orderly
@@ -118,6 +118,17 @@ func (c *Conn) Write(b []byte) (int, error) {
 			c.sendLocked(0, false)
 		}
 	}
+}
+
+// copyChunk copies chunk to its segments of the peer's mapping or of the
+// staging buffer. wr.chunk or mu keeps the destination in place.
+func (c *Conn) copyChunk(chunk []byte, s1, s2 ring.Seg) {
+	dst := c.direct
+	if dst == nil {
+		dst = c.ep.stage.Bytes()
+	}
+	copy(dst[s1.Off:s1.Off+s1.Len], chunk)
+	copy(dst[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
 }
 
 // writeErrLocked says why no more can be written, or nil.

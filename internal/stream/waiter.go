@@ -264,10 +264,14 @@ func (c *Conn) enterLocked() { c.active.Add(1); c.calls.Add(1) }
 
 func (c *Conn) exit() {
 	c.mu.Lock()
+	c.exitLocked()
+	c.mu.Unlock()
+}
+
+func (c *Conn) exitLocked() {
 	c.active.Add(-1)
 	c.idleLocked()
 	c.calls.Done()
-	c.mu.Unlock()
 }
 
 // spin polls the completion queue for up to w while e waits. It reports
