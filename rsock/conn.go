@@ -100,8 +100,13 @@ type ConnInfo struct {
 	Reason string
 	Code   string
 
+	// BytesRead and BytesWritten count the bytes Read returned and Write
+	// took, over every path; Paths splits them by path: TCP first, then
+	// each ring the connection used, in order (a failover ends one, a new
+	// upgrade starts the next). Each only grows.
 	BytesRead    uint64
 	BytesWritten uint64
+	Paths        []PathBytes
 	Writes       uint64 // Write calls that moved data
 	// The following count only on accelerated transports.
 	MsgsSent     uint64 // ring state messages posted
@@ -133,19 +138,28 @@ type ConnInfo struct {
 	Switches []SwitchEvent
 }
 
+// PathBytes is what one path of a connection carried.
+type PathBytes struct {
+	Transport               string // "tcp", or a ring's: "verbs", "shm"
+	BytesRead, BytesWritten uint64
+}
+
 // Info returns the Conn's transport, the reason for it, and its counters.
 func (c *Conn) Info() ConnInfo {
 	l := c.label.Load()
 	ci := ConnInfo{Transport: l.transport, Fallback: l.fallback, Reason: l.reason, Code: l.code}
 	var s *stream.Conn
+	var name string
 	if c.w != nil {
-		s = c.w.info(&ci)
+		s, name = c.w.info(&ci)
+	} else {
+		ci.Paths = []PathBytes{{Transport: "tcp", BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load()}}
+		ci.Writes = c.writes.Load()
 	}
 	if s != nil {
 		st := s.Stats()
-		ci.BytesRead = st.BytesRead.Load()
-		ci.BytesWritten = st.BytesWritten.Load()
-		ci.Writes = st.Writes.Load()
+		ci.Paths = append(ci.Paths, PathBytes{Transport: name, BytesRead: st.BytesRead.Load(), BytesWritten: st.BytesWritten.Load()})
+		ci.Writes += st.Writes.Load()
 		ci.MsgsSent = st.MsgsSent.Load()
 		ci.MsgsRecv = st.MsgsRecv.Load()
 		ci.CreditStalls = st.CreditStalls.Load()
@@ -157,14 +171,9 @@ func (c *Conn) Info() ConnInfo {
 		ci.RingGrows = st.RingGrows.Load()
 		ci.RingGrowFailures = st.GrowFailures.Load()
 	}
-	if c.w != nil {
-		ci.BytesRead += c.w.bytesRead.Load()
-		ci.BytesWritten += c.w.bytesWritten.Load()
-		ci.Writes += c.w.writes.Load()
-	} else {
-		ci.BytesRead = c.bytesRead.Load()
-		ci.BytesWritten = c.bytesWritten.Load()
-		ci.Writes = c.writes.Load()
+	for _, p := range ci.Paths {
+		ci.BytesRead += p.BytesRead
+		ci.BytesWritten += p.BytesWritten
 	}
 	return ci
 }

@@ -113,11 +113,10 @@ func (w *swConn) failover(cause string) error {
 	}
 	testHookDetached.run(w)
 	st := r.Stats()
-	w.bytesRead.Add(st.BytesRead.Load())
-	w.bytesWritten.Add(st.BytesWritten.Load())
-	w.writes.Add(st.Writes.Load())
 	from := w.c.label.Load().transport
 	w.mu.Lock()
+	w.ringPaths = append(w.ringPaths, PathBytes{Transport: w.ringName, BytesRead: st.BytesRead.Load(), BytesWritten: st.BytesWritten.Load()})
+	w.writes.Add(st.Writes.Load())
 	w.ring = nil
 	w.agreed = false
 	w.stayed = true // settled: the first upgrade is over (a new one may follow)

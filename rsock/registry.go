@@ -154,19 +154,25 @@ func (c *Conn) unregister() {
 		n.Add(-1)
 	}
 	sh.mu.Unlock()
-	if ok && registry.closedBytes[tr] != nil {
-		info := c.Info()
-		registry.closedBytes[tr].Add(int64(info.BytesRead + info.BytesWritten))
+	if ok {
+		for _, p := range c.Info().Paths {
+			if n := registry.closedBytes[p.Transport]; n != nil {
+				n.Add(int64(p.BytesRead + p.BytesWritten))
+			}
+		}
 	}
 }
 
 // Bytes returns the bytes read and written by the process's connections,
-// open and closed, by transport, for rates: it grows, except that a
-// connection closing while it counts may be missed until the next call.
+// open and closed, by the path that carried them (ConnInfo.Paths), for
+// rates: it grows, except that a connection closing while it counts may
+// be missed until the next call.
 func Bytes() map[string]int64 {
 	out := snapshot(registry.closedBytes)
 	for _, st := range Connections() {
-		out[st.Transport] += int64(st.BytesRead + st.BytesWritten)
+		for _, p := range st.Paths {
+			out[p.Transport] += int64(p.BytesRead + p.BytesWritten)
+		}
 	}
 	return out
 }

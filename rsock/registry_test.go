@@ -287,15 +287,18 @@ func TestRegistryList(t *testing.T) {
 // TestTotalsOnlyGrow: through an upgrade and a failover, every count but
 // the Open gauge only grows. A switching connection is made on TCP
 // (Opened), moves onto the ring (Upgraded, ByCode agreed) and back to TCP
-// (ByCode failed-over, Fallbacks), and Open follows it.
+// (ByCode failed-over, Fallbacks), and Open follows it. The bytes, by path
+// (Bytes, ConnInfo.Paths), only grow too, through the failover and the
+// close: a ring's bytes stay the ring's.
 func TestTotalsOnlyGrow(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)
 	cfg := swCfg("sim", time.Nanosecond)
 	ln := listen(t, cfg)
-	t0 := Totals()
+	t0, b0 := Totals(), Bytes()
 	c, s := onRing(t, ln, cfg)
-	t1 := Totals()
+	byteEachWay(t, c, s)
+	t1, b1 := Totals(), Bytes()
 	breakRing(c)
 	// Traffic until both ends have failed over (each learns of the
 	// failure as it next uses the ring, or from the other's Resume).
@@ -304,7 +307,23 @@ func TestTotalsOnlyGrow(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "not failed over: %+v / %+v", c.Info(), s.Info())
 		byteEachWay(t, c, s)
 	}
-	t2 := Totals()
+	t2, b2 := Totals(), Bytes()
+	info := c.Info()
+	c.Close()
+	s.Close()
+	b3 := Bytes()
+	for i, b := range []map[string]int64{b0, b1, b2, b3}[1:] {
+		for k, v := range []map[string]int64{b0, b1, b2, b3}[i] {
+			assert.GreaterOrEqual(t, b[k], v, "Bytes()[%s] went down at step %d", k, i+1)
+		}
+	}
+	assert.Positive(t, b1["sim"]-b0["sim"], "the ring's bytes count under sim")
+	require.Len(t, info.Paths, 2, "%+v", info.Paths)
+	assert.Equal(t, "tcp", info.Paths[0].Transport)
+	assert.Equal(t, "sim", info.Paths[1].Transport)
+	assert.Positive(t, info.Paths[1].BytesRead, "the byte read on the ring")
+	assert.Equal(t, info.BytesRead, info.Paths[0].BytesRead+info.Paths[1].BytesRead)
+	assert.Equal(t, info.BytesWritten, info.Paths[0].BytesWritten+info.Paths[1].BytesWritten)
 
 	for _, step := range []struct {
 		name     string

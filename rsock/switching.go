@@ -77,6 +77,7 @@ type swConn struct {
 	moved      atomic.Uint64            // bytes read and written on TCP, for the policy
 
 	bytesRead, bytesWritten, writes atomic.Uint64 // on TCP; the ring counts its own
+	ringPaths                       []PathBytes   // what the rings detached so far carried; guarded by mu
 
 	mu       sync.Mutex // guards what follows
 	rq       [][]byte   // Data payloads not yet read (pooled); rq[0] from roff
@@ -91,6 +92,7 @@ type swConn struct {
 	rclosed  bool   // CloseRead
 	closed   bool   // Close
 	ring     *stream.Conn
+	ringName string                 // ring's transport
 	agreed   bool                   // an Accept and Confirm{0} set up ring: the peer may switch
 	up       upPhase                // where the upgrade in progress is
 	upDone   chan struct{}          // server: closed when the upgrade in progress ends
@@ -810,7 +812,7 @@ func (w *swConn) setLinger(sec int) error {
 
 // setRing installs the started ring r; false if the connection closed or
 // failed meanwhile (r is then closed).
-func (w *swConn) setRing(r *stream.Conn) bool {
+func (w *swConn) setRing(r *stream.Conn, name string) bool {
 	w.mu.Lock()
 	if w.closed || w.err != nil {
 		w.mu.Unlock()
@@ -825,7 +827,7 @@ func (w *swConn) setRing(r *stream.Conn) bool {
 		_ = r.CloseRead()
 	}
 	gone := w.gone.set
-	w.ring = r
+	w.ring, w.ringName = r, name
 	w.mu.Unlock()
 	if r.Moving() {
 		// It failed before it was installed (TransportFailed).
@@ -890,11 +892,18 @@ func (h *hook) run(w *swConn) {
 
 // info fills ci's switch log and returns the ring, if any, whose counters
 // add to the connection's.
-func (w *swConn) info(ci *ConnInfo) *stream.Conn {
+// info fills in ci's switch log and the paths' bytes but the ring's, and
+// returns the ring and its transport: one snapshot, so that a failover
+// (which moves the ring's bytes to ringPaths and drops the ring in one
+// section) counts them once.
+func (w *swConn) info(ci *ConnInfo) (*stream.Conn, string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ci.Switches = append([]SwitchEvent(nil), w.log...)
-	return w.ring
+	ci.Paths = append(ci.Paths, PathBytes{Transport: "tcp", BytesRead: w.bytesRead.Load(), BytesWritten: w.bytesWritten.Load()})
+	ci.Paths = append(ci.Paths, w.ringPaths...)
+	ci.Writes = w.writes.Load()
+	return w.ring, w.ringName
 }
 
 // writeTo is Conn.WriteTo: Data through a buffer while on TCP, then the

@@ -347,7 +347,7 @@ func (w *swConn) clientUpgrade() {
 			_ = r.Close()
 			return
 		}
-		if !w.setRing(r) {
+		if !w.setRing(r, name) {
 			return
 		}
 		w.upgraded(name)
@@ -567,7 +567,7 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		w.startFailed("starting "+name, err)
 		return
 	}
-	if !w.setRing(r) {
+	if !w.setRing(r, name) {
 		return
 	}
 	w.upgraded(name)
