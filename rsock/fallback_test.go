@@ -395,6 +395,11 @@ func TestRegistrationRefusedFallsBack(t *testing.T) {
 		assert.Contains(t, info.Reason, "staging", "the reason names what was refused")
 		assert.Contains(t, info.Reason, "MRLimit")
 	}
+	// The server's own limit (ENOMEM) says so; its client was declined,
+	// as for a busy server, and may offer again later.
+	assert.Equal(t, CodeLocalLimit, s.Info().Code)
+	assert.Equal(t, CodeDeclined, c.Info().Code)
+	assert.Contains(t, c.Info().Reason, "resources")
 	_, err := c.Write([]byte("ping"))
 	require.NoError(t, err)
 	buf := make([]byte, 4)

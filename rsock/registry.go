@@ -30,6 +30,7 @@ const (
 	CodeNothingHere  = "nothing-here"   // no transport could be prepared on this side
 	CodeDeclined     = "declined"       // the other side declined (Reason says its code and why)
 	CodeConnectFail  = "connect-failed" // the agreed transport could not be connected
+	CodeLocalLimit   = "local-limit"    // a limit of this host (memory, file descriptors, memory mappings) kept the agreed transport from connecting
 	CodePlainClient  = "plain-client"   // listener: the client does not speak rsock
 	CodeClientGaveUp = "client-gave-up" // listener: the client could not connect the accepted transport
 	CodeUpgrading    = "upgrading"      // on TCP until the ring is set up (switching protocol); then CodeAgreed
@@ -37,7 +38,7 @@ const (
 )
 
 // codes lists every code, for Totals.
-var codes = []string{CodeAgreed, CodeTCPOnly, CodePlainServer, CodeNoAnswer, CodeNothingHere, CodeDeclined, CodeConnectFail, CodePlainClient, CodeClientGaveUp, CodeUpgrading, CodeFailedOver}
+var codes = []string{CodeAgreed, CodeTCPOnly, CodePlainServer, CodeNoAnswer, CodeNothingHere, CodeDeclined, CodeConnectFail, CodeLocalLimit, CodePlainClient, CodeClientGaveUp, CodeUpgrading, CodeFailedOver}
 
 // transports lists the transports Totals counts.
 var transports = []string{"verbs", "shm", "tcp", "sim"}

@@ -13,6 +13,7 @@ import (
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/stream"
 	"github.com/rdmanet/rdmanet/internal/transport"
+	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
 // The switching protocol's handshake and upgrade (docs/protocol.md §9).
@@ -333,7 +334,11 @@ func (w *swConn) clientUpgrade() {
 			ep.Close()
 			reason := fmt.Sprintf("%s: %v", name, err)
 			if w.out.confirmed(&handshake.Confirm{Code: handshake.DeclineFailed, Reason: handshake.SanitizeReason(reason)}) == nil {
-				w.stayOnTCP(CodeConnectFail, "could not connect "+reason)
+				code := CodeConnectFail
+				if verbs.LocalLimit(err) {
+					code = CodeLocalLimit
+				}
+				w.stayOnTCP(code, "could not connect "+reason)
 			}
 			return
 		}
@@ -454,11 +459,12 @@ func (w *swConn) upgradeLater() {
 
 // declineOffer ends the server's upgrade and then declines the offer: a
 // client may offer again as soon as it reads the Decline.
-func (w *swConn) declineOffer(mine chan struct{}, code handshake.DeclineCode, reason string) {
+// ours is the connection's code here: CodeDeclined, or CodeLocalLimit.
+func (w *swConn) declineOffer(mine chan struct{}, code handshake.DeclineCode, ours, reason string) {
 	reason = handshake.SanitizeReason(reason)
 	w.upgradeEnded(mine)
 	if w.out.send(&handshake.Decline{Code: code, Reason: reason}) == nil {
-		w.stayOnTCP(CodeDeclined, "declined the client's offer: "+reason)
+		w.stayOnTCP(ours, "declined the client's offer: "+reason)
 	}
 }
 
@@ -494,7 +500,7 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	n := w.offers
 	w.mu.Unlock()
 	if n > maxOffers {
-		w.declineOffer(mine, handshake.DeclinePolicy, fmt.Sprintf("too many upgrade offers on this connection (%d)", maxOffers))
+		w.declineOffer(mine, handshake.DeclinePolicy, CodeDeclined, fmt.Sprintf("too many upgrade offers on this connection (%d)", maxOffers))
 		return
 	}
 	// Endpoint setups count against the listener's bound.
@@ -502,13 +508,19 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	case w.ln.setups <- struct{}{}:
 	default:
 		w.ln.busy.Add(1)
-		w.declineOffer(mine, handshake.DeclineResources, fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups))
+		w.declineOffer(mine, handshake.DeclineResources, CodeDeclined, fmt.Sprintf("server busy: %d handshakes preparing an endpoint", maxSetups))
 		return
 	}
 	ep, err := w.servePrepare(ctx, o)
 	<-w.ln.setups // prepared (or not): the place's work is done
 	if err != nil {
-		w.declineOffer(mine, handshake.DeclineUnavailable, fmt.Sprintf("%s: %v", name, err))
+		if verbs.LocalLimit(err) {
+			// A limit of this host: it may pass, and the client may offer
+			// again later (DeclineResources).
+			w.declineOffer(mine, handshake.DeclineResources, CodeLocalLimit, fmt.Sprintf("%s: %v", name, err))
+		} else {
+			w.declineOffer(mine, handshake.DeclineUnavailable, CodeDeclined, fmt.Sprintf("%s: %v", name, err))
+		}
 		return
 	}
 	accept := &handshake.Accept{Transport: o.Transport, Ring: ringOf(ep.Ring()), Info: ep.Info()}

@@ -50,6 +50,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"syscall"
 	"time"
 )
 
@@ -136,7 +137,32 @@ var (
 	// ErrPeerInfo is returned by Connect for a peer description that does not
 	// parse or cannot be reached.
 	ErrPeerInfo = errors.New("verbs: bad peer information")
+	// ErrLocalLimit is wrapped by the error of an operation that a limit
+	// of this host refused (memory mappings); see LocalLimit.
+	ErrLocalLimit = errors.New("verbs: a limit of this host")
 )
+
+// PeerFault is the error of a step with the peer (what) that failed with
+// err: the peer's (ErrPeerInfo), unless a limit of this host refused it
+// (LocalLimit), which keeps err in the chain.
+func PeerFault(what string, err error) error {
+	if LocalLimit(err) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%w: %s: %v", ErrPeerInfo, what, err)
+}
+
+// LocalLimit reports whether err is a limit of this host, not the peer's
+// doing: ErrLocalLimit, or out of memory (locked memory too) or file
+// descriptors (ENOMEM, EMFILE, ENFILE).
+func LocalLimit(err error) bool {
+	for _, e := range []error{ErrLocalLimit, syscall.ENOMEM, syscall.EMFILE, syscall.ENFILE} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
 
 // CompletionError is the error form of a failed completion.
 type CompletionError struct {
@@ -265,6 +291,20 @@ type QPAttr struct {
 	SendDepth int // outstanding send work requests
 	RecvDepth int // outstanding receive work requests
 	MaxInline int // requested inline size; the provider may grant more or less
+}
+
+// Check reports what is wrong with a's depths and inline size for a
+// provider (name) whose work queues hold at most maxDepth requests.
+func (a QPAttr) Check(name string, maxDepth int) error {
+	switch {
+	case a.SendDepth <= 0 || a.SendDepth > maxDepth:
+		return fmt.Errorf("%s: send depth %d (allowed 1..%d)", name, a.SendDepth, maxDepth)
+	case a.RecvDepth <= 0 || a.RecvDepth > maxDepth:
+		return fmt.Errorf("%s: receive depth %d (allowed 1..%d)", name, a.RecvDepth, maxDepth)
+	case a.MaxInline < 0:
+		return fmt.Errorf("%s: negative inline size %d", name, a.MaxInline)
+	}
+	return nil
 }
 
 // QP is a reliable-connected queue pair.

@@ -20,8 +20,8 @@ func TestMapBudget(t *testing.T) {
 	old := SetMapBudget(live + 1)
 	defer SetMapBudget(old)
 	mr := a.alloc(t, 4096, verbs.AccessRemoteWrite)
-	if _, err := a.dev.AllocMR(4096, verbs.AccessRemoteWrite); !errors.Is(err, ErrMapBudget) {
-		t.Fatalf("AllocMR past the budget: %v, want ErrMapBudget", err)
+	if _, err := a.dev.AllocMR(4096, verbs.AccessRemoteWrite); !errors.Is(err, ErrMapBudget) || !verbs.LocalLimit(err) {
+		t.Fatalf("AllocMR past the budget: %v, want ErrMapBudget, a local limit", err)
 	}
 	if n, _ := Mappings(); n != live+1 {
 		t.Fatalf("%d mappings counted after a refused one, want %d", n, live+1)

@@ -73,7 +73,7 @@ func (q *QP) attach(ctx context.Context, l *link, id uint32, info *peerInfo, wai
 	}
 	if err != nil {
 		l.unbind(id)
-		return fmt.Errorf("%w: shm: sending to the peer: %v", verbs.ErrPeerInfo, err)
+		return verbs.PeerFault("shm: sending to the peer", err)
 	}
 	var r attachReply
 	select {
@@ -104,7 +104,7 @@ func (q *QP) attach(ctx context.Context, l *link, id uint32, info *peerInfo, wai
 	if err != nil {
 		_ = l.write(appendID(appendHeader(nil, msgGone), r.x.src), nil)
 		l.unbind(id)
-		return fmt.Errorf("%w: %v", verbs.ErrPeerInfo, err)
+		return verbs.PeerFault("shm: mapping the peer's regions", err)
 	}
 	if err := q.install(p, l, id, r.x.src); err != nil {
 		l.unbind(id)
@@ -121,7 +121,7 @@ func (l *link) setup(ctx context.Context, info *peerInfo) error {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unixpacket", info.name)
 	if err != nil {
-		return fmt.Errorf("%w: shm: dialing the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
+		return verbs.PeerFault("shm: dialing the peer's rendezvous", err)
 	}
 	c := conn.(*net.UnixConn)
 	l.mu.Lock()
@@ -158,7 +158,7 @@ func (l *link) setup(ctx context.Context, info *peerInfo) error {
 		return context.Cause(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: shm: link to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
+		return verbs.PeerFault("shm: link to the peer's rendezvous", err)
 	}
 	_ = c.SetDeadline(time.Time{})
 	l.start()
@@ -207,7 +207,7 @@ func mapPeerSide(x *exchange, fds []int) (_ *peerSide, err error) {
 	}
 	for i, r := range x.mrs {
 		if _, dup := p.mrs[r.rkey]; dup {
-			return nil, fmt.Errorf("shm: peer region %#x sent twice", r.rkey)
+			return nil, fmt.Errorf("shm: a peer region sent twice")
 		}
 		m, err := mapPeerMR(fds[1+i], r)
 		if err != nil {

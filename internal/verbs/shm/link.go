@@ -435,7 +435,7 @@ func (l *link) serveAttach(body []byte, fds []int) bool {
 	}
 	if err := q.acceptActive(l, x, fds); err != nil {
 		refuseAttach(err.Error())
-		q.setEstablished(fmt.Errorf("%w: shm: exchange with the active side failed: %v", verbs.ErrPeerInfo, err))
+		q.setEstablished(verbs.PeerFault("shm: exchange with the active side", err))
 		return true
 	}
 	rv.accepted.Add(1)
@@ -546,7 +546,7 @@ func (l *link) sendDoorbell(c *net.UnixConn, msg []byte) error {
 	err = writeMsg(c, msg, []int{efd, bfd})
 	_ = unix.Close(bfd)
 	if err != nil {
-		return fmt.Errorf("%w: shm: sending to the peer's rendezvous: %v", verbs.ErrPeerInfo, err)
+		return verbs.PeerFault("shm: sending to the peer's rendezvous", err)
 	}
 	l.eraw, err = l.efile.SyscallConn()
 	return err

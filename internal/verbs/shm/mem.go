@@ -127,7 +127,7 @@ func mapPeerMR(fd int, r mrRecord) (*peerMR, error) {
 	}
 	mem, err := mapMemfd(fd, roundPage(int(r.size)))
 	if err != nil {
-		return nil, fmt.Errorf("shm: peer region %#x: %w", r.rkey, err)
+		return nil, fmt.Errorf("shm: mapping a peer region: %w", err)
 	}
 	return &peerMR{rkey: r.rkey, addr: r.addr, size: r.size, mem: mem}, nil
 }

@@ -45,7 +45,7 @@ var (
 	ErrSendTooLong = fmt.Errorf("shm: SEND longer than %d bytes", MaxSend)
 	// ErrMapBudget is wrapped by the error of an operation that needed a
 	// memory mapping past the process's mapping budget (Mappings).
-	ErrMapBudget = errors.New("shm: the process's memory mapping budget is used up")
+	ErrMapBudget = fmt.Errorf("%w: shm: the process's memory mapping budget is used up", verbs.ErrLocalLimit)
 )
 
 // Provider opens shm devices. It has no state; New is the constructor.
@@ -261,12 +261,9 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 		return nil, fmt.Errorf("shm: queue pair needs a shm completion queue, got %T", attr.CQ)
 	case cq.dev != d:
 		return nil, errors.New("shm: completion queue of another device")
-	case attr.SendDepth <= 0 || attr.SendDepth > MaxQueueDepth:
-		return nil, fmt.Errorf("shm: send depth %d (allowed 1..%d)", attr.SendDepth, MaxQueueDepth)
-	case attr.RecvDepth <= 0 || attr.RecvDepth > MaxQueueDepth:
-		return nil, fmt.Errorf("shm: receive depth %d (allowed 1..%d)", attr.RecvDepth, MaxQueueDepth)
-	case attr.MaxInline < 0:
-		return nil, fmt.Errorf("shm: negative inline size %d", attr.MaxInline)
+	}
+	if err := attr.Check("shm", MaxQueueDepth); err != nil {
+		return nil, err
 	}
 	q, err := newQP(d, cq, attr)
 	if err != nil {

@@ -419,12 +419,9 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 		return nil, fmt.Errorf("sim: queue pair needs a sim completion queue, got %T", attr.CQ)
 	case cq.dev != d:
 		return nil, errors.New("sim: completion queue of another device")
-	case attr.SendDepth <= 0 || attr.SendDepth > MaxQueueDepth:
-		return nil, fmt.Errorf("sim: send depth %d (allowed 1..%d)", attr.SendDepth, MaxQueueDepth)
-	case attr.RecvDepth <= 0 || attr.RecvDepth > MaxQueueDepth:
-		return nil, fmt.Errorf("sim: receive depth %d (allowed 1..%d)", attr.RecvDepth, MaxQueueDepth)
-	case attr.MaxInline < 0:
-		return nil, fmt.Errorf("sim: negative inline size %d", attr.MaxInline)
+	}
+	if err := attr.Check("sim", MaxQueueDepth); err != nil {
+		return nil, err
 	}
 	id := nextQPID.Add(1)
 	q := &QP{
