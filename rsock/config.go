@@ -63,8 +63,9 @@ type Config struct {
 	// polls at most two windows and then costs no CPU; while a connection
 	// ping-pongs with polling, the waiting side keeps its core busy. At
 	// most half the process's cores poll at once. Negative (or 0 in the
-	// environment) disables it. Env RSOCK_BUSY_POLL (a Go duration such as
-	// 50us). Default DefaultBusyPoll.
+	// environment) disables it; more than MaxBusyPoll (10ms) is a
+	// ConfigError. Env RSOCK_BUSY_POLL (a Go duration such as 50us).
+	// Default DefaultBusyPoll.
 	BusyPoll time.Duration
 
 	// HandshakeTimeout bounds the whole handshake once it has started, on
@@ -201,6 +202,10 @@ const (
 	DefaultSniffTimeout     = 200 * time.Millisecond
 	DefaultProbeTimeout     = time.Second
 	DefaultProbeCacheTTL    = time.Minute
+	// MaxBusyPoll is the largest BusyPoll: a spin window past the cost
+	// of a park buys nothing, and one of seconds would let an idle wait
+	// hold a core.
+	MaxBusyPoll = 10 * time.Millisecond
 	// DefaultBusyPoll bounds the measured spin window (BusyPoll): it
 	// matters only on a host where waking a parked call takes more than
 	// about 33 us
@@ -339,37 +344,51 @@ func (c *Config) resolve() (*settings, error) {
 	if s.ringStart, err = ringField("RingStart", cfg.RingStart, "RSOCK_RING_START", DefaultRingStart); err != nil {
 		return nil, err
 	}
-	if s.credits, err = intField("Credits", cfg.Credits, "RSOCK_CREDITS", DefaultCredits, strconv.Atoi); err != nil {
+	var from string
+	if s.credits, from, err = intField("Credits", cfg.Credits, "RSOCK_CREDITS", DefaultCredits, strconv.Atoi); err != nil {
 		return nil, err
 	}
 	if s.credits < ring.MinCredits || s.credits > ring.MaxCredits {
-		return nil, &ConfigError{Field: "Credits", Value: strconv.Itoa(s.credits), Err: fmt.Errorf("not in [%d, %d]", ring.MinCredits, ring.MaxCredits)}
+		return nil, &ConfigError{Field: "Credits", Env: from, Value: strconv.Itoa(s.credits), Err: fmt.Errorf("not in [%d, %d]", ring.MinCredits, ring.MaxCredits)}
 	}
+	// Each duration with its bound: positive, or at most max (BusyPoll).
 	durs := []struct {
-		field string
-		v     time.Duration
-		env   string
-		def   time.Duration
-		dst   *time.Duration
+		field    string
+		v        time.Duration
+		env      string
+		def      time.Duration
+		dst      *time.Duration
+		positive bool
+		max      time.Duration
 	}{
-		{"BusyPoll", cfg.BusyPoll, "RSOCK_BUSY_POLL", DefaultBusyPoll, &s.busyPoll},
-		{"HandshakeTimeout", cfg.HandshakeTimeout, "RSOCK_HANDSHAKE_TIMEOUT", DefaultHandshakeTimeout, &s.handshake},
-		{"SniffTimeout", cfg.SniffTimeout, "RSOCK_SNIFF_TIMEOUT", DefaultSniffTimeout, &s.sniff},
-		{"ProbeTimeout", cfg.ProbeTimeout, "RSOCK_PROBE_TIMEOUT", DefaultProbeTimeout, &s.probe},
-		{"ProbeCacheTTL", cfg.ProbeCacheTTL, "RSOCK_PROBE_CACHE_TTL", DefaultProbeCacheTTL, &s.probeCacheTTL},
-		{"UpgradeAfter", cfg.UpgradeAfter, "RSOCK_UPGRADE_AFTER", defaultUpgradeAfter(s.fallback), &s.upgradeAfter},
-		{"EndpointPoolIdle", cfg.EndpointPoolIdle, "RSOCK_ENDPOINT_POOL_IDLE", DefaultEndpointPoolIdle, &s.poolIdle},
+		{"BusyPoll", cfg.BusyPoll, "RSOCK_BUSY_POLL", DefaultBusyPoll, &s.busyPoll, false, MaxBusyPoll},
+		{"HandshakeTimeout", cfg.HandshakeTimeout, "RSOCK_HANDSHAKE_TIMEOUT", DefaultHandshakeTimeout, &s.handshake, true, 0},
+		{"SniffTimeout", cfg.SniffTimeout, "RSOCK_SNIFF_TIMEOUT", DefaultSniffTimeout, &s.sniff, true, 0},
+		{"ProbeTimeout", cfg.ProbeTimeout, "RSOCK_PROBE_TIMEOUT", DefaultProbeTimeout, &s.probe, true, 0},
+		{"ProbeCacheTTL", cfg.ProbeCacheTTL, "RSOCK_PROBE_CACHE_TTL", DefaultProbeCacheTTL, &s.probeCacheTTL, false, 0},
+		{"UpgradeAfter", cfg.UpgradeAfter, "RSOCK_UPGRADE_AFTER", defaultUpgradeAfter(s.fallback), &s.upgradeAfter, false, 0},
+		{"EndpointPoolIdle", cfg.EndpointPoolIdle, "RSOCK_ENDPOINT_POOL_IDLE", DefaultEndpointPoolIdle, &s.poolIdle, true, 0},
 	}
 	for _, d := range durs {
-		if *d.dst, err = durField(d.field, d.v, d.env, d.def); err != nil {
+		v, from, err := durField(d.field, d.v, d.env, d.def)
+		switch {
+		case err != nil:
 			return nil, err
+		case d.positive && v <= 0:
+			return nil, &ConfigError{Field: d.field, Env: from, Value: v.String(), Err: fmt.Errorf("must be positive")}
+		case d.max > 0 && v > d.max:
+			return nil, &ConfigError{Field: d.field, Env: from, Value: v.String(), Err: fmt.Errorf("more than %v", d.max)}
 		}
+		*d.dst = v
 	}
 	if s.busyPoll < 0 {
 		s.busyPoll = 0
 	}
-	if s.upgradeBytes, err = intField("UpgradeBytes", cfg.UpgradeBytes, "RSOCK_UPGRADE_BYTES", DefaultUpgradeBytes, parseSize); err != nil {
+	if s.upgradeBytes, from, err = intField("UpgradeBytes", cfg.UpgradeBytes, "RSOCK_UPGRADE_BYTES", DefaultUpgradeBytes, parseSize); err != nil {
 		return nil, err
+	}
+	if s.upgradeBytes <= 0 {
+		return nil, &ConfigError{Field: "UpgradeBytes", Env: from, Value: strconv.Itoa(s.upgradeBytes), Err: fmt.Errorf("must be positive")}
 	}
 	noFailover, err := boolField("NoFailover", cfg.NoFailover, "RSOCK_NO_FAILOVER")
 	if err != nil {
@@ -382,21 +401,10 @@ func (c *Config) resolve() (*settings, error) {
 	}
 	s.earlyDial = early && !cfg.NoEarlyDial
 	s.upgradeReason = fmt.Sprintf("on TCP until the upgrade (after %v or %d bytes)", s.upgradeAfter, s.upgradeBytes)
-	if s.pool, err = intField("EndpointPool", cfg.EndpointPool, "RSOCK_ENDPOINT_POOL", DefaultEndpointPool, strconv.Atoi); err != nil {
+	if s.pool, _, err = intField("EndpointPool", cfg.EndpointPool, "RSOCK_ENDPOINT_POOL", DefaultEndpointPool, strconv.Atoi); err != nil {
 		return nil, err
 	}
 	s.pool = max(s.pool, 0)
-	if s.upgradeBytes <= 0 {
-		return nil, &ConfigError{Field: "UpgradeBytes", Value: strconv.Itoa(s.upgradeBytes), Err: fmt.Errorf("must be positive")}
-	}
-	for _, d := range []struct {
-		field string
-		v     time.Duration
-	}{{"HandshakeTimeout", s.handshake}, {"SniffTimeout", s.sniff}, {"ProbeTimeout", s.probe}, {"EndpointPoolIdle", s.poolIdle}} {
-		if d.v <= 0 {
-			return nil, &ConfigError{Field: d.field, Value: d.v.String(), Err: fmt.Errorf("must be positive")}
-		}
-	}
 	if err := s.resolveDevice(&cfg); err != nil {
 		return nil, err
 	}
@@ -409,12 +417,12 @@ func (s *settings) resolveDevice(cfg *Config) error {
 	if s.device == "" {
 		s.device = strings.TrimSpace(rsockenv.Get("RSOCK_DEVICE"))
 	}
-	var err error
-	if s.port, err = intField("Port", cfg.Port, "RSOCK_PORT", 0, strconv.Atoi); err != nil {
+	port, from, err := intField("Port", cfg.Port, "RSOCK_PORT", 0, strconv.Atoi)
+	if err != nil {
 		return err
 	}
-	if s.port < 0 || s.port > 255 {
-		return &ConfigError{Field: "Port", Value: strconv.Itoa(s.port), Err: fmt.Errorf("not in [1, 255]")}
+	if s.port = port; s.port < 0 || s.port > 255 {
+		return &ConfigError{Field: "Port", Env: from, Value: strconv.Itoa(s.port), Err: fmt.Errorf("not in [1, 255]")}
 	}
 	s.viaCM = cfg.ConnectionManager
 	if e := strings.TrimSpace(rsockenv.Get("RSOCK_VERBS_CM")); e != "" && !s.viaCM {
@@ -422,17 +430,11 @@ func (s *settings) resolveDevice(cfg *Config) error {
 			return &ConfigError{Field: "ConnectionManager", Env: "RSOCK_VERBS_CM", Value: e, Err: err}
 		}
 	}
-	s.gidIndex = -1
-	switch e := strings.TrimSpace(rsockenv.Get("RSOCK_GID_INDEX")); {
-	case cfg.GIDIndex != 0:
-		s.gidIndex = cfg.GIDIndex
-	case e != "":
-		if s.gidIndex, err = strconv.Atoi(e); err != nil {
-			return &ConfigError{Field: "GIDIndex", Env: "RSOCK_GID_INDEX", Value: e, Err: err}
-		}
+	if s.gidIndex, from, err = intField("GIDIndex", cfg.GIDIndex, "RSOCK_GID_INDEX", -1, strconv.Atoi); err != nil {
+		return err
 	}
 	if s.gidIndex < -1 || s.gidIndex > 255 {
-		return &ConfigError{Field: "GIDIndex", Value: strconv.Itoa(s.gidIndex), Err: fmt.Errorf("not in [0, 255]")}
+		return &ConfigError{Field: "GIDIndex", Env: from, Value: strconv.Itoa(s.gidIndex), Err: fmt.Errorf("not in [0, 255]")}
 	}
 	return nil
 }
@@ -440,42 +442,46 @@ func (s *settings) resolveDevice(cfg *Config) error {
 // ringField is intField for a ring size (parseSize): a power of two from
 // ring.MinRingSize to ring.MaxRingSize.
 func ringField(field string, v int, env string, def int) (int, error) {
-	n, err := intField(field, v, env, def, parseSize)
+	n, from, err := intField(field, v, env, def, parseSize)
 	if err != nil {
 		return 0, err
 	}
 	if rs := uint64(n); rs&(rs-1) != 0 || rs < ring.MinRingSize || rs > ring.MaxRingSize {
-		return 0, &ConfigError{Field: field, Value: strconv.Itoa(n), Err: fmt.Errorf("not a power of two from %d to %d", ring.MinRingSize, ring.MaxRingSize)}
+		return 0, &ConfigError{Field: field, Env: from, Value: strconv.Itoa(n), Err: fmt.Errorf("not a power of two from %d to %d", ring.MinRingSize, ring.MaxRingSize)}
 	}
 	return n, nil
 }
 
-func intField(field string, v int, env string, def int, parse func(string) (int, error)) (int, error) {
+// intField is the value of a Config field: v if set, else the variable
+// env's, else def. from is env when the value came from it ("" else), for
+// the errors of later checks (ConfigError.Env).
+func intField(field string, v int, env string, def int, parse func(string) (int, error)) (n int, from string, err error) {
 	if v != 0 {
-		return v, nil
+		return v, "", nil
 	}
 	if e := rsockenv.Get(env); e != "" {
 		n, err := parse(strings.TrimSpace(e))
 		if err != nil {
-			return 0, &ConfigError{Field: field, Env: env, Value: e, Err: err}
+			return 0, env, &ConfigError{Field: field, Env: env, Value: e, Err: err}
 		}
-		return n, nil
+		return n, env, nil
 	}
-	return def, nil
+	return def, "", nil
 }
 
-func durField(field string, v time.Duration, env string, def time.Duration) (time.Duration, error) {
+// durField is intField for a duration.
+func durField(field string, v time.Duration, env string, def time.Duration) (d time.Duration, from string, err error) {
 	if v != 0 {
-		return v, nil
+		return v, "", nil
 	}
 	if e := rsockenv.Get(env); e != "" {
 		d, err := time.ParseDuration(strings.TrimSpace(e))
 		if err != nil {
-			return 0, &ConfigError{Field: field, Env: env, Value: e, Err: err}
+			return 0, env, &ConfigError{Field: field, Env: env, Value: e, Err: err}
 		}
-		return d, nil
+		return d, env, nil
 	}
-	return def, nil
+	return def, "", nil
 }
 
 // parseSize parses a byte count with an optional k, m or g suffix (powers

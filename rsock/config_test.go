@@ -127,3 +127,31 @@ func TestSettingsFollowEnv(t *testing.T) {
 	_, err = (*Config)(nil).resolve()
 	require.Error(t, err)
 }
+
+// A value out of range is reported under where it came from: the
+// variable's name when the environment gave it, the Config field's
+// otherwise. BusyPoll has an upper bound (MaxBusyPoll).
+func TestConfigErrorOrigin(t *testing.T) {
+	for _, tc := range []struct {
+		env, value string
+		cfg        Config
+		want       string
+	}{
+		{"RSOCK_CREDITS", "0", Config{}, `rsock: bad RSOCK_CREDITS "0": not in`},
+		{"RSOCK_CREDITS", "", Config{Credits: 100000}, `rsock: bad Config.Credits "100000"`},
+		{"RSOCK_RING_SIZE", "1000", Config{}, `rsock: bad RSOCK_RING_SIZE "1000": not a power of two`},
+		{"RSOCK_HANDSHAKE_TIMEOUT", "-1s", Config{}, `rsock: bad RSOCK_HANDSHAKE_TIMEOUT "-1s": must be positive`},
+		{"RSOCK_BUSY_POLL", "1h", Config{}, `rsock: bad RSOCK_BUSY_POLL "1h0m0s": more than 10ms`},
+		{"RSOCK_BUSY_POLL", "", Config{BusyPoll: time.Second}, `rsock: bad Config.BusyPoll "1s": more than 10ms`},
+		{"RSOCK_UPGRADE_BYTES", "-5", Config{}, `rsock: bad RSOCK_UPGRADE_BYTES "-5"`},
+		{"RSOCK_GID_INDEX", "300", Config{}, `rsock: bad RSOCK_GID_INDEX "300": not in`},
+		{"RSOCK_PORT", "", Config{Port: 256}, `rsock: bad Config.Port "256"`},
+	} {
+		rsockenv.Setenv(t, tc.env, tc.value)
+		err := CheckConfig(&tc.cfg)
+		var ce *ConfigError
+		require.True(t, errors.As(err, &ce), "%s=%q %+v: %v", tc.env, tc.value, tc.cfg, err)
+		require.Contains(t, err.Error(), tc.want)
+		rsockenv.Setenv(t, tc.env, "")
+	}
+}
