@@ -439,3 +439,38 @@ func TestProbeCacheCounts(t *testing.T) {
 	assert.Equal(t, 1, size(), "a full cache is cleared before the next entry")
 	assert.False(t, p.known("0"))
 }
+
+// TestDialShortPlainReply: a plain server that answers the client's first
+// bytes with a reply shorter than the magic ("+OK\r\n", as a line server
+// may) is taken for a plain server at once: the reply does not start with
+// the magic. It used to be judged only at ProbeTimeout, as a server that
+// does not answer (no-answer).
+func TestDialShortPlainReply(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 512)
+				if _, err := c.Read(buf); err == nil {
+					_, _ = c.Write([]byte("+OK\r\n"))
+					_, _ = io.Copy(io.Discard, c)
+				}
+			}()
+		}
+	}()
+	key := "tcp " + ln.Addr().String()
+	t.Cleanup(func() { plainServers.forget(key) })
+	d := Dialer{Config: &Config{Transports: []string{"shm", "tcp"}, ProbeTimeout: 30 * time.Second}, Timeout: time.Minute}
+	c, err := d.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	info, _ := InfoOf(c)
+	assert.Equal(t, CodePlainServer, info.Code, info.Reason)
+}

@@ -300,8 +300,10 @@ func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.
 		probeEnd = end
 	}
 	_ = raw.SetReadDeadline(probeEnd)
+	// Judged at each read: a plain server's short reply ("+OK\r\n") is
+	// known for what it is at once, not at ProbeTimeout.
 	var head [len(handshake.Magic)]byte
-	n, err := readFull(raw, head[:])
+	n, err := sniffMagic(raw, head[:], 0)
 	if err != nil || !handshake.MatchesMagicPrefix(head[:n]) {
 		raw.Close()
 		switch {
@@ -407,19 +409,6 @@ func (s *settings) declined(network string, raw *net.TCPConn, m *handshake.Decli
 		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 	}
 	return plainConn(network, raw, nil, CodeDeclined, true, reason), nil
-}
-
-// readFull reads len(b) bytes, returning how many it got before an error.
-func readFull(c net.Conn, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		k, err := c.Read(b[n:])
-		n += k
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }
 
 func isTimeout(err error) bool {
