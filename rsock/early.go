@@ -3,6 +3,7 @@ package rsock
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/stream"
@@ -33,6 +34,7 @@ type earlyHello struct {
 	key    string            // the address (earlyServers)
 	offers []handshake.Offer // the hello's
 	kicked bool              // the upgrade policy fired before the answer (kick)
+	due    *time.Timer       // earlyDue: ProbeTimeout after the hello went (at most helloHold after the dial)
 }
 
 // answered handles the first frame of the server of an early dial (p,
@@ -71,7 +73,23 @@ func (w *swConn) takePending() *earlyHello {
 	defer w.mu.Unlock()
 	p := w.pending
 	w.pending = nil
+	if p != nil {
+		p.due.Stop()
+	}
 	return p
+}
+
+// earlyDue refuses an early dial whose server has not answered within
+// ProbeTimeout of its hello: a silent server is not a switching one (a
+// switching server answers within serverReaderAfter, whatever its
+// application does).
+func (w *swConn) earlyDue() {
+	if w.isClosed() {
+		return
+	}
+	if p := w.takePending(); p != nil {
+		w.fail(p.refused(fmt.Sprintf("no answer within %v", w.set.probe)))
+	}
 }
 
 // refused forgets the address and returns the connection's error.

@@ -3,6 +3,7 @@ package rsock
 import (
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -143,6 +144,8 @@ func TestEarlyDialRefused(t *testing.T) {
 		answer []byte // nil: the server closes
 	}{
 		{"plain server", []byte("HTTP/1.1 400 Bad Request\r\n\r\n")},
+		{"short plain reply", []byte("+OK\r\n")},
+		{"silent", []byte{}},
 		{"data first", data()},
 		{"decline", frame(&handshake.Decline{Code: handshake.DeclinePolicy, Reason: "no"})},
 		{"no early flag", frame(&handshake.Upgrade{Flags: handshake.UpgradeGrow, Transports: []handshake.Transport{handshake.TransportSim}})},
@@ -160,8 +163,13 @@ func TestEarlyDialRefused(t *testing.T) {
 					return nil
 				}
 				_, err := raw.Write(tc.answer)
-				if err == nil {
-					_, err = io.Copy(io.Discard, raw) // until the client's end
+				if err != nil {
+					return err
+				}
+				rest, err := io.ReadAll(raw) // until the client's end
+				goodbye := handshake.Magic + string([]byte{handshake.Version, byte(handshake.TypeGoodbye)})
+				if strings.Contains(string(rest), goodbye) {
+					t.Errorf("a goodbye frame reached a server that did not answer as rsock: %q", rest)
 				}
 				return err
 			})
@@ -174,12 +182,13 @@ func TestEarlyDialRefused(t *testing.T) {
 
 			c, err = d.Dial("tcp", addr)
 			require.NoError(t, err, "an early dial returns before the answer")
-			defer c.Close()
 			_, err = c.Read(make([]byte, 1))
 			require.ErrorIs(t, err, ErrEarlyRefused)
 			_, err = c.Write([]byte("y"))
 			assert.ErrorIs(t, err, ErrEarlyRefused)
 			assert.False(t, earlyServers.known("tcp "+addr), "the address is forgotten")
+			c.Close()
+			require.NoError(t, <-served) // what reached the server is checked
 		})
 	}
 }

@@ -177,8 +177,16 @@ func (in *inbox) next(wait bool) (handshake.Header, handshake.Message, error) {
 	if in.data > 0 {
 		return handshake.Header{}, nil, fmt.Errorf("rsock: inbox: next inside a data frame (%d bytes left)", in.data)
 	}
-	if err := in.fill(handshake.HeaderLen, wait); err != nil {
-		return handshake.Header{}, nil, err
+	// Judged at each read: bytes that are not the magic fail at once (a
+	// plain server's short reply to an early hello), not when a whole
+	// header has come.
+	for in.buffered() < handshake.HeaderLen {
+		if err := in.fill(in.buffered()+1, wait); err != nil {
+			return handshake.Header{}, nil, err
+		}
+		if !handshake.MatchesMagicPrefix(in.buf[in.r:in.w]) {
+			return handshake.Header{}, nil, handshake.ErrBadMagic
+		}
 	}
 	h, err := handshake.ParseHeader(in.buf[in.r : in.r+handshake.HeaderLen])
 	if err != nil {

@@ -867,6 +867,10 @@ func (w *swConn) fail(err error) {
 	} else {
 		w.set.logReset(w.c, err)
 	}
+	if errors.Is(err, ErrEarlyRefused) {
+		w.Goodbye(nil) // the server does not speak rsock: no frame of ours reaches it
+		return
+	}
 	w.Goodbye(&handshake.Goodbye{Abort: true, Reason: why})
 }
 

@@ -167,6 +167,7 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 	c.w.peer = st.peer
 	if st.early {
 		c.w.pending = &earlyHello{key: st.key, offers: st.offers}
+		c.w.pending.due = time.AfterFunc(s.probe+helloHold, c.w.earlyDue)
 	}
 	if stays {
 		c.w.stayed = true
