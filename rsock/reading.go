@@ -551,9 +551,12 @@ func bootstrapFailure(err error) error {
 // while the peer's sending is on TCP: that is its orderly close (all its
 // bytes came before), as for plain TCP. It reports false when the peer's
 // sending is on a ring (the end is then no goodbye: the peer vanished).
+// A failover waiting for the peer's Resume does not change that when the
+// peer had not switched (staleSwitch): its bytes all came on TCP, and the
+// Resume only told us what to send again, which no one will read.
 func (w *swConn) peerClosedOnTCP() bool {
 	w.mu.Lock()
-	if w.switched || w.awaitResume || w.moving != nil {
+	if w.switched || w.awaitResume && !w.staleSwitch || w.moving != nil {
 		// Its bytes were on a ring, or a failover has not heard from it.
 		w.mu.Unlock()
 		return false
