@@ -30,7 +30,7 @@ func drainAccepted(ln *Listener) {
 
 // serveAccepted runs serve on every connection ln accepts, in its own
 // goroutine, and closes the connection after it, until ln closes.
-func serveAccepted(ln *Listener, serve func(net.Conn)) {
+func serveAccepted(ln net.Listener, serve func(net.Conn)) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {

@@ -449,22 +449,12 @@ func TestDialShortPlainReply(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 512)
-				if _, err := c.Read(buf); err == nil {
-					_, _ = c.Write([]byte("+OK\r\n"))
-					_, _ = io.Copy(io.Discard, c)
-				}
-			}()
+	go serveAccepted(ln, func(c net.Conn) {
+		if _, err := c.Read(make([]byte, 512)); err == nil {
+			_, _ = c.Write([]byte("+OK\r\n"))
+			_, _ = io.Copy(io.Discard, c)
 		}
-	}()
+	})
 	key := "tcp " + ln.Addr().String()
 	t.Cleanup(func() { plainServers.forget(key) })
 	d := Dialer{Config: &Config{Transports: []string{"shm", "tcp"}, ProbeTimeout: 30 * time.Second}, Timeout: time.Minute}
