@@ -18,6 +18,7 @@ type sendHalf struct {
 	dl   *deadline.Deadline // the caller's (Endpoint.Start)
 	spin spinCtl            // guarded by mu
 	shut bool               // CloseWrite was called; guarded by Conn.mu
+	busy bool               // a Write holds wr.mu (writeNow waits its turn); guarded by Conn.mu
 	// chunk: a Write copies a chunk outside Conn.mu, to the destination
 	// it computed; the writing does not move to a new ring meanwhile
 	// (grow.go). Guarded by Conn.mu.
@@ -29,6 +30,9 @@ type sendHalf struct {
 // returns, so b may be reused at once. A deadline that passes mid-way
 // leaves a whole prefix written and reports its length.
 func (c *Conn) Write(b []byte) (int, error) {
+	if n, ok := c.writeNow(b); ok {
+		return n, nil
+	}
 	c.wr.mu.Lock()
 	defer c.wr.mu.Unlock()
 	c.mu.Lock()
@@ -39,7 +43,11 @@ func (c *Conn) Write(b []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	c.enterLocked()
-	defer c.exitLocked()
+	c.wr.busy = true
+	defer func() {
+		c.wr.busy = false
+		c.exitLocked()
+	}()
 	written := 0
 	stalled := false
 	for {
@@ -105,19 +113,53 @@ func (c *Conn) Write(b []byte) (int, error) {
 			}
 			continue
 		}
-		if err := c.st.Wrote(n); err != nil {
-			c.failLocked(err)
-			return written, c.err
+		if err := c.wroteLocked(n); err != nil {
+			return written, err
 		}
 		written += int(n)
-		c.stats.BytesWritten.Add(n)
-		if c.ep.nextStage != nil {
-			c.growLocked() // a move waits for no chunk in flight; its message announces these bytes
-		}
-		if c.st.Unannounced() > 0 && c.st.CanSendData() {
-			c.sendLocked(0, false)
-		}
 	}
+}
+
+// writeNow writes all of b in one section of mu, without wr.mu, if it can
+// at once: b is small (lockedCopy), no other Write is in the Conn (wr.busy,
+// which keeps Writes whole and in order), and there is room, a credit and
+// send-queue room for it all. Otherwise, or if the post fails, it writes
+// nothing and Write goes the long way, which decides.
+func (c *Conn) writeNow(b []byte) (int, bool) {
+	n := uint64(len(b))
+	if n == 0 || n > lockedCopy {
+		return 0, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.wr.busy || c.writeErrLocked() != nil || c.st.Space() < n || n > max(c.peer.Size/4, 1) || !c.st.CanSendData() || c.sqFreeLocked() < 5 {
+		return 0, false
+	}
+	s1, s2 := c.st.WriteSegments(n)
+	c.copyChunk(b, s1, s2)
+	if c.postWritesLocked(b, s1, s2) != nil || c.wroteLocked(n) != nil {
+		return 0, false
+	}
+	c.stats.Writes.Add(1)
+	c.idleLocked()
+	return len(b), true
+}
+
+// wroteLocked records n bytes placed in the peer's ring (their WRITEs
+// posted) and announces them if a credit allows.
+func (c *Conn) wroteLocked(n uint64) error {
+	if err := c.st.Wrote(n); err != nil {
+		c.failLocked(err)
+		return c.err
+	}
+	c.stats.BytesWritten.Add(n)
+	if c.ep.nextStage != nil {
+		c.growLocked() // a move waits for no chunk in flight; its message announces these bytes
+	}
+	if c.st.Unannounced() > 0 && c.st.CanSendData() {
+		c.sendLocked(0, false)
+	}
+	return nil
 }
 
 // copyChunk copies chunk to its segments of the peer's mapping or of the
