@@ -815,36 +815,38 @@ func TestFailoverResumeBeforeServerRing(t *testing.T) {
 	assert.Equal(t, "tcp", TransportOf(s), s.Info().Reason)
 }
 
-// TestServerStartFails: the server's start of an agreed ring fails, as its
-// side exchange meets a client queue pair that is gone: the client closed
-// right after its Confirm and its Switch. The server fails over as from a
-// ring that carried nothing (§9.4 step 4) instead of resetting, and reads
-// every byte, then io.EOF.
+// TestServerStartFails: the server's start of an agreed ring fails (its
+// side exchange, after the client's Confirm{0}; the client has switched,
+// or will): the server fails over as from a ring that carried nothing
+// (§9.4 step 4), instead of resetting. Its Resume moves the client off its
+// ring too, and the bytes the client wrote on either path arrive.
 func TestServerStartFails(t *testing.T) {
 	registerSim(t)
 	noReupgrade(t)
 	c, s := simOnTCP(t)
 	byteEachWay(t, c, s)
-	entered := make(chan struct{}, 1)
-	release := make(chan struct{})
-	testHookServeExchange.set(func(*swConn) { entered <- struct{}{}; <-release })
-	t.Cleanup(func() { testHookServeExchange.set(nil) })
+	injected := errors.New("injected: the side exchange failed")
+	testServeExchangeErr.Store(&injected)
+	t.Cleanup(func() { testServeExchangeErr.Store(nil) })
 	_, err := c.Write([]byte("on tcp"))
 	require.NoError(t, err)
 	c.w.kick()
-	select {
-	case <-entered: // Confirm{0} read
-	case <-time.After(10 * time.Second):
-		t.Fatal("the server did not start its side exchange")
-	}
-	require.Eventually(t, func() bool { return c.ring() != nil }, 10*time.Second, time.Millisecond, "c's ring")
-	require.NoError(t, c.Close()) // its queue pair is released
-	close(release)
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
 	require.NoError(t, s.SetDeadline(time.Now().Add(10*time.Second)))
-	got, err := io.ReadAll(s)
-	require.NoError(t, err, "the client's orderly close is no reset")
+	got := make([]byte, len("on tcp"))
+	_, err = io.ReadFull(s, got)
+	require.NoError(t, err)
 	assert.Equal(t, "on tcp", string(got))
-	assert.Equal(t, CodeFailedOver, s.Info().Code, s.Info().Reason)
+	require.Eventually(t, func() bool { return s.Info().Code == CodeFailedOver }, 10*time.Second, time.Millisecond, "s: %+v", s.Info())
+	_, err = c.Write([]byte("after"))
+	require.NoError(t, err)
+	got = make([]byte, len("after"))
+	_, err = io.ReadFull(s, got)
+	require.NoError(t, err)
+	assert.Equal(t, "after", string(got))
+	byteEachWay(t, c, s)
+	assert.Contains(t, s.Info().Reason, "injected")
+	assert.Equal(t, "tcp", TransportOf(c), c.Info().Reason)
 }
 
 // TestFailoverSecondResumeDuringResend: a second failover while the bytes

@@ -875,7 +875,11 @@ func (w *swConn) fail(err error) {
 }
 
 // Test hooks: run where a race with a failover is widest.
-var testHookGoodbye, testHookDetached, testHookServeExchange, testHookServeStart hook
+var testHookGoodbye, testHookDetached, testHookServeStart hook
+
+// testServeExchangeErr, if set, is the error of the server's side exchange
+// when the provider's succeeded (tests: a start that fails).
+var testServeExchangeErr atomic.Pointer[error]
 
 // hook is a function tests set to run at a point of the code.
 type hook struct{ f atomic.Pointer[func(*swConn)] }

@@ -567,8 +567,11 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	// ring's failure (startFailed).
 	ctx, cancel = w.stepContext()
 	defer cancel()
-	testHookServeExchange.run(w)
-	if err := ep.Established(ctx); err != nil {
+	err = ep.Established(ctx)
+	if e := testServeExchangeErr.Load(); err == nil && e != nil {
+		err = *e
+	}
+	if err != nil {
 		ep.Close()
 		w.startFailed(name+" side exchange", err)
 		return

@@ -241,8 +241,18 @@ func TestConnectErrors(t *testing.T) {
 	if err := b.qp.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.qp.Established(ctx); !errors.Is(err, verbs.ErrPeerInfo) {
-		t.Errorf("Established with the peer closed: %v", err)
+	if err := a.qp.Established(ctx); err != nil {
+		t.Errorf("Established with a peer that connected and then closed: %v", err)
+	}
+	e, f := newEnd(t, p, defaultEnd), newEnd(t, p, defaultEnd)
+	if err := e.qp.Connect(ctx, f.qp.Info(), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.qp.Established(ctx); !errors.Is(err, verbs.ErrPeerInfo) {
+		t.Errorf("Established with a peer closed before it connected: %v", err)
 	}
 }
 

@@ -145,7 +145,11 @@ func (q *QP) connectLocked(p *QP) error {
 // Established waits until the peer has connected back to this QP, ctx is
 // done, or the peer is closed. It returns nil once both sides are connected,
 // verbs.ErrClosed after Close, verbs.ErrQPState before Connect, and an error
-// wrapping verbs.ErrPeerInfo if the peer is gone or connected to another QP.
+// wrapping verbs.ErrPeerInfo if the peer is gone before it connected, or
+// connected to another QP. A peer that connected and has closed since is
+// established, as on RC hardware, where the passive side's move to RTS
+// does not involve the peer: what it sent before is in this QP's queues,
+// and its end shows on the data path.
 func (q *QP) Established(ctx context.Context) error {
 	q.mu.Lock()
 	state, p := q.state, q.peer
@@ -157,14 +161,13 @@ func (q *QP) Established(ctx context.Context) error {
 		return fmt.Errorf("%w: sim: not connected", verbs.ErrQPState)
 	}
 	select {
-	case <-p.gone:
-		return fmt.Errorf("%w: sim: peer queue pair closed", verbs.ErrPeerInfo)
-	default:
-	}
-	select {
 	case <-p.connected:
 	case <-p.gone:
-		return fmt.Errorf("%w: sim: peer queue pair closed", verbs.ErrPeerInfo)
+		select {
+		case <-p.connected: // connected, then closed
+		default:
+			return fmt.Errorf("%w: sim: peer queue pair closed", verbs.ErrPeerInfo)
+		}
 	case <-ctx.Done():
 		return ctx.Err()
 	}
