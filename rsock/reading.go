@@ -555,6 +555,7 @@ func bootstrapFailure(err error) error {
 // peer had not switched (staleSwitch): its bytes all came on TCP, and the
 // Resume only told us what to send again, which no one will read.
 func (w *swConn) peerClosedOnTCP() bool {
+	w.awaitMove() // a failover in progress decides what the peer owes us, as for its goodbye
 	w.mu.Lock()
 	if w.switched || w.awaitResume && !w.staleSwitch || w.moving != nil {
 		// Its bytes were on a ring, or a failover has not heard from it.
