@@ -730,11 +730,15 @@ func (w *swConn) Close() error {
 	// after the queued frames, is the goodbye, as for plain TCP. An abort
 	// says why.
 	var g *handshake.Goodbye
-	if failed != nil {
+	switch {
+	case errors.Is(failed, ErrEarlyRefused):
+		// The server does not speak rsock: no frame of ours reaches it
+		// (fail may not have closed the socket yet).
+	case failed != nil:
 		g = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(failed.Error())}
-	} else if !resent {
+	case !resent:
 		g = &handshake.Goodbye{Abort: true, Reason: "closed before the failover sent its bytes again"}
-	} else if w.linger != nil && *w.linger == 0 {
+	case w.linger != nil && *w.linger == 0:
 		g = &handshake.Goodbye{Abort: true, Reason: "closed with linger 0 (abort)"}
 	}
 	if ending {
