@@ -118,9 +118,6 @@ func (w *swConn) failover(cause string) error {
 	w.ringPaths = append(w.ringPaths, PathBytes{Transport: w.ringName, BytesRead: st.BytesRead.Load(), BytesWritten: st.BytesWritten.Load()})
 	w.writes.Add(st.Writes.Load())
 	w.ring = nil
-	w.agreed = false
-	w.stayed = true // settled: the first upgrade is over (a new one may follow)
-	w.awaitResume = true
 	recv := w.rcvd
 	if w.switched {
 		// The peer's bytes went on in the ring from rcvd (its Switch).
@@ -156,13 +153,24 @@ func (w *swConn) failover(cause string) error {
 		w.noteLocked("send", from, "tcp", fmt.Sprintf("%s; stream byte %d sent, from %d not confirmed", cause, w.switchAt+lo.Sent, w.owe.first))
 		w.space.wake() // a reader parked for room reads on: the peer's Resume may be behind its Data
 	}
+	w.resumeOnTCPUnlock(recv, fmt.Sprintf("failed over from %s to TCP: %s", from, cause))
+	return nil
+}
+
+// resumeOnTCPUnlock ends a failover's work under mu, which it releases:
+// no ring is agreed, the first upgrade is over (a new one may follow
+// after the backoff), and the peer's Resume is awaited. It relabels the
+// connection as failed over for reason, and sends Resume{recv}: the peer
+// sends again from recv.
+func (w *swConn) resumeOnTCPUnlock(recv uint64, reason string) {
+	w.agreed = false
+	w.stayed = true
+	w.awaitResume = true
 	w.setbacks++
 	w.settleLocked()
 	w.mu.Unlock()
-	to := &label{transport: "tcp", code: CodeFailedOver, fallback: true, reason: fmt.Sprintf("failed over from %s to TCP: %s", from, cause)}
-	w.c.relabel(to)
+	w.c.relabel(&label{transport: "tcp", code: CodeFailedOver, fallback: true, reason: reason})
 	_ = w.out.send(&handshake.Resume{Cursor: recv}) // if the socket failed, the reader reports it
-	return nil
 }
 
 // startFailed handles the failure of the server's start of an agreed ring
@@ -181,17 +189,9 @@ func (w *swConn) startFailed(cause string, err error) {
 		w.mu.Unlock()
 		return
 	}
-	w.agreed = false
-	w.stayed = true
-	w.awaitResume = true
 	w.staleSwitch = true
-	w.setbacks++
-	recv := w.rcvd
 	w.noteLocked("", "tcp", "tcp", "the ring failed as it started: "+why)
-	w.settleLocked()
-	w.mu.Unlock()
-	w.c.relabel(&label{transport: "tcp", code: CodeFailedOver, fallback: true, reason: "failed over to TCP: the ring failed as it started: " + why})
-	_ = w.out.send(&handshake.Resume{Cursor: recv}) // if the socket failed, the reader reports it
+	w.resumeOnTCPUnlock(w.rcvd, "failed over to TCP: the ring failed as it started: "+why)
 }
 
 // peerResumed handles the peer's Resume{r}: our ring is detached (if the

@@ -731,9 +731,6 @@ func (w *swConn) Close() error {
 	// says why.
 	var g *handshake.Goodbye
 	switch {
-	case errors.Is(failed, ErrEarlyRefused):
-		// The server does not speak rsock: no frame of ours reaches it
-		// (fail may not have closed the socket yet).
 	case failed != nil:
 		g = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(failed.Error())}
 	case !resent:
@@ -756,10 +753,14 @@ func (w *swConn) RemoteAddr() net.Addr { return w.raw.RemoteAddr() }
 // before it, and closes the bootstrap once they are written (at most
 // closeAckTimeout later, in the background), once (stream.Bootstrap). A
 // ring's goodbye carries its producer cursor: the stream cursor adds the
-// Data sent before the switch.
+// Data sent before the switch. A server that refused our early hello
+// gets no frame: it does not speak rsock.
 func (w *swConn) Goodbye(g *handshake.Goodbye) {
 	w.goodbye.Do(func() {
-		if g != nil {
+		w.mu.Lock()
+		refused := errors.Is(w.err, ErrEarlyRefused)
+		w.mu.Unlock()
+		if g != nil && !refused {
 			gb := *g
 			_, _ = w.out.sendAt(func(x uint64) handshake.Message {
 				if !gb.Abort {
@@ -870,10 +871,6 @@ func (w *swConn) fail(err error) {
 		r.PeerSaid(&handshake.Goodbye{Abort: true, Reason: why}, nil)
 	} else {
 		w.set.logReset(w.c, err)
-	}
-	if errors.Is(err, ErrEarlyRefused) {
-		w.Goodbye(nil) // the server does not speak rsock: no frame of ours reaches it
-		return
 	}
 	w.Goodbye(&handshake.Goodbye{Abort: true, Reason: why})
 }
