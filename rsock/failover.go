@@ -49,7 +49,7 @@ type owed struct {
 func (o *owed) end() uint64 { return o.first + uint64(len(o.data)) }
 
 // TransportFailed is the ring's report of a transport failure
-// (stream.Mover): the connection fails over to TCP, in the background.
+// (stream.Owner): the connection fails over to TCP, in the background.
 func (w *swConn) TransportFailed(r *stream.Conn, cause error) {
 	w.mu.Lock()
 	installed := w.ring == r

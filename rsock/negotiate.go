@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -72,13 +71,7 @@ func (s *settings) newEndpoint(name string, raw net.Conn, p peerRing) (*stream.E
 	if !ok {
 		return nil, errNotBuiltIn
 	}
-	opts := s.streamOptions(p)
-	if s.log != discard {
-		opts.Logger = s.log.With(slog.String("transport", name))
-	} else {
-		opts.Logger = nil
-	}
-	return stream.NewEndpoint(prov, s.openOptions(raw), opts)
+	return stream.NewEndpoint(prov, s.openOptions(raw), s.streamOptions(p))
 }
 
 // preparePassive makes the server's endpoint for the client's offer of

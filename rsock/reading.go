@@ -509,7 +509,7 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	w.mu.Unlock()
 	testHookGoodbye.run(w)
 	if r != nil {
-		r.PeerSaid(&handshake.Goodbye{FinalProd: ringFinal}, nil)
+		r.PeerGoodbye(&handshake.Goodbye{FinalProd: ringFinal})
 	}
 	w.rnote.wake()
 	w.wnote.wake()
@@ -569,7 +569,7 @@ func (w *swConn) peerClosedOnTCP() bool {
 	w.rnote.wake()
 	w.wnote.wake()
 	if r != nil {
-		r.PeerSaid(&handshake.Goodbye{}, nil) // its ring carried nothing
+		r.PeerGoodbye(&handshake.Goodbye{}) // its ring carried nothing
 	}
 	return true
 }

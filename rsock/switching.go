@@ -745,13 +745,9 @@ func (w *swConn) Close() error {
 	return nil
 }
 
-// LocalAddr and RemoteAddr are the bootstrap's (stream.Bootstrap).
-func (w *swConn) LocalAddr() net.Addr  { return w.raw.LocalAddr() }
-func (w *swConn) RemoteAddr() net.Addr { return w.raw.RemoteAddr() }
-
 // Goodbye queues the goodbye g (none if nil) behind the frames queued
 // before it, and closes the bootstrap once they are written (at most
-// closeAckTimeout later, in the background), once (stream.Bootstrap). A
+// closeAckTimeout later, in the background), once (stream.Owner). A
 // ring's goodbye carries its producer cursor: the stream cursor adds the
 // Data sent before the switch. A server that refused our early hello
 // gets no frame: it does not speak rsock.
@@ -841,7 +837,7 @@ func (w *swConn) setRing(r *stream.Conn, name string) bool {
 	if gone {
 		// The peer ended before the ring was installed; it sent nothing
 		// on it.
-		r.PeerSaid(&handshake.Goodbye{}, nil)
+		r.PeerGoodbye(&handshake.Goodbye{})
 	}
 	w.rnote.wake()
 	return true
@@ -868,12 +864,15 @@ func (w *swConn) fail(err error) {
 	w.wnote.wake()
 	why := handshake.SanitizeReason(re.Why())
 	if r != nil {
-		r.PeerSaid(&handshake.Goodbye{Abort: true, Reason: why}, nil)
-	} else {
-		w.set.logReset(w.c, err)
+		r.PeerGoodbye(&handshake.Goodbye{Abort: true, Reason: why})
 	}
+	w.set.logReset(w.c, err)
 	w.Goodbye(&handshake.Goodbye{Abort: true, Reason: why})
 }
+
+// Reset is the ring's report that it was reset (stream.Owner): the
+// connection fails with it.
+func (w *swConn) Reset(_ *stream.Conn, err error) { w.fail(err) }
 
 // Test hooks: run where a race with a failover is widest.
 var testHookGoodbye, testHookDetached, testHookServeStart hook

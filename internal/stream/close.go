@@ -1,11 +1,8 @@
 package stream
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"net"
-	"syscall"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/deadline"
@@ -28,25 +25,30 @@ const (
 	goodbyeGrace = time.Second
 )
 
-// Bootstrap is the connection's TCP side channel as the engine uses it.
-// The engine only sends on it; whoever reads it (rsock) passes what the
-// peer says there to PeerSaid.
-type Bootstrap interface {
-	LocalAddr() net.Addr
-	RemoteAddr() net.Addr
+// Owner is the connection a Conn carries the stream for: it holds the
+// bootstrap TCP connection, reads what the peer says there (PeerGoodbye),
+// and ends the connection. The Conn calls it without its lock.
+type Owner interface {
 	// Goodbye sends g (FinalProd: the ring's producer cursor) and then
 	// closes the bootstrap connection, within a bounded time; calls after
-	// the first do nothing. The engine calls it without its lock.
+	// the first do nothing. Close calls it.
 	Goodbye(g *handshake.Goodbye)
+	// Reset is called once when the Conn was reset (err is a
+	// *ResetError) other than by Close: the owner tells the peer, with an
+	// abort goodbye.
+	Reset(c *Conn, err error)
+	// TransportFailed is called once, with Options.Failover, when c's
+	// transport failed and the stream can move on: c's calls return an
+	// error wrapping ErrMoving, and the owner takes what the stream still
+	// needs with Detach (detach.go).
+	TransportFailed(c *Conn, cause error)
 }
 
-// PeerSaid handles what the peer said on the bootstrap connection after
-// the switch: msg, or err if the connection ended or failed there. A
-// Goodbye ends the connection in order (awaitFinal; its FinalProd is the
-// peer's ring producer cursor), an abort Goodbye resets it, and an end
-// without a goodbye means the peer process died. It may wait up to
+// PeerGoodbye handles the peer's goodbye on the bootstrap connection: an
+// orderly one ends the connection in order (awaitFinal; its FinalProd is
+// the peer's ring producer cursor), an abort resets it. It may wait up to
 // goodbyeGrace; it returns at once after Close.
-func (c *Conn) PeerSaid(msg handshake.Message, err error) {
+func (c *Conn) PeerGoodbye(g *handshake.Goodbye) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.life >= lifeClosing {
@@ -54,19 +56,11 @@ func (c *Conn) PeerSaid(msg handshake.Message, err error) {
 	}
 	c.loops.Add(1) // release waits for it; Close has not started
 	defer c.loops.Done()
-	g, ok := msg.(*handshake.Goodbye)
-	switch {
-	case err == nil && ok && g.Abort:
+	if g.Abort {
 		c.failLocked(reset("peer aborted: "+g.Reason, nil))
-	case err == nil && ok:
-		c.awaitFinal(g.FinalProd)
-	case err == nil:
-		c.failLocked(reset("unexpected bootstrap message", fmt.Errorf("%v", msg.Type())))
-	case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET):
-		c.failLocked(reset("peer vanished (bootstrap connection closed without goodbye)", err))
-	default:
-		c.failLocked(reset("bootstrap connection failed", err))
+		return
 	}
+	c.awaitFinal(g.FinalProd)
 }
 
 // awaitFinal handles the peer's orderly goodbye: it gives the ring
@@ -126,7 +120,7 @@ const (
 // net.ErrClosed.
 // A transport failure that shows while Close waits (its final message
 // fails) ends the wait at once, and the goodbye is an abort; a caller
-// with a Mover asks Moving first, which finds a failure already there.
+// with Options.Failover asks Moving first, which finds a failure already there.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.life >= lifeClosing {
@@ -226,7 +220,7 @@ func (c *Conn) sayGoodbye(final bool) {
 		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(resetWhy(c.err))}
 	}
 	c.mu.Unlock()
-	c.boot.Goodbye(gb)
+	c.owner.Goodbye(gb)
 	c.mu.Lock()
 }
 

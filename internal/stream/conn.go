@@ -27,8 +27,7 @@ import (
 // piece of the stream.
 type Conn struct {
 	ep    *Endpoint
-	boot  Bootstrap
-	mover Mover // boot, if it carries the stream on after a transport failure (detach.go); else nil
+	owner Owner
 	peer  Ring
 	opts  Options
 
@@ -51,7 +50,7 @@ type Conn struct {
 	bgRun  atomic.Bool
 	active atomic.Int32
 	calls  sync.WaitGroup // the same calls, for the teardown
-	loops  sync.WaitGroup // the bootstrap watcher, abort notices, suspect verdicts
+	loops  sync.WaitGroup // goodbye handling, reset and failure notices, suspect verdicts
 	done   chan struct{}  // closed by Close
 
 	mu       sync.Mutex // protects everything below, and the halves' fields so marked
@@ -95,11 +94,11 @@ type Stats struct {
 }
 
 // Start turns a connected Endpoint into a Conn. peer is the peer's ring from
-// the handshake; boot is the bootstrap connection, which the Conn now
-// sends its goodbye on (the caller reads it: PeerSaid). Reads and Writes
+// the handshake; owner is the connection the Conn carries the stream
+// for (Owner). Reads and Writes
 // end at rdl and wdl, the caller's deadlines for the connection: a Set on
 // them reaches a call that waits in the Conn at once.
-func (e *Endpoint) Start(peer Ring, boot Bootstrap, rdl, wdl *deadline.Deadline) (*Conn, error) {
+func (e *Endpoint) Start(peer Ring, owner Owner, rdl, wdl *deadline.Deadline) (*Conn, error) {
 	if err := validatePeer(peer); err != nil {
 		return nil, err
 	}
@@ -114,7 +113,7 @@ func (e *Endpoint) Start(peer Ring, boot Bootstrap, rdl, wdl *deadline.Deadline)
 		return nil, err
 	}
 	c := &Conn{
-		ep: e, boot: boot, peer: peer, opts: e.opts, st: st,
+		ep: e, owner: owner, peer: peer, opts: e.opts, st: st,
 		inline: e.qp.MaxInline(),
 		done:   make(chan struct{}),
 		linger: -1,
@@ -124,9 +123,6 @@ func (e *Endpoint) Start(peer Ring, boot Bootstrap, rdl, wdl *deadline.Deadline)
 	c.rd.e.init(evRead, c.done)
 	c.wr.e.init(evWrite, c.done)
 	c.peek, _ = e.cq.(verbs.Peeker)
-	if e.opts.Failover {
-		c.mover, _ = boot.(Mover)
-	}
 	if m, ok := e.qp.(verbs.RemoteMapper); ok {
 		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {
 			return nil, err
@@ -147,10 +143,6 @@ func (e *Endpoint) Start(peer Ring, boot Bootstrap, rdl, wdl *deadline.Deadline)
 
 // Stats returns the Conn's live counters.
 func (c *Conn) Stats() *Stats { return &c.stats }
-
-// LocalAddr and RemoteAddr are the bootstrap connection's addresses.
-func (c *Conn) LocalAddr() net.Addr  { return c.boot.LocalAddr() }
-func (c *Conn) RemoteAddr() net.Addr { return c.boot.RemoteAddr() }
 
 // enter registers an in-flight call (enterLocked); it fails once Close has
 // started.

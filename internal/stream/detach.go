@@ -8,13 +8,14 @@ import (
 
 // Failover: moving the stream off a ring whose transport failed.
 //
-// With Options.Failover and a Bootstrap that is a Mover, a failure of the
+// With Options.Failover, a failure of the
 // transport (an error completion, a post the queue refuses, a poll or arm
 // that fails, a peer message that breaks the ring's rules) does not reset
 // the Conn. Its calls return an error that wraps ErrMoving, and the
-// Mover's TransportFailed is called once; the Mover then takes what the
+// Owner's TransportFailed is called once; the Owner then takes what the
 // stream still needs with Detach and carries it on elsewhere. A failure
-// after the peer's CLOSE or goodbye, during Close, or without a Mover
+// after the peer's CLOSE or goodbye, during Close, or without
+// Options.Failover
 // resets the Conn as before.
 
 // ErrMoving is wrapped by what a Conn's calls return once its transport
@@ -22,19 +23,10 @@ import (
 // once Detach was called. The caller carries on on that path.
 var ErrMoving = errors.New("rsock: the ring's transport failed; the stream moves on")
 
-// Mover is a Bootstrap that carries the stream on when the ring's
-// transport fails (Options.Failover).
-type Mover interface {
-	Bootstrap
-	// TransportFailed is called once, without c's lock, when c's
-	// transport failed with cause; the Mover calls Detach.
-	TransportFailed(c *Conn, cause error)
-}
-
 // Moving reports whether the Conn's transport failed and its stream is to
 // move on (TransportFailed was or is about to be called), or Detach was
 // called. It polls the completions first, and decides on a failure they
-// show at once (no suspectGrace): a Mover asks before it closes the Conn,
+// show at once (no suspectGrace): an Owner asks before it closes the Conn,
 // so that a failure no call has seen yet moves the stream rather than
 // aborting it.
 func (c *Conn) Moving() bool {
@@ -69,7 +61,7 @@ type Leftover struct {
 // movingLocked starts a failover for the transport failure err, if the
 // Conn may fail over; it reports whether it did.
 func (c *Conn) movingLocked(err error) bool {
-	if c.mover == nil || c.err != nil || c.life != lifeOpen || c.st.PeerClosed() {
+	if !c.opts.Failover || c.err != nil || c.life != lifeOpen || c.st.PeerClosed() {
 		return false
 	}
 	c.err = fmt.Errorf("%w: %w", ErrMoving, err)
@@ -77,7 +69,7 @@ func (c *Conn) movingLocked(err error) bool {
 	c.loops.Add(1)
 	go func() {
 		defer c.loops.Done()
-		c.mover.TransportFailed(c, err)
+		c.owner.TransportFailed(c, err)
 	}()
 	return true
 }

@@ -14,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -31,9 +30,8 @@ type Options struct {
 	Credits   int           // receive work requests for state messages: [ring.MinCredits, ring.MaxCredits]
 	SendDepth int           // send queue depth; 0 means 4*Credits (at least 64)
 	BusyPoll  time.Duration // how long a blocked Read or Write polls before it parks
-	Logger    *slog.Logger  // receives a record (Warn) of a connection that ends in a reset; nil: none
-	// Failover hands a transport failure to the Bootstrap, if it is a
-	// Mover, instead of resetting the Conn (detach.go).
+	// Failover hands a transport failure to the Owner
+	// (TransportFailed) instead of resetting the Conn (detach.go).
 	Failover bool
 	// GrowTo is the size the receive ring grows to, once, when the peer's
 	// writer fills it (grow.go): a power of two above RingSize, or 0 for

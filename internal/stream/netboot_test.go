@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -17,9 +18,9 @@ import (
 func (c *Conn) SetReadDeadline(t time.Time) error  { c.rd.dl.Set(t); return nil }
 func (c *Conn) SetWriteDeadline(t time.Time) error { c.wr.dl.Set(t); return nil }
 
-// NetBootstrap is a Bootstrap on nc: after the switch, nc carries one
+// NetBootstrap is an Owner on nc: after the switch, nc carries one
 // Goodbye each way (Watch reads the peer's).
-func NetBootstrap(nc net.Conn) Bootstrap { return &netBoot{Conn: nc} }
+func NetBootstrap(nc net.Conn) Owner { return &netBoot{Conn: nc} }
 
 type netBoot struct {
 	net.Conn
@@ -34,10 +35,20 @@ func (b *netBoot) Goodbye(g *handshake.Goodbye) {
 	})
 }
 
-// Watch reads the bootstrap connection r after the switch and
-// passes the one frame the peer sends there (or the end) to PeerSaid. It
+func (b *netBoot) Reset(_ *Conn, err error) {
+	b.Goodbye(&handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(resetWhy(err))})
+}
+
+func (b *netBoot) TransportFailed(*Conn, error) { panic("the engine's tests run without Failover") }
+
+// Watch reads the bootstrap connection r after the switch and passes the
+// peer's goodbye to PeerGoodbye; an end without one is an abort. It
 // returns once r ends or Close closed it.
 func (c *Conn) Watch(r io.Reader) {
 	msg, err := handshake.Read(r)
-	c.PeerSaid(msg, err)
+	g, ok := msg.(*handshake.Goodbye)
+	if err != nil || !ok {
+		g = &handshake.Goodbye{Abort: true, Reason: fmt.Sprintf("peer vanished: %v", err)}
+	}
+	c.PeerGoodbye(g)
 }

@@ -1,13 +1,10 @@
 package stream
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
-	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/ring"
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -219,9 +216,9 @@ func (c *Conn) suspectLocked(err error) {
 		return
 	}
 	c.loops.Add(1)
-	if c.mover != nil {
+	if c.opts.Failover {
 		// A failover is cheap to undo when the peer's goodbye turns up
-		// after all (the Mover checks it against the bytes received):
+		// after all (the Owner checks it against the bytes received):
 		// decide now, outside the completion handling.
 		go c.judge()
 		return
@@ -246,7 +243,7 @@ func (c *Conn) judge() {
 }
 
 // failLocked tears the connection down with err: every blocked and later
-// call returns it, and the peer is told through the bootstrap connection.
+// call returns it, and the Owner tells the peer (Reset).
 func (c *Conn) failLocked(err error) {
 	if c.err != nil {
 		return
@@ -261,13 +258,8 @@ func (c *Conn) failLocked(err error) {
 		return // Close says goodbye itself
 	}
 	c.loops.Add(1)
-	go func(reason string) {
+	go func() {
 		defer c.loops.Done()
-		if c.opts.Logger != nil {
-			c.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn, "rsock: connection reset",
-				slog.String("reason", reason), slog.String("peer", c.boot.RemoteAddr().String()))
-		}
-		// Tell the peer, then close the bootstrap so its reader wakes.
-		c.boot.Goodbye(&handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(reason)})
-	}(resetWhy(err))
+		c.owner.Reset(c, err)
+	}()
 }
