@@ -23,17 +23,22 @@ import (
 // it: until then, Expired compares the clock with the time set. Most
 // deadlines are set and moved without anyone blocking past them (a
 // connection that sets one for each request and is answered in time), and
-// they cost no timer at all. Once Wait has been called, every future
-// deadline arms one, so that the channel closes on time for the waiters to
-// come. The zero Deadline is disarmed and ready to use.
+// they cost no timer at all. Once Wait has been called, a timer runs
+// while a deadline is set; a deadline moved later keeps it, and when it
+// fires early it arms itself for the rest (fire), so that a connection
+// that pushes its deadline forward at each request re-arms a timer about
+// once per deadline's length, not once per request. The zero Deadline is
+// disarmed and ready to use.
 type Deadline struct {
-	mu     sync.Mutex
-	timer  *time.Timer
-	waited atomic.Bool   // Wait has been called: future deadlines arm timer; set under mu
-	at     atomic.Int64  // when the deadline passes (clock), 0 if none; set under mu
-	cancel chan struct{} // closed when the deadline passes; replaced under mu; nil until waited
-	cur    atomic.Value  // cancel's current value (a chan struct{}), for the lock-free readers
-	passed atomic.Bool   // the deadline has passed: cancel, if any, is closed (or about to be)
+	mu      sync.Mutex
+	timer   *time.Timer   // runs fire at timerAt; nil if none is pending; set under mu
+	timerAt int64         // when timer fires (clock)
+	gen     uint64        // armings so far: the pending timer is of the last
+	waited  atomic.Bool   // Wait has been called: deadlines arm timer; set under mu
+	at      atomic.Int64  // when the deadline passes (clock), 0 if none; set under mu
+	cancel  chan struct{} // closed when the deadline passes; replaced under mu; nil until waited
+	cur     atomic.Value  // cancel's current value (a chan struct{}), for the lock-free readers
+	passed  atomic.Bool   // the deadline has passed: cancel, if any, is closed
 }
 
 // epoch anchors clock: time.Since reads the monotonic clock.
@@ -62,38 +67,60 @@ func (d *Deadline) replace() {
 func (d *Deadline) Set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.timer != nil && !d.timer.Stop() {
-		<-d.cancel // the timer fired (or is firing): wait until it closed cancel
-	}
-	d.timer = nil
-	d.at.Store(0)
-	closed := d.passed.Load()
+	d.at.Store(0) // a pending timer finds no deadline, or the new one
 	if t.IsZero() {
-		if closed {
+		if d.passed.Load() {
 			d.replace()
 		}
 		return
 	}
-	if dur := time.Until(t); dur > 0 {
-		if closed {
-			d.replace()
-		}
-		d.at.Store(clock() + int64(dur))
-		if d.waited.Load() {
-			d.armLocked(dur)
-		}
+	dur := time.Until(t)
+	if dur <= 0 {
+		d.expireLocked()
 		return
 	}
-	d.expireLocked()
+	if d.passed.Load() {
+		d.replace()
+	}
+	d.at.Store(clock() + int64(dur))
+	if d.waited.Load() {
+		d.armLocked()
+	}
 }
 
-// armLocked starts the timer that closes cancel in dur.
-func (d *Deadline) armLocked(dur time.Duration) {
-	ch := d.cancel
-	d.timer = time.AfterFunc(dur, func() {
-		d.passed.Store(true)
-		close(ch)
-	})
+// armLocked makes sure a timer fires at the deadline or before it: one
+// pending for no later is kept (fire arms again for the rest).
+func (d *Deadline) armLocked() {
+	at := d.at.Load()
+	if d.timer != nil && d.timerAt <= at {
+		return
+	}
+	if d.timer != nil {
+		d.timer.Stop() // if it runs already, fire finds it stale
+	}
+	d.gen++
+	gen := d.gen
+	d.timerAt = at
+	d.timer = time.AfterFunc(time.Duration(at-clock()), func() { d.fire(gen) })
+}
+
+// fire is the timer of arming gen: unless a later arming replaced it, it
+// expires the deadline if it has passed, and otherwise, if one is set
+// (moved later since), arms a timer for it.
+func (d *Deadline) fire(gen uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if gen != d.gen {
+		return
+	}
+	d.timer = nil
+	switch at := d.at.Load(); {
+	case at == 0 || d.passed.Load():
+	case at <= clock():
+		d.expireLocked()
+	default:
+		d.armLocked()
+	}
 }
 
 // expireLocked closes cancel now, unless it is closed.
@@ -119,8 +146,8 @@ func (d *Deadline) Wait() <-chan struct{} {
 			d.cur.Store(d.cancel) // before waited: the lock-free path loads it
 			d.waited.Store(true)
 			if at := d.at.Load(); at != 0 && !d.passed.Load() {
-				if dur := time.Duration(at - clock()); dur > 0 {
-					d.armLocked(dur)
+				if at > clock() {
+					d.armLocked()
 				} else {
 					d.expireLocked()
 				}

@@ -7,6 +7,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// pending reports whether a timer is pending, and how many were armed.
+func pending(d *Deadline) (bool, uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.timer != nil, d.gen
+}
+
 func closed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
@@ -21,10 +28,12 @@ func TestUnwaitedExpires(t *testing.T) {
 	d := New()
 	require.False(t, d.Expired(), "disarmed")
 	d.Set(time.Now().Add(time.Hour))
-	require.Nil(t, d.timer, "no waiter: no timer")
+	_, armed := pending(d)
+	require.Zero(t, armed, "no waiter: no timer")
 	require.False(t, d.Expired())
 	d.Set(time.Now().Add(time.Millisecond))
-	require.Nil(t, d.timer)
+	_, armed = pending(d)
+	require.Zero(t, armed)
 	require.Nil(t, d.cancel, "no waiter: no channel")
 	require.Eventually(t, d.Expired, 5*time.Second, time.Millisecond)
 	// The first waiter after the time finds the channel closed.
@@ -37,7 +46,8 @@ func TestWaiterWoken(t *testing.T) {
 	d.Set(time.Now().Add(20 * time.Millisecond))
 	ch := d.Wait()
 	require.False(t, closed(ch))
-	require.NotNil(t, d.timer, "a waiter arms the timer")
+	_, armed := pending(d)
+	require.Equal(t, uint64(1), armed, "a waiter arms the timer")
 	select {
 	case <-ch:
 	case <-time.After(5 * time.Second):
@@ -51,9 +61,11 @@ func TestWaiterWoken(t *testing.T) {
 func TestWaitedStaysArmed(t *testing.T) {
 	d := New()
 	ch := d.Wait() // disarmed: nothing to arm yet
-	require.Nil(t, d.timer)
+	_, armed := pending(d)
+	require.Zero(t, armed)
 	d.Set(time.Now().Add(10 * time.Millisecond))
-	require.NotNil(t, d.timer)
+	_, armed = pending(d)
+	require.Equal(t, uint64(1), armed)
 	select {
 	case <-ch:
 	case <-time.After(5 * time.Second):
@@ -75,7 +87,6 @@ func TestSetMoves(t *testing.T) {
 		require.False(t, closed(d.Wait()))
 		d.Set(time.Time{})
 		require.False(t, d.Expired(), "disarmed")
-		require.Nil(t, d.timer)
 		require.False(t, closed(d.Wait()))
 	}
 }
@@ -115,5 +126,52 @@ func TestFirstWaitsRace(t *testing.T) {
 		}
 		d.Set(time.Now().Add(-time.Second))
 		require.True(t, closed(first), "the waiters' channel closes at expiry")
+	}
+}
+
+// A deadline moved later keeps its pending timer, which fires early,
+// arms itself once for the rest, and then closes the channel no earlier
+// than the last deadline set. One moved earlier arms a timer of its own.
+func TestMovedLaterKeepsTimer(t *testing.T) {
+	d := New()
+	ch := d.Wait()
+	d.Set(time.Now().Add(5 * time.Millisecond))
+	var last time.Time
+	for i := range 100 {
+		last = time.Now().Add(20*time.Millisecond + time.Duration(i)*100*time.Microsecond)
+		d.Set(last)
+	}
+	_, armed := pending(d)
+	require.Equal(t, uint64(1), armed, "moving the deadline later arms no timer")
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not woken")
+	}
+	require.False(t, time.Now().Before(last), "closed before the last deadline")
+	_, armed = pending(d)
+	require.Equal(t, uint64(2), armed, "the early timer armed one for the rest")
+
+	d.Set(time.Now().Add(time.Hour))
+	d.Set(time.Now().Add(time.Millisecond))
+	_, armed = pending(d)
+	require.Equal(t, uint64(4), armed, "moved earlier: a timer of its own")
+	select {
+	case <-d.Wait():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the deadline moved earlier did not fire")
+	}
+	p, _ := pending(d)
+	require.False(t, p, "a timer that expired the deadline is done")
+}
+
+// BenchmarkSetAfterWait moves a deadline that has been waited on later,
+// as a server that sets one per request does.
+func BenchmarkSetAfterWait(b *testing.B) {
+	d := New()
+	d.Wait()
+	b.ReportAllocs()
+	for b.Loop() {
+		d.Set(time.Now().Add(30 * time.Second))
 	}
 }
