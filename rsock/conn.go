@@ -132,6 +132,11 @@ type ConnInfo struct {
 	// refused (RLIMIT_MEMLOCK): the rings then keep their size.
 	RingGrows        uint64
 	RingGrowFailures uint64
+	// Backstops counts the times the peer had consumed none of the bytes
+	// in flight for a while (half a second, then backing off) and its
+	// ring was kicked, in case a notification was lost. A peer whose
+	// application does not read counts too.
+	Backstops uint64
 	// Switches lists, on the switching protocol, when each direction
 	// moved between TCP and a ring and why, and upgrades that did not
 	// happen (From == To), oldest first (at most 16).
@@ -170,6 +175,7 @@ func (c *Conn) Info() ConnInfo {
 		ci.Registered = s.Registered()
 		ci.RingGrows = st.RingGrows.Load()
 		ci.RingGrowFailures = st.GrowFailures.Load()
+		ci.Backstops = st.Backstops.Load()
 	}
 	for _, p := range ci.Paths {
 		ci.BytesRead += p.BytesRead

@@ -134,6 +134,7 @@ func (c *Conn) Close() error {
 	c.life = lifeClosing
 	c.rd.stop.Store(true)
 	close(c.done)
+	c.bs.stop()
 	c.st.SetClose()
 	c.sayGoodbye(final)
 	c.life = lifeClosed

@@ -38,6 +38,7 @@ type Conn struct {
 	rd   recvHalf // Read, CopyTo, CloseRead (recv.go)
 	wr   sendHalf // Write, CloseWrite (send.go)
 	grow growth   // ring growth (grow.go); guarded by mu
+	bs   backstop // the lost-notification backstop (backstop.go); guarded by mu
 	// ringSize is our receive ring's size now (it changes when it grows);
 	// registered the bytes of the regions the Conn holds (Registered).
 	ringSize   atomic.Int64
@@ -91,6 +92,10 @@ type Stats struct {
 	// registrations for a move that failed (the rings keep their size).
 	RingGrows    atomic.Uint64
 	GrowFailures atomic.Uint64
+	// Backstops counts the times the peer had consumed nothing for the
+	// backstop's period with bytes in flight, and was kicked
+	// (backstop.go).
+	Backstops atomic.Uint64
 }
 
 // Start turns a connected Endpoint into a Conn. peer is the peer's ring from

@@ -132,6 +132,7 @@ func (c *Conn) Detach() (Leftover, error) {
 	}
 	c.life = lifeClosed
 	close(c.done)
+	c.bs.stop()
 	go func() {
 		c.calls.Wait()
 		c.release()

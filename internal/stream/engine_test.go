@@ -3,6 +3,7 @@ package stream
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -256,4 +257,35 @@ func TestStreamingPeerCostsNoNotifications(t *testing.T) {
 	_, err = io.ReadFull(b, got)
 	require.NoError(t, err)
 	require.NoError(t, <-done)
+}
+
+// A lost notification (sim drops every one here) does not stall a
+// connection with bytes in flight: the writer's backstop kicks the
+// reader's queue, and the parked Read wakes. Without the backstop the
+// Read would wait for good (its deadline turns that into a failure).
+func TestBackstopLostWakes(t *testing.T) {
+	a, b := newPair(t, eventOnly)
+	simProv.SetFaults(sim.Faults{LoseWakes: 1})
+	t.Cleanup(func() { simProv.SetFaults(sim.Faults{}) })
+	for _, c := range []*Conn{a, b} {
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(hangGuard)))
+	}
+	for i, pair := range [][2]*Conn{{a, b}, {b, a}} {
+		w, r := pair[0], pair[1]
+		msg := []byte{'p', 'i', 'n', 'g', byte('0' + i)}
+		read := make(chan error, 1)
+		go func() {
+			got := make([]byte, len(msg))
+			_, err := io.ReadFull(r, got)
+			if err == nil && !bytes.Equal(got, msg) {
+				err = fmt.Errorf("read %q, want %q", got, msg)
+			}
+			read <- err
+		}()
+		require.Eventually(t, func() bool { return r.Waiting() > 0 }, hangGuard, time.Millisecond, "the Read parks")
+		_, err := w.Write(msg)
+		require.NoError(t, err)
+		require.NoError(t, <-read)
+		require.Positive(t, w.Stats().Backstops.Load(), "the writer kicked the reader")
+	}
 }

@@ -153,6 +153,7 @@ func (c *Conn) wroteLocked(n uint64) error {
 		return c.err
 	}
 	c.stats.BytesWritten.Add(n)
+	c.armBackstopLocked()
 	if c.ep.nextStage != nil {
 		c.growLocked() // a move waits for no chunk in flight; its message announces these bytes
 	}

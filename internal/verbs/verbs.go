@@ -394,6 +394,14 @@ type RemoteMapper interface {
 	MapRemote(addr uint64, rkey uint32, length int) ([]byte, error)
 }
 
+// Kicker is implemented by QPs that can make the peer's completion
+// queue notify, if it is armed, as a post does only while the peer asked
+// for it: the backstop for a notification that was lost (a wake-up bug,
+// or the peer's doorbell word overwritten from outside).
+type Kicker interface {
+	Kick()
+}
+
 // Peeker is implemented by CQs that can tell cheaply (no system call, no
 // allocation, no lock a poster takes) whether Poll would find anything. A
 // busy-polling caller asks it before it takes its own locks to Poll, so

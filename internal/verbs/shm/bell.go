@@ -103,14 +103,14 @@ func (b *bellPage) release() {
 }
 
 // ring sets slot's bit in the peer's bell page and writes the peer's
-// eventfd efd if its dispatcher sleeps. The Or operations and the load of
-// armed are sequentially consistent: either the dispatcher's scan after it
-// stored armed sees the bit, or this load sees armed set.
-func (b *bellPage) ring(slot uint32, efd int) {
+// eventfd efd if its dispatcher sleeps, or if force. The Or operations and
+// the load of armed are sequentially consistent: either the dispatcher's
+// scan after it stored armed sees the bit, or this load sees armed set.
+func (b *bellPage) ring(slot uint32, efd int, force bool) {
 	w := (slot % maxLinkSlots) / 64
 	b.bits[w].Or(1 << (slot % 64))
 	b.hdr.sum[w/64].Or(1 << (w % 64))
-	if b.hdr.armed.Load() != 0 && b.hdr.armed.Swap(0) != 0 {
+	if b.hdr.armed.Load() != 0 && b.hdr.armed.Swap(0) != 0 || force {
 		_, _ = unix.Write(efd, eventOne[:])
 	}
 }

@@ -100,6 +100,11 @@
 // swap of armed one eventfd write per wake-up of the dispatcher, however
 // many QPs ring meanwhile. A busy receiver does not arm, so it costs the
 // sender nothing.
+// The sleeping and armed words are in memory the peer can write: a peer
+// that overwrites them loses notifications, its own or ours, as a lost
+// wake-up of any cause would. QP.Kick (verbs.Kicker) rings whatever they
+// say; rsock's engine kicks a peer that has consumed none of the bytes in
+// flight for a while (internal/stream's backstop).
 //
 // The dispatcher is one goroutine between the peer's eventfd write and the
 // caller that waits for the notification: a goroutine hand-off per

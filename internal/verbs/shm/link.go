@@ -353,43 +353,31 @@ func (l *link) readLoop() {
 	}
 }
 
-// handle serves one message; false means the peer broke the protocol.
+// handle serves one message; false means the peer broke the protocol
+// (the message's fds are closed then).
 func (l *link) handle(b []byte, fds []int) bool {
 	kind, body, err := decodeHeader(b)
-	if err != nil {
-		closeFDs(fds)
-		return false
-	}
-	if kind == msgAttach && !l.dialed {
-		return l.serveAttach(body, fds)
-	}
-	if kind == msgAccept && l.dialed {
-		x, err := decodeExchange(kind, body)
-		if err != nil {
-			closeFDs(fds)
-			return false
-		}
-		l.deliverAttach(x.dst, attachReply{x: x, fds: fds})
-		return true
-	}
-	if len(body) < 4 {
-		closeFDs(fds)
-		return false
-	}
-	q := l.lookup(binary.LittleEndian.Uint32(body))
-	body = body[4:]
 	switch {
-	case kind == msgRefuse && l.dialed && len(body) <= maxRefusal && len(fds) == 0:
-		l.deliverAttach(binary.LittleEndian.Uint32(b[wireHeaderLen:]), attachReply{err: refusal(body)})
-	case kind == msgGone && len(body) == 0 && len(fds) == 0:
-		if q != nil {
+	case err != nil:
+	case kind == msgAttach && !l.dialed:
+		return l.serveAttach(body, fds)
+	case kind == msgAccept && l.dialed:
+		if x, err := decodeExchange(kind, body); err == nil {
+			l.deliverAttach(x.dst, attachReply{x: x, fds: fds})
+			return true
+		}
+	case len(body) < 4 || len(fds) > 0:
+	case kind == msgRefuse && l.dialed && len(body) <= 4+maxRefusal:
+		l.deliverAttach(binary.LittleEndian.Uint32(body), attachReply{err: refusal(body[4:])})
+		return true
+	case kind == msgGone && len(body) == 4:
+		if q := l.lookup(binary.LittleEndian.Uint32(body)); q != nil {
 			q.peerGone.Store(true)
 		}
-	default:
-		closeFDs(fds)
-		return false
+		return true
 	}
-	return true
+	closeFDs(fds)
+	return false
 }
 
 // deliverAttach hands an attach's answer to the QP waiting for it. If none
@@ -453,9 +441,6 @@ func (l *link) write(b []byte, fds []int) error {
 	_ = l.c.SetWriteDeadline(time.Now().Add(ctlWriteTimeout))
 	return writeMsg(l.c, b, fds)
 }
-
-// ringPeer rings the peer QP peerID.
-func (l *link) ringPeer(peerID uint32) { l.peer.ring(peerID&0xffff, l.peerEvt) }
 
 // getLink returns the established link to the peer process of info, with
 // q bound to it (id) and wait registered for the answer to its attach. If

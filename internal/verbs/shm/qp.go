@@ -302,6 +302,20 @@ func (q *QP) install(p *peerSide, l *link, id, peerID uint32) error {
 	return nil
 }
 
+// usable is why the QP cannot take a post now, or nil: a RECV from its
+// creation on, anything else (connected) only once connected.
+func (q *QP) usable(connected bool) error {
+	switch s := q.state.Load(); {
+	case s == stateClosed:
+		return verbs.ErrClosed
+	case s == stateError:
+		return fmt.Errorf("%w: shm: queue pair in the error state", verbs.ErrQPState)
+	case connected && s != stateConnected:
+		return fmt.Errorf("%w: shm: not connected", verbs.ErrQPState)
+	}
+	return nil
+}
+
 // Close moves the QP to the error state and releases it. Messages that had
 // arrived in the inbox complete first, then the posted RECVs complete as
 // flushed (into the CQ, unless it is closed). The peer learns it only as

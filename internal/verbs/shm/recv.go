@@ -6,9 +6,9 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// PostRecv posts a buffer for one incoming SEND and publishes the new count of posted RECVs in the
-// inbox, where the peer checks it before sending. It works from the QP's
-// creation on, before Connect. A zero-length buffer may leave Local.MR nil.
+// PostRecv posts a buffer for one incoming SEND and publishes the new
+// count of posted RECVs in the inbox, where the peer checks it before
+// sending. It works from the QP's creation on, before Connect. A zero-length buffer may leave Local.MR nil.
 // It does not block, make a system call or allocate. Errors:
 // verbs.ErrClosed after Close; verbs.ErrQPState in the error state;
 // verbs.ErrBounds for a buffer outside its region, in a region of another
@@ -21,11 +21,8 @@ func (q *QP) PostRecv(wr *verbs.RecvWR) error {
 	}
 	q.rmu.Lock()
 	defer q.rmu.Unlock()
-	switch q.state.Load() {
-	case stateClosed:
-		return verbs.ErrClosed
-	case stateError:
-		return fmt.Errorf("%w: shm: queue pair in the error state", verbs.ErrQPState)
+	if err := q.usable(false); err != nil {
+		return err
 	}
 	mr, err := q.localSGE(&wr.Local)
 	if err != nil {

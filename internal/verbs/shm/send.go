@@ -35,14 +35,8 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 	}
 	q.smu.Lock()
 	defer q.smu.Unlock()
-	switch q.state.Load() {
-	case stateConnected:
-	case stateClosed:
-		return verbs.ErrClosed
-	case stateError:
-		return fmt.Errorf("%w: shm: queue pair in the error state", verbs.ErrQPState)
-	default:
-		return fmt.Errorf("%w: shm: not connected", verbs.ErrQPState)
+	if err := q.usable(true); err != nil {
+		return err
 	}
 	switch wr.Op {
 	case verbs.OpWrite, verbs.OpSend:
@@ -143,9 +137,18 @@ func (q *QP) enqueueLocked(payload []byte, solicited bool) verbs.Status {
 	q.tail++
 	q.out.hdr.tail.Store(q.tail)
 	if v := q.out.hdr.sleeping.Load(); v != 0 && (v != armSolicited || solicited) && q.out.hdr.sleeping.CompareAndSwap(v, 0) {
-		q.link.ringPeer(q.peerID)
+		q.link.peer.ring(q.peerID&0xffff, q.link.peerEvt, false)
 	}
 	return verbs.StatusSuccess
+}
+
+// Kick rings the peer as if it slept (verbs.Kicker).
+func (q *QP) Kick() {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.usable(true) == nil {
+		q.link.peer.ring(q.peerID&0xffff, q.link.peerEvt, true)
+	}
 }
 
 // completeLocked generates the completion of wr, if it needs one: failures
@@ -189,12 +192,8 @@ func (q *QP) remoteLocked(raddr uint64, rkey uint32, n int) []byte {
 func (q *QP) MapRemote(addr uint64, rkey uint32, length int) ([]byte, error) {
 	q.smu.Lock()
 	defer q.smu.Unlock()
-	switch q.state.Load() {
-	case stateConnected:
-	case stateClosed:
-		return nil, verbs.ErrClosed
-	default:
-		return nil, fmt.Errorf("%w: shm: not connected", verbs.ErrQPState)
+	if err := q.usable(true); err != nil {
+		return nil, err
 	}
 	dst := q.remoteLocked(addr, rkey, length)
 	if dst == nil {

@@ -302,3 +302,26 @@ func TestLocalCompletionFires(t *testing.T) {
 		t.Fatalf("%d notifications for a failed send under ArmSolicited, want 1", got)
 	}
 }
+
+// TestKickOverwrittenWords: the words that ask a producer for a doorbell
+// ring (the inbox's sleeping word, the bell page's armed word) live in
+// memory the peer can write. Overwritten, an armed CQ is never rung; Kick
+// rings it anyway (the engine's lost-notification backstop).
+func TestKickOverwrittenWords(t *testing.T) {
+	a, b := pair(t, 8)
+	b.postRecvs(t, 1, 64)
+	if err := b.cq.Arm(); err != nil {
+		t.Fatalf("Arm: %v", err)
+	}
+	b.qp.in.hdr.sleeping.Store(0)
+	b.qp.link.own.hdr.armed.Store(0)
+	sendInline(t, a, 1, []byte("x"))
+	a.qp.Kick()
+	if !notified(b.cq, hangGuard) {
+		t.Fatalf("no notification within %v", hangGuard)
+	}
+	if got := drain(t, b.cq); len(got) != 1 || got[0].Op != verbs.OpRecv {
+		t.Fatalf("completions %+v, want the one RECV", got)
+	}
+	drain(t, a.cq)
+}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -273,6 +274,9 @@ func (cq *CQ) onTimer() {
 // does not block and does not call the CQ (verbs.CQ).
 func (cq *CQ) notifyLocked(sol bool) {
 	if cq.armed == armAll || cq.armed == armSolicited && sol {
+		if f := cq.dev.prov.currentFaults(); f.LoseWakes > 0 && rand.Float64() < f.LoseWakes {
+			return
+		}
 		cq.armed = 0
 		cq.notify()
 	}

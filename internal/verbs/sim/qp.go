@@ -49,7 +49,10 @@ type QP struct {
 	timerAt   time.Time
 }
 
-var _ verbs.QP = (*QP)(nil)
+var (
+	_ verbs.QP     = (*QP)(nil)
+	_ verbs.Kicker = (*QP)(nil)
+)
 
 type recvWR struct {
 	id     uint64
@@ -78,6 +81,18 @@ func (q *QP) Info() []byte { return append([]byte(nil), q.info...) }
 
 // MaxInline returns the inline size granted: min(QPAttr.MaxInline, 256).
 func (q *QP) MaxInline() int { return q.maxInline }
+
+// Kick fires the peer QP's CQ if it is armed (verbs.Kicker).
+func (q *QP) Kick() {
+	if p := q.Peer(); p != nil {
+		p.cq.mu.Lock()
+		defer p.cq.mu.Unlock()
+		if !p.cq.closed && p.cq.armed != 0 {
+			p.cq.armed = 0
+			p.cq.notify()
+		}
+	}
+}
 
 // Peer returns the QP this one is connected to, or nil before Connect.
 func (q *QP) Peer() *QP {

@@ -132,6 +132,11 @@ type Faults struct {
 	// complete with StatusFlushed (as some hardware does) instead of failing
 	// with verbs.ErrQPState.
 	FlushPostsInError bool
+	// LoseWakes is the probability that the notification an armed CQ
+	// owes for a new completion is lost: the CQ stays armed and notify is
+	// not called, as when a peer's doorbell ring is lost. A Kick
+	// (verbs.Kicker) still fires it.
+	LoseWakes float64
 	// MRLimit, if positive, caps the bytes registered on one device:
 	// AllocMR past it fails with ENOMEM, as registration does past
 	// RLIMIT_MEMLOCK.
