@@ -133,9 +133,9 @@ type ConnInfo struct {
 	RingGrows        uint64
 	RingGrowFailures uint64
 	// Backstops counts the times the peer had consumed none of the bytes
-	// in flight for a while (half a second, then backing off) and its
-	// ring was kicked, in case a notification was lost. A peer whose
-	// application does not read counts too.
+	// in flight for a while (half a second, then backing off) nor taken
+	// the messages that announced them, and its ring was kicked, in case
+	// a notification was lost.
 	Backstops uint64
 	// Switches lists, on the switching protocol, when each direction
 	// moved between TCP and a ring and why, and upgrades that did not

@@ -13,10 +13,14 @@ import (
 // does: when it fires it polls our completions, which finds what a lost
 // notification of ours hid (the peer's credits), and, if the peer has
 // consumed nothing since the last time, kicks the peer's queue
-// (verbs.Kicker), which makes it act as if notified. It fires every
-// backstopAfter while bytes move, and backs off to backstopMax while
-// they do not (a peer whose application does not read). A connection
-// with nothing in flight has no timer.
+// (verbs.Kicker): if the peer has not taken every message we sent, it is
+// made to act as if notified, and the timer backs off, doubling up to
+// backstopMax; if it has, it knows what is in flight (a receiver reports
+// what it consumed only past a threshold, or when asked: ring.State), and
+// the timer stops until more bytes are placed or a Write stalls. It fires
+// every backstopAfter while bytes move. A connection with nothing in
+// flight has no timer, and an idle one at most one run after its last
+// Write.
 const (
 	backstopAfter = 500 * time.Millisecond
 	backstopMax   = 30 * time.Second
@@ -67,9 +71,15 @@ func (c *Conn) backstopFired() {
 	case cons != c.bs.cons:
 		c.bs.wait = backstopAfter
 	default:
-		if k, ok := c.ep.qp.(verbs.Kicker); ok {
-			k.Kick()
+		if k, ok := c.ep.qp.(verbs.Kicker); ok && k.Kick() {
 			c.stats.Backstops.Add(1)
+		} else if !c.wr.busy {
+			// The peer has taken every message: it knows what is in
+			// flight, and says when it consumed it, as the ring's rules
+			// ask. The next bytes placed arm the timer again. (A Write
+			// waiting for that answer keeps it running: the answer's
+			// notification could be lost too.)
+			return
 		}
 		c.bs.wait = min(2*c.bs.wait, backstopMax)
 	}

@@ -73,6 +73,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			}
 			if !stalled {
 				stalled = true
+				c.armBackstopLocked() // the peer's answer may be a notification that gets lost
 				c.stats.CreditStalls.Add(1)
 			}
 			if err := c.wait(&c.wr.e, c.wr.dl, &c.wr.spin); err != nil {

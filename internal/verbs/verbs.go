@@ -394,12 +394,14 @@ type RemoteMapper interface {
 	MapRemote(addr uint64, rkey uint32, length int) ([]byte, error)
 }
 
-// Kicker is implemented by QPs that can make the peer's completion
-// queue notify, if it is armed, as a post does only while the peer asked
-// for it: the backstop for a notification that was lost (a wake-up bug,
-// or the peer's doorbell word overwritten from outside).
+// Kicker is implemented by QPs that can tell whether the peer has taken
+// every SEND posted to it, and make its completion queue notify, if it is
+// armed, as a post does only while the peer asked for it: the backstop
+// for a notification that was lost (a wake-up bug, or the peer's
+// doorbell word overwritten from outside). Kick rings the peer if it has
+// not taken them all, and reports whether it did.
 type Kicker interface {
-	Kick()
+	Kick() bool
 }
 
 // Peeker is implemented by CQs that can tell cheaply (no system call, no

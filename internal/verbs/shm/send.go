@@ -142,13 +142,16 @@ func (q *QP) enqueueLocked(payload []byte, solicited bool) verbs.Status {
 	return verbs.StatusSuccess
 }
 
-// Kick rings the peer as if it slept (verbs.Kicker).
-func (q *QP) Kick() {
+// Kick rings the peer as if it slept, unless its inbox is empty
+// (verbs.Kicker).
+func (q *QP) Kick() bool {
 	q.smu.Lock()
 	defer q.smu.Unlock()
-	if q.usable(true) == nil {
-		q.link.peer.ring(q.peerID&0xffff, q.link.peerEvt, true)
+	if q.usable(true) != nil || q.out.hdr.head.Load() == q.tail {
+		return false
 	}
+	q.link.peer.ring(q.peerID&0xffff, q.link.peerEvt, true)
+	return true
 }
 
 // completeLocked generates the completion of wr, if it needs one: failures

@@ -82,16 +82,24 @@ func (q *QP) Info() []byte { return append([]byte(nil), q.info...) }
 // MaxInline returns the inline size granted: min(QPAttr.MaxInline, 256).
 func (q *QP) MaxInline() int { return q.maxInline }
 
-// Kick fires the peer QP's CQ if it is armed (verbs.Kicker).
-func (q *QP) Kick() {
-	if p := q.Peer(); p != nil {
-		p.cq.mu.Lock()
-		defer p.cq.mu.Unlock()
-		if !p.cq.closed && p.cq.armed != 0 {
-			p.cq.armed = 0
-			p.cq.notify()
-		}
+// Kick fires the peer QP's CQ, if it is armed, while it holds completions
+// not polled yet (verbs.Kicker): sim's stand-in for the peer not having
+// taken every SEND.
+func (q *QP) Kick() bool {
+	p := q.Peer()
+	if p == nil {
+		return false
 	}
+	p.cq.mu.Lock()
+	defer p.cq.mu.Unlock()
+	if p.cq.closed || len(p.cq.ready) == p.cq.head && len(p.cq.pending) == 0 {
+		return false
+	}
+	if p.cq.armed != 0 {
+		p.cq.armed = 0
+		p.cq.notify()
+	}
+	return true
 }
 
 // Peer returns the QP this one is connected to, or nil before Connect.
