@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"unsafe"
 
 	pool "github.com/libp2p/go-buffer-pool"
 	"golang.org/x/sys/unix"
@@ -24,7 +25,9 @@ var errWouldBlock = errors.New("rsock: nothing to read now")
 
 // inbox reads a switching connection's frames from its bootstrap socket
 // (docs/protocol.md §9.2) through a pooled buffer, which it holds only
-// while it holds bytes: an idle connection holds none. Reads are
+// while it holds bytes, or while a Read waits on the socket: a connection
+// whose socket readLoop reads (lean), idle on TCP or with its stream on a
+// ring, holds none. Reads are
 // resumable: one cut short (a deadline, or wait false) loses nothing, and
 // the next goes on where it stopped. Callers serialise its use.
 type inbox struct {
@@ -32,13 +35,19 @@ type inbox struct {
 	buf  []byte // pooled; nil when empty
 	r, w int    // buf[r:w] is unread
 	data int    // payload bytes of the current Data frame not yet taken
+	// lean: a read that waits gives an empty buffer back first (await),
+	// for a reader that may wait on an idle socket for the connection's
+	// life (readLoop).
+	lean bool
 }
 
 // source is what an inbox reads: one read into p, at least one byte, or
 // errWouldBlock (wait false), io.EOF at the socket's end, or the socket's
-// error.
+// error. await waits until a read would not block, or fails as a read
+// would (a deadline, a close); it takes nothing.
 type source interface {
 	read(p []byte, wait bool) (int, error)
+	await() error
 }
 
 func (in *inbox) buffered() int { return in.w - in.r }
@@ -51,7 +60,13 @@ func (in *inbox) buffered() int { return in.w - in.r }
 func (in *inbox) fill(need int, wait bool) error {
 	for in.buffered() < need {
 		in.room(need)
-		n, err := in.src.read(in.buf[in.w:], wait)
+		n, err := in.src.read(in.buf[in.w:], wait && !in.lean)
+		if err == errWouldBlock && wait {
+			in.release()
+			if err = in.src.await(); err == nil {
+				continue
+			}
+		}
 		if err == io.EOF && (in.buffered() > 0 || in.data > 0) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -68,7 +83,7 @@ func (in *inbox) fill(need int, wait bool) error {
 // which every read then returns).
 func (r *sockReader) init(rc syscall.RawConn, err error) {
 	r.rc, r.rcErr = rc, err
-	r.fn = r.readFD
+	r.fn, r.peekFn = r.readFD, r.peekFD
 }
 
 // sockReader is an inbox's source on a socket (init). One read's
@@ -78,6 +93,8 @@ type sockReader struct {
 	rc      syscall.RawConn
 	rcErr   error                 // SyscallConn's
 	fn      func(fd uintptr) bool // readFD, bound once
+	peekFn  func(fd uintptr) bool // peekFD, bound once
+	one     [1]byte               // peekFD's
 	p       []byte
 	n       int
 	err     error
@@ -117,6 +134,20 @@ func (r *sockReader) readFD(fd uintptr) bool {
 		r.blocked = true
 	}
 	return true
+}
+
+func (r *sockReader) await() error {
+	if r.rcErr != nil {
+		return r.rcErr
+	}
+	return r.rc.Read(r.peekFn)
+}
+
+// peekFD is await's: a peek that does not block, true once a read would
+// not block (bytes, the end, or an error to report).
+func (r *sockReader) peekFD(fd uintptr) bool {
+	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&r.one[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	return errno != unix.EAGAIN && errno != unix.EINTR
 }
 
 // readArrived reads into b what has arrived on raw, without waiting: 0 and

@@ -56,6 +56,8 @@ func (s *scripted) cut() int {
 	return c
 }
 
+func (s *scripted) await() error { return nil } // the next read moves on
+
 func (s *scripted) read(p []byte, wait bool) (int, error) {
 	if len(s.stream) == 0 {
 		return 0, io.EOF
@@ -178,4 +180,44 @@ func TestInboxLongControlFrame(t *testing.T) {
 	got, err := inboxFrames(t, &scripted{stream: b, cuts: []byte{100}})
 	assert.Equal(t, io.EOF, err)
 	assert.Equal(t, []string{fmt.Sprintf("%v %#v", handshake.TypeHello, &hello)}, got)
+}
+
+// awaitProbe is a source whose first read finds nothing; await records
+// whether the inbox held a buffer while it waited.
+type awaitProbe struct {
+	in            *inbox
+	stream        []byte
+	awaited, held bool
+}
+
+func (s *awaitProbe) read(p []byte, wait bool) (int, error) {
+	if !s.awaited {
+		return 0, errWouldBlock
+	}
+	n := copy(p, s.stream)
+	s.stream = s.stream[n:]
+	return n, nil
+}
+
+func (s *awaitProbe) await() error {
+	s.awaited, s.held = true, s.in.buf != nil
+	return nil
+}
+
+// A lean inbox (readLoop's) waits for the socket holding no buffer, so
+// that a connection idle on TCP, or on a ring with readLoop parked on its
+// bootstrap, pins no pooled memory; and what comes after the wait is
+// read whole.
+func TestInboxLeanWaitHoldsNoBuffer(t *testing.T) {
+	frame, err := handshake.Append(nil, &handshake.Fin{Cursor: 7})
+	require.NoError(t, err)
+	src := &awaitProbe{stream: frame}
+	in := &inbox{src: src, lean: true}
+	src.in = in
+	_, msg, err := in.next(true)
+	require.NoError(t, err)
+	require.Equal(t, &handshake.Fin{Cursor: 7}, msg)
+	require.True(t, src.awaited, "the first read found nothing: it waited")
+	require.False(t, src.held, "it waited holding a buffer")
+	require.Nil(t, in.buf, "the frame was read: the buffer went back")
 }

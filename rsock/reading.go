@@ -229,6 +229,7 @@ func (w *swConn) skipFrame() error {
 // readLoop reads the socket until it ends.
 func (w *swConn) readLoop() {
 	defer w.readerStopped()
+	w.in.lean = true // it may wait on an idle socket for the connection's life
 	for {
 		var err error
 		// A Read may have taken part of a Data frame before readLoop took
