@@ -204,20 +204,8 @@ func TestGoRedis(t *testing.T) {
 
 			stats := client.PoolStats()
 			assert.LessOrEqual(t, int(stats.TotalConns), 4, "a pool of 4")
-			conns := ln.conns()
-			require.NotEmpty(t, conns)
-			for _, c := range conns {
-				select {
-				case <-rsock.Settled(c):
-				case <-time.After(30 * time.Second):
-					t.Fatalf("a connection's upgrade did not settle in 30 s: %+v", mustInfo(c))
-				}
-				assert.Equal(t, tr, rsock.TransportOf(c), "server side: %+v", mustInfo(c))
-			}
-			for _, c := range dialed.conns() {
-				<-rsock.Settled(c)
-				assert.Equal(t, tr, rsock.TransportOf(c), "client side: %+v", mustInfo(c))
-			}
+			requireSettledOn(t, tr, "server side", ln.conns())
+			requireSettledOn(t, tr, "client side", dialed.conns())
 		})
 	}
 }
