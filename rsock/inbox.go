@@ -95,6 +95,7 @@ type sockReader struct {
 	fn      func(fd uintptr) bool // readFD, bound once
 	peekFn  func(fd uintptr) bool // peekFD, bound once
 	one     [1]byte               // peekFD's
+	peekErr unix.Errno            // peekFD's: the socket's error, which a peek takes
 	p       []byte
 	n       int
 	err     error
@@ -140,14 +141,32 @@ func (r *sockReader) await() error {
 	if r.rcErr != nil {
 		return r.rcErr
 	}
-	return r.rc.Read(r.peekFn)
+	r.peekErr = 0
+	if err := r.rc.Read(r.peekFn); err != nil {
+		return err
+	}
+	if r.peekErr != 0 {
+		return os.NewSyscallError("read", r.peekErr) // the peek took it: the next read would not see it
+	}
+	return nil
 }
 
 // peekFD is await's: a peek that does not block, true once a read would
-// not block (bytes, the end, or an error to report).
+// not block (bytes, the end, or an error, which it keeps in peekErr).
 func (r *sockReader) peekFD(fd uintptr) bool {
-	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&r.one[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
-	return errno != unix.EAGAIN && errno != unix.EINTR
+	for {
+		_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&r.one[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		switch errno {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		case 0:
+		default:
+			r.peekErr = errno
+		}
+		return true
+	}
 }
 
 // readArrived reads into b what has arrived on raw, without waiting: 0 and

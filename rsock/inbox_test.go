@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -220,4 +221,20 @@ func TestInboxLeanWaitHoldsNoBuffer(t *testing.T) {
 	require.True(t, src.awaited, "the first read found nothing: it waited")
 	require.False(t, src.held, "it waited holding a buffer")
 	require.Nil(t, in.buf, "the frame was read: the buffer went back")
+}
+
+// A lean inbox waiting on a socket whose peer resets it reports the
+// reset, not the end of the stream: a peek takes the socket's pending
+// error, and the read after it would find only the end (a cut stream
+// must never pass for a whole one).
+func TestInboxLeanWaitSeesReset(t *testing.T) {
+	a, b := tcpPair(t)
+	var src sockReader
+	src.init(a.SyscallConn())
+	require.NoError(t, b.SetLinger(0))
+	require.NoError(t, b.Close()) // an RST
+	// The wait meets the reset, whether it came before the peek or while
+	// it waited, and reports it: once taken, a read would find only the
+	// end.
+	require.ErrorIs(t, src.await(), syscall.ECONNRESET)
 }

@@ -817,8 +817,9 @@ func (w *swConn) setRing(r *stream.Conn, name string) bool {
 	w.mu.Lock()
 	if w.closed || w.err != nil {
 		w.mu.Unlock()
-		_ = r.SetLinger(0) // nothing was sent on it: no final message to wait for
-		_ = r.Close()
+		// Nothing was sent on it: no final message to wait for, and no
+		// goodbye of its own, which could overtake Close's.
+		_, _ = r.Detach()
 		return false
 	}
 	if w.linger != nil {

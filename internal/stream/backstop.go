@@ -66,7 +66,7 @@ func (c *Conn) backstopFired() {
 	c.progressLocked()
 	cons := c.st.PeerCons()
 	switch {
-	case cons == c.st.Prod():
+	case cons == c.st.Prod() && !c.wr.busy:
 		return // nothing in flight: the next bytes placed arm it again
 	case cons != c.bs.cons:
 		c.bs.wait = backstopAfter
@@ -77,8 +77,8 @@ func (c *Conn) backstopFired() {
 			// The peer has taken every message: it knows what is in
 			// flight, and says when it consumed it, as the ring's rules
 			// ask. The next bytes placed arm the timer again. (A Write
-			// waiting for that answer keeps it running: the answer's
-			// notification could be lost too.)
+			// that waits, for that answer or for message credits, keeps
+			// it running: the answer's notification could be lost too.)
 			return
 		}
 		c.bs.wait = min(2*c.bs.wait, backstopMax)
