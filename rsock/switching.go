@@ -817,9 +817,7 @@ func (w *swConn) setRing(r *stream.Conn, name string) bool {
 	w.mu.Lock()
 	if w.closed || w.err != nil {
 		w.mu.Unlock()
-		// Nothing was sent on it: no final message to wait for, and no
-		// goodbye of its own, which could overtake Close's.
-		_, _ = r.Detach()
+		dropRing(r)
 		return false
 	}
 	if w.linger != nil {
@@ -843,6 +841,11 @@ func (w *swConn) setRing(r *stream.Conn, name string) bool {
 	w.rnote.wake()
 	return true
 }
+
+// dropRing ends a started ring that was never installed: nothing was
+// sent on it, so there is no final message to wait for, and it sends no
+// goodbye of its own, which could overtake the connection's.
+func dropRing(r *stream.Conn) { _, _ = r.Detach() }
 
 // fail resets the connection: calls return err, and the peer is told.
 func (w *swConn) fail(err error) {

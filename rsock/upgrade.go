@@ -349,8 +349,7 @@ func (w *swConn) clientUpgrade() {
 		// Confirm goes out before a Write can see the ring and queue its
 		// Switch behind it.
 		if err := w.out.confirmed(&handshake.Confirm{}); err != nil {
-			_ = r.SetLinger(0) // nothing was sent on it
-			_ = r.Close()
+			dropRing(r)
 			return
 		}
 		if !w.setRing(r, name) {
