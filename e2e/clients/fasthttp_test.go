@@ -115,10 +115,7 @@ func requireSettledOn(t *testing.T, tr, side string, conns []net.Conn) {
 func TestFastHTTP(t *testing.T) {
 	for _, tr := range []string{"shm", "tcp"} {
 		t.Run(tr, func(t *testing.T) {
-			var cfg *rsock.Config // the default policy
-			if tr == "tcp" {
-				cfg = &rsock.Config{Transports: []string{"tcp"}}
-			}
+			cfg := suiteConfig(tr)
 			ln := fasthttpServer(t, cfg)
 			dialed := &dialRecorder{d: rsock.Dialer{Config: cfg, Timeout: 10 * time.Second}}
 			addr := ln.Addr().String()

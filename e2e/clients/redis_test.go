@@ -164,10 +164,7 @@ func redisClient(t *testing.T, addr string, d *dialRecorder, poolSize int) *redi
 func TestGoRedis(t *testing.T) {
 	for _, tr := range []string{"shm", "tcp"} {
 		t.Run(tr, func(t *testing.T) {
-			var cfg *rsock.Config // the default policy
-			if tr == "tcp" {
-				cfg = &rsock.Config{Transports: []string{"tcp"}}
-			}
+			cfg := suiteConfig(tr)
 			ln := redisServer(t, cfg)
 			dialed := &dialRecorder{d: rsock.Dialer{Config: cfg, Timeout: 10 * time.Second}}
 			client := redisClient(t, ln.Addr().String(), dialed, 4)
@@ -208,6 +205,16 @@ func TestGoRedis(t *testing.T) {
 			requireSettledOn(t, tr, "client side", dialed.conns())
 		})
 	}
+}
+
+// suiteConfig is the config of a suite's subtest on transport tr: the
+// default policy for "shm" (TCP first, then the upgrade), TCP fallback
+// only for "tcp".
+func suiteConfig(tr string) *rsock.Config {
+	if tr == "tcp" {
+		return &rsock.Config{Transports: []string{"tcp"}}
+	}
+	return nil
 }
 
 func mustInfo(c net.Conn) rsock.ConnInfo {

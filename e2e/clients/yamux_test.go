@@ -136,10 +136,7 @@ func sendStreams(s *yamux.Session, n int, seed uint64) error {
 func TestYamux(t *testing.T) {
 	for _, tr := range []string{"shm", "tcp"} {
 		t.Run(tr, func(t *testing.T) {
-			var cfg *rsock.Config // the default policy
-			if tr == "tcp" {
-				cfg = &rsock.Config{Transports: []string{"tcp"}}
-			}
+			cfg := suiteConfig(tr)
 			srv, cli, accepted, dialed := yamuxPair(t, cfg)
 
 			const streams = 8
