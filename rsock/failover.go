@@ -119,7 +119,7 @@ func (w *swConn) failover(cause string) error {
 	w.writes.Add(st.Writes.Load())
 	w.ring = nil
 	recv := w.rcvd
-	if w.switched {
+	if w.recv == recvRing {
 		// The peer's bytes went on in the ring from rcvd (its Switch).
 		recv += lo.Received
 		if len(lo.Unread) > 0 && !w.rclosed && !w.closed {
@@ -130,14 +130,14 @@ func (w *swConn) failover(cause string) error {
 			w.rqCost += len(buf) + entryCost
 		}
 		w.rcvd = recv
-		w.switched = false
+		w.recv = recvTCP
 		w.noteLocked("receive", from, "tcp", fmt.Sprintf("%s; stream byte %d received", cause, recv))
-	} else {
+	} else if w.recv == recvTCP {
 		// The peer's Switch may still be on its way, behind the Data
 		// before it: the peer sends again from there.
-		w.staleSwitch = true
+		w.recv = recvStale
 	}
-	if w.gone.set && !w.eof {
+	if w.gone.set && w.recv != recvEnd {
 		// The peer's goodbye came while the ring failed: it ends the
 		// stream where it says, which must be what we have.
 		if w.peerFinal != recv {
@@ -145,10 +145,10 @@ func (w *swConn) failover(cause string) error {
 			w.fail(&stream.ResetError{Reason: "peer's goodbye does not match the data it sent", Err: fmt.Errorf("have %d bytes, goodbye says %d", recv, w.peerFinal)})
 			return errors.New("goodbye mismatch")
 		}
-		w.eof = true
+		w.recv = recvEnd
 	}
-	if w.sendOn {
-		w.sendOn = false
+	if w.send == sendRing {
+		w.send = sendOwed
 		w.owe = &owed{x: w.switchAt, first: w.switchAt + lo.Sent - uint64(len(lo.Unacked)), data: lo.Unacked, fin: lo.FIN, done: make(chan struct{})}
 		w.noteLocked("send", from, "tcp", fmt.Sprintf("%s; stream byte %d sent, from %d not confirmed", cause, w.switchAt+lo.Sent, w.owe.first))
 		w.space.wake() // a reader parked for room reads on: the peer's Resume may be behind its Data
@@ -189,7 +189,9 @@ func (w *swConn) startFailed(cause string, err error) {
 		w.mu.Unlock()
 		return
 	}
-	w.staleSwitch = true
+	if w.recv == recvTCP {
+		w.recv = recvStale
+	}
 	w.noteLocked("", "tcp", "tcp", "the ring failed as it started: "+why)
 	w.resumeOnTCPUnlock(w.rcvd, "failed over to TCP: the ring failed as it started: "+why)
 }
@@ -218,7 +220,9 @@ func (w *swConn) peerResumed(r uint64) error {
 		return protocolError("resume at %d without a failover", r)
 	}
 	w.awaitResume = false
-	w.staleSwitch = false // a Switch sent before the peer's failover came before this
+	if w.recv == recvStale {
+		w.recv = recvTCP // a Switch sent before the peer's failover came before this
+	}
 	o := w.owe
 	if o == nil || o.known {
 		// Our sending stayed on TCP (what an earlier failover owes, if
@@ -292,14 +296,16 @@ func (w *swConn) resendLocked(dl *deadline.Deadline) error {
 			}
 		}
 		if o.fin {
-			w.wfin = true
 			if _, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Fin{Cursor: x} }, false); err != nil {
 				return err
 			}
 		}
 		w.mu.Lock()
-		w.owe = nil
-		w.sendDone = w.sendDone || o.fin
+		w.owe, w.send = nil, sendTCP
+		if o.fin {
+			w.send = sendFin
+		}
+		w.settleLocked()
 		w.mu.Unlock()
 		close(o.done)
 		return nil

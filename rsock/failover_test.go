@@ -468,7 +468,7 @@ func TestFailoverUpgradesAgain(t *testing.T) {
 func bothDirectionsOnRing(x *Conn) bool {
 	x.w.mu.Lock()
 	defer x.w.mu.Unlock()
-	return x.w.sendOn && x.w.switched && x.w.ring != nil
+	return x.w.send == sendRing && x.w.recv == recvRing && x.w.ring != nil
 }
 
 // TestReupgradeBackoff: the wait before a new upgrade doubles with each
@@ -714,7 +714,7 @@ func TestFailoverParkedReader(t *testing.T) {
 	require.Eventually(t, func() bool {
 		c.w.mu.Lock()
 		defer c.w.mu.Unlock()
-		return c.w.sendOn && s.ring() != nil
+		return c.w.send == sendRing && s.ring() != nil
 	}, 10*time.Second, time.Millisecond, "rings on both ends, c sending on its")
 	go func() { // Data c's application does not read; then it waits for room
 		_, _ = s.w.out.data(make([]byte, 32<<20), &s.w.wdl, s.w.done)
@@ -863,7 +863,7 @@ func TestFailoverSecondResumeDuringResend(t *testing.T) {
 	data := streamBytes(8_000_000, 3)
 	c.w.mu.Lock()
 	x := c.w.out.cursor()
-	c.w.owe = &owed{x: x, first: x, data: data, known: true, from: x, done: make(chan struct{})}
+	c.w.owe, c.w.send = &owed{x: x, first: x, data: data, known: true, from: x, done: make(chan struct{})}, sendOwed
 	c.w.mu.Unlock()
 	go c.w.resendBg() // as the peer's first Resume started it
 	// A Write with a deadline sends them; s does not read, so it waits for

@@ -149,7 +149,7 @@ func (w *swConn) poll() readiness {
 		case w.rclosed:
 			w.mu.Unlock()
 			return readEnd
-		case w.switched:
+		case w.recv == recvRing:
 			r := w.ring
 			w.mu.Unlock()
 			ok, err := r.Poll()
@@ -168,7 +168,7 @@ func (w *swConn) poll() readiness {
 				return readEnd
 			}
 			return readWaits
-		case w.eof, w.err != nil:
+		case w.recv == recvEnd, w.err != nil:
 			w.mu.Unlock()
 			return readEnd
 		}
@@ -192,11 +192,11 @@ func (w *swConn) poll() readiness {
 // next; else poll looks at the state again.
 func (w *swConn) pollSocket() (took, data bool) {
 	w.mu.Lock()
-	if w.bgReader || w.readerEnded || w.appReading {
+	if w.reader != readerNone {
 		w.mu.Unlock()
 		return false, false // readLoop or a Read acts on what arrives
 	}
-	w.appReading = true
+	w.reader = readerApp
 	w.socketDeadlineLocked(time.Time{}) // a past deadline would fail even a read that does not wait
 	w.mu.Unlock()
 
@@ -230,10 +230,7 @@ func (w *swConn) pollSocket() (took, data bool) {
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.appReading, w.interrupted = false, false
-	if w.wantReader {
-		w.needReaderLocked()
-	}
+	w.socketDone()
 	return true, data
 }
 

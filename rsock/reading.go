@@ -34,6 +34,17 @@ import (
 // So a short connection runs no goroutine of its own, and a long one the
 // one it needs.
 
+// readerState is who reads a switching connection's bootstrap socket.
+type readerState uint8
+
+const (
+	readerNone    readerState = iota // no one: the next Read (or poll) takes it
+	readerApp                        // a Read (or poll) reads it
+	readerHanding                    // a Read reads it, its socket read ended (interruptLocked): readLoop takes over after it
+	readerLoop                       // readLoop reads it, to its end (or Close has claimed it)
+	readerEnded                      // its end or failure was read: no one reads it any more
+)
+
 // serverReaderAfter is how long after the handshake a server's
 // background reader starts: by then a client with the default policy may
 // offer an upgrade, and the offer must be answered even if the
@@ -46,11 +57,11 @@ const serverReaderAfter = DefaultUpgradeAfter
 // socket is not the Read's to read: it then waits for readLoop.
 func (w *swConn) readSocket(b []byte) (n int, took bool, err error) {
 	w.mu.Lock()
-	if w.bgReader || w.readerEnded {
+	if w.reader != readerNone {
 		w.mu.Unlock()
 		return 0, false, nil
 	}
-	w.appReading, w.interrupted = true, false
+	w.reader = readerApp
 	w.socketDeadlineLocked(w.rdlT)
 	w.mu.Unlock()
 
@@ -58,15 +69,25 @@ func (w *swConn) readSocket(b []byte) (n int, took bool, err error) {
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.appReading = false
-	if w.interrupted && errors.Is(err, os.ErrDeadlineExceeded) {
+	if w.reader == readerHanding && errors.Is(err, os.ErrDeadlineExceeded) {
 		err = nil // ended for a reason: the caller looks again
 	}
-	w.interrupted = false
-	if w.wantReader {
-		w.needReaderLocked()
-	}
+	w.socketDone()
 	return n, true, err
+}
+
+// socketDone ends a Read's (or poll's) turn at the socket: readLoop
+// takes over if it was called for meanwhile; otherwise the socket is free
+// for a Read that waits for it.
+func (w *swConn) socketDone() {
+	switch w.reader {
+	case readerHanding:
+		w.reader = readerNone
+		w.needReaderLocked()
+	case readerApp:
+		w.reader = readerNone
+		w.rnote.wake()
+	}
 }
 
 // readFrames reads the socket for a Read (readSocket).
@@ -125,13 +146,11 @@ func (w *swConn) needReader() {
 }
 
 func (w *swConn) needReaderLocked() {
-	w.wantReader = true
-	switch {
-	case w.bgReader || w.readerEnded:
-	case w.appReading:
+	switch w.reader {
+	case readerApp:
 		w.interruptLocked()
-	default:
-		w.bgReader = true
+	case readerNone:
+		w.reader = readerLoop
 		w.socketDeadlineLocked(time.Time{})
 		go w.readLoop()
 	}
@@ -149,8 +168,8 @@ func (w *swConn) socketDeadlineLocked(t time.Time) {
 
 // interruptLocked ends the socket read of the Read reading it.
 func (w *swConn) interruptLocked() {
-	if !w.interrupted {
-		w.interrupted = true
+	if w.reader == readerApp {
+		w.reader = readerHanding
 		w.socketDeadlineLocked(aLongTimeAgo)
 	}
 }
@@ -159,7 +178,7 @@ func (w *swConn) interruptLocked() {
 // sender may close it once its last frame is written.
 func (w *swConn) readerStopped() {
 	w.mu.Lock()
-	w.readerEnded = true
+	w.reader = readerEnded
 	w.mu.Unlock()
 	w.out.readerDone()
 }
@@ -168,15 +187,14 @@ func (w *swConn) readerStopped() {
 // the socket, which is then Close's to end (closeReading). A Read reading
 // it is ended, and readLoop reads on after it.
 func (w *swConn) claimReaderLocked() bool {
-	switch {
-	case w.bgReader || w.readerEnded:
-		return false
-	case w.appReading:
-		w.wantReader = true
+	switch w.reader {
+	case readerApp, readerHanding:
 		w.interruptLocked()
 		return false
+	case readerLoop, readerEnded:
+		return false
 	}
-	w.bgReader = true
+	w.reader = readerLoop
 	w.socketDeadlineLocked(time.Time{}) // a Read's deadline, maybe past, is not Close's
 	return true
 }
@@ -277,13 +295,13 @@ func (w *swConn) dataAllowed() error {
 		w.pending = nil
 		return p.refused("data before its answer")
 	}
-	if w.switched {
+	if w.recv == recvRing {
 		return protocolError("data after the peer's switch")
 	}
 	if !w.client && w.up == upOffered {
 		return protocolError("data between an offer and its confirm")
 	}
-	if w.eof {
+	if w.recv == recvEnd {
 		return protocolError("data after the peer's fin")
 	}
 	return nil
@@ -315,7 +333,7 @@ func (w *swConn) readData(n int) error {
 	w.rqCost += n + entryCost
 	w.rnote.wake()
 	for w.rqCost >= recvQueue && !w.closed && !w.rclosed {
-		if w.owe != nil && !w.owe.known || w.client && w.up == upOffered {
+		if w.send == sendOwed && !w.owe.known || w.client && w.up == upOffered {
 			// A Write may wait for the peer's Resume, or for its answer to
 			// our Offer, behind this Data.
 			if w.rqCost >= recvQueue+resumeLag {
@@ -406,10 +424,10 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 	case *handshake.Fin:
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if w.switched || w.eof || m.Cursor != w.rcvd {
-			return false, protocolError("fin at %d after %d data bytes (switched %v, fin %v)", m.Cursor, w.rcvd, w.switched, w.eof)
+		if w.recv == recvRing || w.recv == recvEnd || m.Cursor != w.rcvd {
+			return false, protocolError("fin at %d after %d data bytes (receiving %d)", m.Cursor, w.rcvd, w.recv)
 		}
-		w.eof = true
+		w.recv = recvEnd
 		w.settleLocked()
 		w.rnote.wake()
 	case *handshake.Goodbye:
@@ -437,7 +455,7 @@ func (w *swConn) takeAnswer() bool {
 func (w *swConn) peerSwitched(x uint64) error {
 	w.mu.Lock()
 	wait := w.upDone
-	agreed := w.agreed || w.staleSwitch
+	agreed := w.agreed || w.recv == recvStale
 	w.mu.Unlock()
 	if !agreed {
 		return protocolError("a switch without an agreed ring")
@@ -454,26 +472,26 @@ func (w *swConn) peerSwitched(x uint64) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.staleSwitch && w.ring == nil {
+	if w.recv == recvStale && w.ring == nil {
 		// Sent before our failover took the ring away: the peer sends
 		// the bytes after x again as Data.
 		if x != w.rcvd {
 			return protocolError("switch at stream byte %d after %d data bytes", x, w.rcvd)
 		}
-		w.staleSwitch = false
+		w.recv = recvTCP
 		return nil
 	}
 	switch {
 	case !w.agreed:
 		return protocolError("a switch without an agreed ring")
-	case w.switched || w.eof:
+	case w.recv == recvRing || w.recv == recvEnd:
 		return protocolError("a switch after a switch or fin")
 	case x != w.rcvd:
 		return protocolError("switch at stream byte %d after %d data bytes", x, w.rcvd)
 	case w.ring == nil:
 		return &stream.ResetError{Reason: "the peer switched to a ring this side could not start"}
 	}
-	w.switched = true
+	w.recv = recvRing
 	w.settleLocked()
 	w.noteLocked("receive", "tcp", w.c.label.Load().transport, fmt.Sprintf("peer switched at stream byte %d", x))
 	w.rnote.wake()
@@ -491,7 +509,7 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	// it finds the goodbye (gone, peerFinal) and checks it itself.
 	w.mu.Lock()
 	r := w.ring
-	switched, rcvd := w.switched, w.rcvd
+	switched, rcvd := w.recv == recvRing, w.rcvd
 	var ringFinal uint64
 	switch {
 	case switched && g.FinalProd < rcvd:
@@ -504,7 +522,7 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 		w.mu.Unlock()
 		return &stream.ResetError{Reason: "peer's goodbye does not match the data it sent", Err: fmt.Errorf("have %d bytes, goodbye says %d", rcvd, g.FinalProd)}
 	default:
-		w.eof = true
+		w.recv = recvEnd
 	}
 	w.goneLocked()
 	w.mu.Unlock()
@@ -553,17 +571,17 @@ func bootstrapFailure(err error) error {
 // bytes came before), as for plain TCP. It reports false when the peer's
 // sending is on a ring (the end is then no goodbye: the peer vanished).
 // A failover waiting for the peer's Resume does not change that when the
-// peer had not switched (staleSwitch): its bytes all came on TCP, and the
+// peer had not switched (recvStale): its bytes all came on TCP, and the
 // Resume only told us what to send again, which no one will read.
 func (w *swConn) peerClosedOnTCP() bool {
 	w.awaitMove() // a failover in progress decides what the peer owes us, as for its goodbye
 	w.mu.Lock()
-	if w.switched || w.awaitResume && !w.staleSwitch || w.moving != nil {
+	if w.recv == recvRing || w.awaitResume && w.recv == recvTCP || w.moving != nil {
 		// Its bytes were on a ring, or a failover has not heard from it.
 		w.mu.Unlock()
 		return false
 	}
-	w.eof = true
+	w.recv = recvEnd
 	w.goneLocked()
 	r := w.ring
 	w.mu.Unlock()

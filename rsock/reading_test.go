@@ -27,7 +27,7 @@ func simPair(t *testing.T, cfg *Config) (c, s *Conn) {
 func (w *swConn) readerState() (bg, ended bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.bgReader, w.readerEnded
+	return w.reader >= readerLoop, w.reader == readerEnded
 }
 
 // unreadBytes is what the kernel holds unread on w's socket (SIOCINQ).
@@ -141,7 +141,7 @@ func TestReadingHandsOverToTheReader(t *testing.T) {
 	require.Eventually(t, func() bool {
 		c.w.mu.Lock()
 		defer c.w.mu.Unlock()
-		return c.w.appReading
+		return c.w.reader == readerApp
 	}, time.Minute, time.Millisecond, "the Read reads the socket")
 	c.w.kick() // the upgrade begins: the socket goes to the reader goroutine
 	awaitSettled(t, c, s)

@@ -49,10 +49,9 @@ type swConn struct {
 	wdl    deadline.Deadline
 
 	// Send direction: wmu is held by a Write on TCP for its whole call,
-	// by CloseWrite and by the switch, and guards wring and wfin.
+	// by CloseWrite and by the switch, and guards wring.
 	wmu   sync.Mutex
 	wring *stream.Conn // the ring our sending moved to, or nil
-	wfin  bool         // CloseWrite while sending on TCP
 
 	// The settled fast paths: the ring a Write or a Read goes to
 	// directly, without wmu, rmu or mu (the ring serialises its own
@@ -82,15 +81,15 @@ type swConn struct {
 	mu       sync.Mutex // guards what follows
 	rq       [][]byte   // Data payloads not yet read (pooled); rq[0] from roff
 	roff     int
-	rqLen    int    // bytes in rq
-	rqCost   int    // rqLen plus entryCost per entry: what recvQueue bounds
-	rcvd     uint64 // Data bytes received: the peer's stream cursor on TCP
-	switched bool   // the peer's Switch came, at rcvd: its bytes are in the ring
-	eof      bool   // the peer's Fin, or its goodbye while sending on TCP
-	gone     signal // the peer's goodbye: writes fail, and an upgrade waiting for the peer's answer ends
-	err      error  // the connection failed; set once
-	rclosed  bool   // CloseRead
-	closed   bool   // Close
+	rqLen    int      // bytes in rq
+	rqCost   int      // rqLen plus entryCost per entry: what recvQueue bounds
+	rcvd     uint64   // Data bytes received: the peer's stream cursor on TCP
+	recv     recvPath // where the peer's bytes come from
+	send     sendPath // where our bytes go
+	gone     signal   // the peer's goodbye: writes fail, and an upgrade waiting for the peer's answer ends
+	err      error    // the connection failed; set once
+	rclosed  bool     // CloseRead
+	closed   bool     // Close
 	ring     *stream.Conn
 	ringName string                 // ring's transport
 	agreed   bool                   // an Accept and Confirm{0} set up ring: the peer may switch
@@ -100,31 +99,48 @@ type swConn struct {
 	rdlT     time.Time              // the read deadline's time, for the socket (socketDeadlineLocked)
 	linger   *int
 	log      []SwitchEvent
-	sendOn   bool   // our sending moved to the ring (mirrors wring)
-	sendDone bool   // CloseWrite on TCP (mirrors wfin)
 	stayed   bool   // the upgrade ended without a ring
 	settled  signal // no direction will move any more (settleLocked)
 	goodbye  sync.Once
 	pending  *earlyHello // client: the answer to our early hello is still to come
 
-	// The socket's reader (reading.go), guarded by mu.
-	appReading  bool      // a Read reads the socket itself
-	bgReader    bool      // readLoop reads the socket, to its end
-	wantReader  bool      // readLoop takes over once the Read reading the socket ends
-	interrupted bool      // that Read's socket deadline was moved to now, to end it
-	readerEnded bool      // the socket's end or failure was read: no one reads it any more
-	socketDL    time.Time // the socket's read deadline (socketDeadlineLocked)
+	reader   readerState // who reads the socket (reading.go)
+	socketDL time.Time   // the socket's read deadline (socketDeadlineLocked)
 
 	// Failover (failover.go), guarded by mu.
-	switchAt    uint64        // the stream cursor of our Switch (sendOn)
+	switchAt    uint64        // the stream cursor of our Switch (sendRing)
 	moving      chan struct{} // a failover runs; closed when it ends
 	awaitResume bool          // we sent Resume and the peer's has not come
-	staleSwitch bool          // the peer's Switch may still come, from before the failover
-	owe         *owed         // our ring's bytes to send again once the peer's Resume comes
+	owe         *owed         // sendOwed: our ring's bytes to send again once the peer's Resume comes
 	peerFinal   uint64        // the stream cursor of the peer's goodbye while on the ring
 	setbacks    int           // failovers, and upgrades a busy server declined: the next upgrade's backoff
 	offers      int           // server: the client's upgrade offers so far (maxOffers)
 }
+
+// recvPath is where the peer's bytes come from (docs/protocol.md §9.5,
+// §9.10).
+type recvPath uint8
+
+const (
+	recvTCP recvPath = iota // Data frames
+	// recvStale: Data frames, after our failover; the peer's Switch sent
+	// before it learnt of the failover may still come, and is ignored.
+	recvStale
+	recvRing // the peer's Switch came at rcvd: its bytes are in the ring
+	recvEnd  // the peer's Fin, or its goodbye while sending on TCP
+)
+
+// sendPath is where our bytes go.
+type sendPath uint8
+
+const (
+	sendTCP  sendPath = iota // Data frames
+	sendRing                 // our Switch went at switchAt: the ring (wring)
+	// sendOwed: a failover took the ring; owe's bytes go again as Data,
+	// from where the peer's Resume says, before any other.
+	sendOwed
+	sendFin // CloseWrite on TCP: our Fin went
+)
 
 // upPhase is where a connection's upgrade is (docs/protocol.md §9.4).
 type upPhase uint8
@@ -322,7 +338,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 		case w.rclosed:
 			w.mu.Unlock()
 			return 0, io.EOF
-		case w.switched:
+		case w.recv == recvRing:
 			r := w.ring
 			if w.moving == nil {
 				w.rfast.Store(r)
@@ -336,7 +352,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 				return 0, err
 			}
 			continue
-		case w.eof:
+		case w.recv == recvEnd:
 			w.mu.Unlock()
 			return 0, io.EOF
 		case w.err != nil:
@@ -496,7 +512,7 @@ func (w *swConn) writeErr() error {
 		return net.ErrClosed
 	case w.err != nil:
 		return w.err
-	case w.wfin || w.gone.set:
+	case w.send == sendFin || w.gone.set:
 		return stream.ErrBrokenPipe
 	}
 	return nil
@@ -511,14 +527,14 @@ func (w *swConn) isClosed() bool {
 // switchLocked moves the sending to the ring if it is ready: Switch goes
 // behind the last Data frame, and later bytes into the ring. wmu is held.
 func (w *swConn) switchLocked() {
-	if w.wring != nil || w.wfin {
+	if w.wring != nil {
 		return
 	}
-	// Under mu, so that a failover sees the Switch and sendOn together.
+	// Under mu, so that a failover sees the Switch and sendRing together.
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	r := w.ring
-	if r == nil || w.closed || w.err != nil || w.gone.set || w.moving != nil || w.owe != nil {
+	if r == nil || w.send != sendTCP || w.closed || w.err != nil || w.gone.set || w.moving != nil {
 		return // (what a failover owes goes first, on TCP)
 	}
 	x, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Switch{Cursor: x} }, false)
@@ -527,7 +543,7 @@ func (w *swConn) switchLocked() {
 	}
 	w.wring = r
 	w.switchAt = x
-	w.sendOn = true
+	w.send = sendRing
 	w.noteLocked("send", "tcp", w.c.label.Load().transport, fmt.Sprintf("ring ready at stream byte %d", x))
 	w.settleLocked()
 }
@@ -539,8 +555,8 @@ func (w *swConn) settleLocked() {
 	if w.settled.set {
 		return
 	}
-	send := w.sendOn || w.sendDone
-	recv := w.switched || w.eof
+	send := w.send == sendRing || w.send == sendFin
+	recv := w.recv == recvRing || w.recv == recvEnd
 	// The peer's end settles the connection once no upgrade runs (one
 	// that runs ends on it, and says how).
 	gone := w.gone.set && w.up == upIdle
@@ -652,12 +668,12 @@ func (w *swConn) CloseWrite() error {
 	if err := w.resendLocked(&w.wdl); err != nil {
 		return err
 	}
-	if w.wfin {
+	w.mu.Lock()
+	if w.send == sendFin {
+		w.mu.Unlock()
 		return nil
 	}
-	w.wfin = true
-	w.mu.Lock()
-	w.sendDone = true
+	w.send = sendFin
 	w.settleLocked()
 	w.mu.Unlock()
 	_, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Fin{Cursor: x} }, false)
@@ -783,7 +799,7 @@ func (w *swConn) setDeadline(t time.Time, read, write bool) error {
 	if read {
 		w.rdlT = t
 		w.rdl.Set(t)
-		if w.appReading && !w.interrupted {
+		if w.reader == readerApp {
 			w.socketDeadlineLocked(t)
 		}
 	}
@@ -926,7 +942,7 @@ func (w *swConn) writeTo(dst io.Writer) (n int64, rerr, werr error) {
 	for {
 		w.mu.Lock()
 		r := w.ring
-		onRing := w.switched && w.rqLen == 0 && !w.rclosed && !w.closed
+		onRing := w.recv == recvRing && w.rqLen == 0 && !w.rclosed && !w.closed
 		w.mu.Unlock()
 		if onRing {
 			k, rerr, werr := r.CopyTo(dst)

@@ -378,7 +378,7 @@ func (w *swConn) awaitUpgrade(ctx context.Context) error {
 	switch {
 	case w.err != nil:
 		return w.err
-	case !w.set.fallback && !(w.sendOn && w.switched):
+	case !w.set.fallback && !(w.send == sendRing && w.recv == recvRing):
 		l := w.c.label.Load()
 		return noTransport(fmt.Errorf("the upgrade ended on TCP: %s", l.reason))
 	}
