@@ -194,9 +194,11 @@
 // The listener never blocks its accept loop: it reads each connection's
 // SO_PEERCRED as it accepts it, serves at most 16 first messages of one
 // peer process at once and queues that process's further connections (up
-// to 1024; 4096 held in all), and each connection has 2 s from its accept
-// to send its first message. So a local process that opens many silent
-// connections to the (public) socket name delays only its own exchanges.
+// to 1024), and each connection has 2 s from its accept to send its first
+// message. With 4096 held in all, a new connection takes the place of one
+// of the process that holds the most. So a local process, or many, that
+// open silent connections to the (public) socket name delay only their
+// own exchanges.
 //
 // # Deviations from RC
 //

@@ -27,10 +27,9 @@ const (
 	// order, and connections of other processes are not held up by them.
 	maxPerPeer = 16
 	// maxQueuedPerPeer bounds the connections of one peer process that wait
-	// for one of its slots; past it, and past maxHeld connections in all,
-	// a new connection is refused at once (its peer falls back to TCP).
+	// for one of its slots; past it a new connection is refused at once
+	// (its peer falls back to TCP).
 	maxQueuedPerPeer = 1024
-	maxHeld          = 4096
 	// firstMessageTimeout bounds how long a connection may wait, from its
 	// accept, before its connect message arrives: a real peer sends it at
 	// once, so a local process cannot hold its slots for long.
@@ -40,6 +39,11 @@ const (
 	// real peer sent long ago.
 	queuedGrace = 10 * time.Millisecond
 )
+
+// maxHeld bounds the connections held in all; past it a new one takes
+// the place of one of the process that holds the most (evictLocked). A
+// variable for tests.
+var maxHeld = 4096
 
 // The rendezvous listener: one abstract SOCK_SEQPACKET Unix socket per
 // process, started by the first QP that needs it and closed when the last
@@ -63,9 +67,12 @@ var rv struct {
 
 // peerQueue is one peer process's share of the rendezvous listener.
 type peerQueue struct {
-	active int           // exchanges being served, at most maxPerPeer
-	queue  []pendingConn // waiting for a slot, in accept order
+	active int             // exchanges being served, at most maxPerPeer
+	queue  []pendingConn   // waiting for a slot, in accept order
+	silent []*net.UnixConn // served, their first message not read yet, oldest first
 }
+
+func (pq *peerQueue) held() int { return pq.active + len(pq.queue) }
 
 // pendingConn is an accepted connection and what is known of it.
 type pendingConn struct {
@@ -211,26 +218,25 @@ func acceptLoop(ln *net.UnixListener) {
 			time.Sleep(5 * time.Millisecond) // e.g. out of fds
 			continue
 		}
-		admit(pendingConn{c: c, accepted: time.Now()})
+		cred, err := peerCred(c)
+		if err != nil {
+			refuse(c, nil, err.Error())
+			continue
+		}
+		admit(pendingConn{c: c, cred: cred, accepted: time.Now()})
 	}
 }
 
-// admit checks a new connection's credentials and starts its exchange, or
-// queues it behind its process's other exchanges (maxPerPeer), or refuses
-// it. It does not block, so no process can hold up the connections of
-// another.
+// admit starts a new connection's exchange, or queues it behind its
+// process's other exchanges (maxPerPeer), or refuses it. It does not
+// block, so no process can hold up the connections of another.
 func admit(p pendingConn) {
-	cred, err := peerCred(p.c)
-	if err != nil {
-		refuse(p.c, nil, err.Error())
-		return
-	}
+	cred := p.cred
 	// Same user only: see the package documentation's trust model.
 	if int(cred.Uid) != os.Geteuid() {
 		refuse(p.c, cred, "peer runs as another user")
 		return
 	}
-	p.cred = cred
 	rv.mu.Lock()
 	if rv.peers == nil {
 		rv.peers = map[int32]*peerQueue{}
@@ -240,13 +246,24 @@ func admit(p pendingConn) {
 		pq = &peerQueue{}
 		rv.peers[cred.Pid] = pq
 	}
+	if rv.held >= maxHeld {
+		queued, ok := evictLocked(pq)
+		if !ok {
+			if pq.held() == 0 {
+				delete(rv.peers, cred.Pid)
+			}
+			rv.mu.Unlock()
+			refuse(p.c, cred, fmt.Sprintf("%d connections waiting for an exchange", maxHeld))
+			return
+		}
+		if queued != nil {
+			defer refuse(queued.c, queued.cred, fmt.Sprintf("evicted: %d connections held, the most by this process", maxHeld))
+		}
+	}
 	switch {
-	case rv.held >= maxHeld:
-		rv.mu.Unlock()
-		refuse(p.c, cred, fmt.Sprintf("%d connections waiting for an exchange", maxHeld))
-		return
 	case pq.active < maxPerPeer:
 		pq.active++
+		pq.silent = append(pq.silent, p.c)
 		rv.held++
 		rv.mu.Unlock()
 		go serveQueued(p)
@@ -260,6 +277,47 @@ func admit(p pendingConn) {
 		}
 		rv.mu.Unlock()
 		refuse(p.c, cred, fmt.Sprintf("the process has %d connections waiting for an exchange", maxPerPeer+maxQueuedPerPeer))
+	}
+}
+
+// evictLocked makes room, with maxHeld held, for a connection of pq's
+// process by closing one of the process that holds the most, if it holds
+// more than pq's would: its newest queued one, which is returned for
+// refusal; else its oldest served one whose first message has not come,
+// closed here, which ends its exchange (its place is freed when that
+// ends). It reports whether it made room.
+func evictLocked(pq *peerQueue) (queued *pendingConn, ok bool) {
+	var big *peerQueue
+	for _, o := range rv.peers {
+		if big == nil || o.held() > big.held() {
+			big = o
+		}
+	}
+	switch {
+	case big.held() <= pq.held()+1:
+		return nil, false
+	case len(big.queue) > 0:
+		p := big.queue[len(big.queue)-1]
+		big.queue = big.queue[:len(big.queue)-1]
+		rv.held--
+		return &p, true
+	case len(big.silent) > 0:
+		_ = big.silent[0].Close()
+		big.silent = big.silent[1:]
+		return nil, true
+	}
+	return nil, false
+}
+
+// heard records that c's first message came, or that reading it ended:
+// c can no longer be evicted.
+func heard(pid int32, c *net.UnixConn) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	if pq := rv.peers[pid]; pq != nil {
+		if i := slices.Index(pq.silent, c); i >= 0 {
+			pq.silent = slices.Delete(pq.silent, i, i+1)
+		}
 	}
 }
 
@@ -283,6 +341,7 @@ func serveQueued(p pendingConn) {
 		p = pq.queue[0]
 		pq.queue[0] = pendingConn{}
 		pq.queue = pq.queue[1:]
+		pq.silent = append(pq.silent, p.c)
 		rv.mu.Unlock()
 	}
 }
@@ -303,6 +362,7 @@ func serveRendezvous(p pendingConn) {
 	}
 	_ = c.SetReadDeadline(first)
 	b, fds, err := readMsg(c, buf, oob)
+	heard(cred.Pid, c)
 	if err != nil {
 		refuse(c, cred, "reading the connect message: "+err.Error())
 		return

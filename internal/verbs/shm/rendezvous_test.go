@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -461,4 +462,75 @@ func TestEstablishedCancel(t *testing.T) {
 	if err := a.qp.Connect(ctx2, b.qp.Info(), true); err == nil {
 		t.Error("active Connect to a closed QP succeeded")
 	}
+}
+
+// TestRendezvousFairShare: once maxHeld connections are held, by
+// processes that each hold their full share of silent ones, such a
+// process gets no more, and a process that holds none takes the place of
+// the oldest silent connection of one that holds the most.
+func TestRendezvousFairShare(t *testing.T) {
+	defer func(n int) { maxHeld = n }(maxHeld)
+	maxHeld = 2 * maxPerPeer
+	var theirs []*net.UnixConn // the ends the processes hold
+	defer func() {
+		for _, c := range theirs {
+			_ = c.Close()
+		}
+		// Every exchange ends on its peer's close, and gives its place back.
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			rv.mu.Lock()
+			held := rv.held
+			rv.mu.Unlock()
+			if held == 0 {
+				return
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%d connections still held", held)
+			}
+		}
+	}()
+	connect := func(pid int32) *net.UnixConn {
+		t.Helper()
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ends [2]*net.UnixConn
+		for i, fd := range fds {
+			f := os.NewFile(uintptr(fd), "rendezvous")
+			c, err := net.FileConn(f)
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ends[i] = c.(*net.UnixConn)
+		}
+		theirs = append(theirs, ends[1])
+		admit(pendingConn{c: ends[0], cred: &unix.Ucred{Pid: pid, Uid: uint32(os.Geteuid())}, accepted: time.Now()})
+		return ends[1]
+	}
+	const hog1, hog2, honest = 1 << 30, 1<<30 + 1, 1<<30 + 2
+	var first [2]*net.UnixConn
+	for i, pid := range []int32{hog1, hog2} {
+		for k := range maxPerPeer {
+			if c := connect(pid); k == 0 {
+				first[i] = c
+			}
+		}
+	}
+	expectHangUp(t, connect(hog1), "a connection past maxHeld of a process holding the most")
+
+	connect(honest)
+	rv.mu.Lock()
+	served := rv.peers[honest].active
+	hog2Left := len(rv.peers[hog2].silent)
+	rv.mu.Unlock()
+	if served != 1 {
+		t.Fatalf("the connection of a process holding none is not served (%d)", served)
+	}
+	evicted := first[0]
+	if hog2Left < maxPerPeer {
+		evicted = first[1]
+	}
+	expectHangUp(t, evicted, "the oldest silent connection of a process holding the most")
 }
