@@ -255,7 +255,7 @@ type model struct {
 	bad     []string
 	errs    []modelErr // every error a call returned, judged at the end
 	closing time.Time  // when the first Close of the ending began
-	lenient bool       // an abort: resets may follow
+	lenient bool       // an abort, or a close on TCP with bytes unread: resets may follow
 }
 
 type modelErr struct {
@@ -513,6 +513,16 @@ func (m *model) closeEnd(e *modelEnd, abort bool) {
 		m.lenient = true
 	}
 	m.mu.Unlock()
+	e.rmu.Lock()
+	unread := e.received < e.peer.wrote()
+	e.rmu.Unlock()
+	if info, _ := InfoOf(e.c); unread && info.Transport == "tcp" {
+		// On TCP, a close that leaves the peer's bytes unread (or meets
+		// more of them after it) resets, as plain TCP's does (§9.6).
+		m.mu.Lock()
+		m.lenient = true
+		m.mu.Unlock()
+	}
 	if abort {
 		_ = e.c.SetLinger(0)
 	}
