@@ -6,21 +6,12 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// The backstop: a notification that never comes (a lost wake-up, a
-// doorbell word overwritten from outside) must not stall a connection
-// with bytes in flight for good. While bytes we placed in the peer's ring
-// are not reported consumed, a timer runs, as TCP's retransmission timer
-// does: when it fires it polls our completions, which finds what a lost
-// notification of ours hid (the peer's credits), and, if the peer has
-// consumed nothing since the last time, kicks the peer's queue
-// (verbs.Kicker): if the peer has not taken every message we sent, it is
-// made to act as if notified, and the timer backs off, doubling up to
-// backstopMax; if it has, it knows what is in flight (a receiver reports
-// what it consumed only past a threshold, or when asked: ring.State), and
-// the timer stops until more bytes are placed or a Write stalls. It fires
-// every backstopAfter while bytes move. A connection with nothing in
-// flight has no timer, and an idle one at most one run after its last
-// Write.
+// The backstop (docs/protocol.md §4.1): while bytes we placed in the
+// peer's ring are not reported consumed, a timer, like TCP's
+// retransmission timer, polls our completions every backstopAfter and,
+// if the peer consumed nothing since, kicks its queue (verbs.Kicker),
+// backing off up to backstopMax. It stops when nothing is in flight, or
+// when the peer has taken every message and no Write waits.
 const (
 	backstopAfter = 500 * time.Millisecond
 	backstopMax   = 30 * time.Second
@@ -34,8 +25,7 @@ type backstop struct {
 	wait time.Duration // t's period
 }
 
-// armBackstopLocked starts the timer for bytes just placed, unless it
-// runs.
+// armBackstopLocked starts the timer for bytes just placed, unless it runs.
 func (c *Conn) armBackstopLocked() {
 	if c.bs.on {
 		return
@@ -75,10 +65,8 @@ func (c *Conn) backstopFired() {
 			c.stats.Backstops.Add(1)
 		} else if !c.wr.busy {
 			// The peer has taken every message: it knows what is in
-			// flight, and says when it consumed it, as the ring's rules
-			// ask. The next bytes placed arm the timer again. (A Write
-			// that waits, for that answer or for message credits, keeps
-			// it running: the answer's notification could be lost too.)
+			// flight and reports what it consumes. A waiting Write keeps
+			// the timer running: its answer's notification could be lost.
 			return
 		}
 		c.bs.wait = min(2*c.bs.wait, backstopMax)

@@ -11,14 +11,10 @@ import (
 
 // Bounds on the orderly close.
 const (
-	// finalAckTimeout bounds how long Close waits for the final message to
-	// be acknowledged before it says goodbye (an abort, then) on the
-	// bootstrap connection. On RC hardware a lost packet is sent again
-	// after the QP's ACK timeout (537 ms, internal/verbs/ibverbs), so a
-	// final message behind a loss completes after that: the bound leaves
-	// room for several retransmissions. A peer whose transport gives up
-	// fails the send (an error completion ends the wait at once), and a
-	// dead peer process is found by the bootstrap connection instead.
+	// finalAckTimeout bounds Close's wait for the final message's
+	// acknowledgement before it says goodbye (an abort, then). It leaves
+	// room for several RC retransmissions (the QP's ACK timeout,
+	// internal/verbs/ibverbs); a failed send ends the wait at once.
 	finalAckTimeout = 4 * time.Second
 	// goodbyeGrace bounds how long, after the peer's goodbye, we wait for
 	// the ring messages it promised (its final producer cursor).
@@ -38,9 +34,8 @@ type Owner interface {
 	// abort goodbye.
 	Reset(c *Conn, err error)
 	// TransportFailed is called once, with Options.Failover, when c's
-	// transport failed and the stream can move on: c's calls return an
-	// error wrapping ErrMoving, and the owner takes what the stream still
-	// needs with Detach (detach.go).
+	// transport failed: c's calls return an error wrapping ErrMoving, and
+	// the owner takes what the stream still needs with Detach.
 	TransportFailed(c *Conn, cause error)
 }
 
@@ -63,11 +58,10 @@ func (c *Conn) PeerGoodbye(g *handshake.Goodbye) {
 	c.awaitFinal(g.FinalProd)
 }
 
-// awaitFinal handles the peer's orderly goodbye: it gives the ring
-// messages the peer sent before it a bounded time to arrive (waiting as a
-// call does, woken by what reads wait for), then marks the peer gone so
-// reads end with EOF after the data and writes fail. mu is held on entry
-// and on return, released while it waits.
+// awaitFinal handles the peer's orderly goodbye: it waits up to
+// goodbyeGrace, as a Read does, for the ring messages the peer sent
+// before it, then marks the peer gone so reads end with EOF after the
+// data and writes fail. mu is held on entry and on return, not meanwhile.
 func (c *Conn) awaitFinal(final uint64) {
 	dl := deadline.New()
 	dl.Set(time.Now().Add(goodbyeGrace))
@@ -91,16 +85,10 @@ func (c *Conn) awaitFinal(final uint64) {
 	c.wakeLocked(evRead | evWrite)
 }
 
-// life is where a Conn is in its lifecycle; docs/protocol.md §4 draws it.
-// It only moves forward, under mu:
-//
-//	open ──the peer's goodbye──▶ peerGone
-//	open, peerGone ──Close──▶ closing ──goodbye sent──▶ closed
-//
-// A transport failure (err, set once) is orthogonal: it ends the data
-// path in any state, and Close then says goodbye with an abort. In closing,
-// the final message goes out only if Close came from open with no failure.
-// The memory is released after closed, by the last reference (release).
+// life is where a Conn is in its lifecycle (docs/protocol.md §4 draws
+// it); it only moves forward, under mu. A transport failure (err, set
+// once) is orthogonal: it ends the data path in any state, and Close then
+// says goodbye with an abort.
 type life uint8
 
 const (
@@ -111,16 +99,13 @@ const (
 )
 
 // Close closes the Conn: blocked calls return net.ErrClosed at once, and
-// the peer reads EOF after everything written. It sends the final message
-// and waits, woken by its acknowledgement, at most finalAckTimeout for it
-// (or as SetLinger says), then says goodbye on the bootstrap connection. The queue pair and memory
-// are released by the last reference: by Close if no call is in the Conn,
-// else in the background once the last one has left (a Read copying out of
-// the ring, a CopyTo whose writer blocks). A second Close returns
+// the peer reads EOF after everything written. If the Conn is open and has
+// not failed, it sends the final message and waits at most finalAckTimeout
+// (or as SetLinger says) for its acknowledgement; then it says goodbye on
+// the bootstrap connection, an abort if a failure showed. The queue pair
+// and memory are released once the last call has left (a Read copying out
+// of the ring, a CopyTo whose writer blocks). A second Close returns
 // net.ErrClosed.
-// A transport failure that shows while Close waits (its final message
-// fails) ends the wait at once, and the goodbye is an abort; a caller
-// with Options.Failover asks Moving first, which finds a failure already there.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.life >= lifeClosing {
@@ -171,19 +156,17 @@ func (c *Conn) SetLinger(sec int) error {
 	return nil
 }
 
-// release frees what the Conn holds once nothing uses it: the QP first
-// (outstanding work flushes), drained, then the completion queue, then
-// the memory.
+// release frees what the Conn holds once nothing uses it
+// (Endpoint.release), draining the completions the closed QP flushed.
 func (c *Conn) release() {
 	c.ep.release(func() { c.drain(); c.loops.Wait() })
 }
 
-// sayGoodbye sends the final state message (FIN and CLOSE with our final
-// producer cursor) if final, waits a bounded time for it to be
-// acknowledged, so it is in the peer's memory before the peer reads our
-// goodbye, then sends the goodbye on the bootstrap connection and closes
-// it. mu is held on entry and on return, released while it waits and
-// while it writes the goodbye.
+// sayGoodbye sends the final FIN|CLOSE message if final and waits a
+// bounded time for its acknowledgement, so that it is in the peer's memory
+// before the peer reads our goodbye; then it sends the goodbye and closes
+// the bootstrap connection. mu is held on entry and on return, released
+// while it waits and while it writes the goodbye.
 func (c *Conn) sayGoodbye(final bool) {
 	dl := deadline.New()
 	wait := finalAckTimeout

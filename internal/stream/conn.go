@@ -18,9 +18,8 @@ import (
 // Blocking: Read blocks until data, EOF, an error, Close or the read
 // deadline; Write blocks until every byte is in the peer's ring (not until
 // the peer read it), an error, Close or the write deadline. A blocked call
-// may first poll for up to BusyPoll (adaptively, see spin.go), then parks
-// its goroutine (no OS thread) until the completion queue's notification
-// or another call wakes it (waiter.go).
+// may busy-poll first (spin.go), then parks its goroutine until woken
+// (waiter.go).
 //
 // Concurrency: all methods are safe for concurrent use. Concurrent Writes
 // do not interleave their bytes; concurrent Reads each get a contiguous
@@ -82,27 +81,23 @@ type Stats struct {
 	CreditStalls atomic.Uint64 // times a writer waited for ring space or credits
 	Wakeups      atomic.Uint64 // times a blocked call parked and was woken by its event or a notification
 	SpinHits     atomic.Uint64 // times a busy-polling call found its event before parking
-	// Notifications counts the completion queue's notifications, and
-	// Background those that found no call waiting and started background
-	// progress.
+	// Notifications counts the completion queue's notifications;
+	// Background those that started background progress.
 	Notifications atomic.Uint64
 	Background    atomic.Uint64
-	// RingGrows counts ring moves (grow.go): the peer moving into our
-	// larger ring, and us moving into the peer's. GrowFailures counts
-	// registrations for a move that failed (the rings keep their size).
+	// RingGrows counts ring moves (grow.go), the peer's and ours;
+	// GrowFailures the registrations for a move that failed.
 	RingGrows    atomic.Uint64
 	GrowFailures atomic.Uint64
-	// Backstops counts the times the peer had consumed nothing for the
-	// backstop's period with bytes in flight, and was kicked
-	// (backstop.go).
+	// Backstops counts the kicks of a peer that consumed nothing for the
+	// backstop's period with bytes in flight (backstop.go).
 	Backstops atomic.Uint64
 }
 
-// Start turns a connected Endpoint into a Conn. peer is the peer's ring from
-// the handshake; owner is the connection the Conn carries the stream
-// for (Owner). Reads and Writes
-// end at rdl and wdl, the caller's deadlines for the connection: a Set on
-// them reaches a call that waits in the Conn at once.
+// Start turns a connected Endpoint into a Conn. peer is the peer's ring
+// from the handshake; owner is the connection the Conn carries the stream
+// for. Reads and Writes end at rdl and wdl, the caller's deadlines: a Set
+// on them reaches a call that waits in the Conn at once.
 func (e *Endpoint) Start(peer Ring, owner Owner, rdl, wdl *deadline.Deadline) (*Conn, error) {
 	if err := validatePeer(peer); err != nil {
 		return nil, err
@@ -181,11 +176,10 @@ func wake(ch chan struct{}) {
 func (c *Conn) QP() verbs.QP { return c.ep.qp }
 
 // Registered reports the bytes of memory the Conn holds registered with
-// its device now: the receive ring, the state-message buffers, the
-// staging buffer for WRITEs (the peer's ring size) where the peer's ring
-// is not mapped here, and while a ring grows the other ring or staging
-// (grow.go). On RDMA devices they are pinned.
-// It does not wait for the connection's lock.
+// its device now (pinned on RDMA devices): the receive ring, the
+// state-message buffers, the staging for WRITEs unless the peer's ring is
+// mapped here, and a growing ring's other ring or staging. It does not
+// wait for the connection's lock.
 func (c *Conn) Registered() int64 { return c.registered.Load() }
 
 // countRegisteredLocked updates what Registered reports after the

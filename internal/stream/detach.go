@@ -6,17 +6,11 @@ import (
 	"net"
 )
 
-// Failover: moving the stream off a ring whose transport failed.
-//
-// With Options.Failover, a failure of the
-// transport (an error completion, a post the queue refuses, a poll or arm
-// that fails, a peer message that breaks the ring's rules) does not reset
-// the Conn. Its calls return an error that wraps ErrMoving, and the
-// Owner's TransportFailed is called once; the Owner then takes what the
-// stream still needs with Detach and carries it on elsewhere. A failure
-// after the peer's CLOSE or goodbye, during Close, or without
-// Options.Failover
-// resets the Conn as before.
+// Failover (docs/protocol.md §9.10): with Options.Failover, a transport
+// failure does not reset the Conn. Its calls return an error wrapping
+// ErrMoving, the Owner's TransportFailed is called once, and the Owner
+// takes what the stream still needs with Detach. A failure after the
+// peer's CLOSE or goodbye, or during Close, still resets the Conn.
 
 // ErrMoving is wrapped by what a Conn's calls return once its transport
 // failed and its stream moves to another path (Options.Failover), or
@@ -25,10 +19,9 @@ var ErrMoving = errors.New("rsock: the ring's transport failed; the stream moves
 
 // Moving reports whether the Conn's transport failed and its stream is to
 // move on (TransportFailed was or is about to be called), or Detach was
-// called. It polls the completions first, and decides on a failure they
-// show at once (no suspectGrace): an Owner asks before it closes the Conn,
-// so that a failure no call has seen yet moves the stream rather than
-// aborting it.
+// called. It polls first and decides on a failure found at once (no
+// suspectGrace): an Owner asks before it closes the Conn, so that a
+// failure no call has seen yet moves the stream rather than aborting it.
 func (c *Conn) Moving() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -85,11 +78,11 @@ func (c *Conn) transportFailedLocked(err error) {
 // Detach ends the Conn's use of its transport and returns what the stream
 // still needs from it. Calls in progress return (an error wrapping
 // ErrMoving) and later ones fail with net.ErrClosed; Detach waits until
-// no Read, CopyTo or Write is inside the Conn, so a CopyTo blocked in its
-// writer holds it up. No final message and no goodbye are sent; the queue
-// pair and memory are released in the background. It fails with the
-// Conn's error if the Conn was reset, and with net.ErrClosed after Close
-// or a first Detach.
+// no Read or Write is inside the Conn, except a CopyTo blocked in its
+// writer, whose piece counts as read. No final message and no goodbye are
+// sent; the queue pair and memory are released in the background. It
+// fails with the Conn's error if the Conn was reset, and with
+// net.ErrClosed after Close or a first Detach.
 func (c *Conn) Detach() (Leftover, error) {
 	c.mu.Lock()
 	switch {
@@ -105,10 +98,9 @@ func (c *Conn) Detach() (Leftover, error) {
 		return Leftover{}, err
 	}
 	c.rd.stop.Store(true) // no more Reads from a lease
-	// A CopyTo in its writer can stay there: the piece it holds counts as
-	// read. Any other reader leaves at once (it checks c.err, or copies
-	// from a lease and sees rd.stop), and a CopyTo hands its writer no
-	// new piece now.
+	// A CopyTo in its writer can stay there. Any other reader leaves at
+	// once (it checks c.err, or copies from a lease and sees rd.stop), and
+	// a CopyTo hands its writer no new piece now.
 	copying := c.rd.copying > 0
 	c.mu.Unlock()
 	c.wr.mu.Lock()

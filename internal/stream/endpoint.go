@@ -3,11 +3,10 @@
 // Read and Write with deadlines, half-close, close that unblocks everything,
 // and teardown on any transport error or protocol violation.
 //
-// An Endpoint holds the resources of one side before the handshake: the
-// device (protection domain), completion queue, queue pair, the receive ring
-// the peer writes into, and the receive buffers for state messages, which
-// are all posted before the Endpoint's description is sent. Start turns a
-// connected Endpoint into a Conn.
+// An Endpoint holds one side's resources before the handshake: the device,
+// completion queue, queue pair, the receive ring the peer writes into, and
+// the receive buffers for state messages, all posted before the Endpoint's
+// description is sent. Start turns a connected Endpoint into a Conn.
 package stream
 
 import (
@@ -34,10 +33,9 @@ type Options struct {
 	// (TransportFailed) instead of resetting the Conn (detach.go).
 	Failover bool
 	// GrowTo is the size the receive ring grows to, once, when the peer's
-	// writer fills it (grow.go): a power of two above RingSize, or 0 for
-	// a ring that keeps its size. Set it only when the peer follows a
-	// ring move (the handshake says so). Rings the peer maps (shm) never
-	// grow.
+	// writer blocks (grow.go): a power of two above RingSize, or 0. Set it
+	// only when the peer follows a ring move (the handshake says so). A
+	// ring the peer maps (shm) starts at GrowTo instead.
 	GrowTo int
 	// PeerRingLimit is the largest ring a peer's GROW may offer (staging
 	// of that size is registered for it); 0 means ring.MaxRingSize.
@@ -65,10 +63,9 @@ type Endpoint struct {
 	rwr   verbs.RecvWR         // reused by postSlot (callers serialise): no allocation per post
 	conn  atomic.Pointer[Conn] // the Conn the CQ's notifications go to, once started
 
-	// A ring move (grow.go): our ring offered and not moved into yet, and
-	// the old one until its bytes are consumed; staging for the peer's
-	// new ring until we move, and the old staging until its bytes are
-	// acknowledged. Guarded by the Conn's mutex.
+	// A ring move (grow.go): our new ring until the peer moves, the old one
+	// until its bytes are consumed; the same for our staging, the old until
+	// its bytes are acknowledged. Guarded by the Conn's mutex.
 	nextRing, oldRing, nextStage, oldStage verbs.MR
 }
 
@@ -152,12 +149,11 @@ func (e *Endpoint) Connect(ctx context.Context, peer []byte, active bool) error 
 	return e.qp.Connect(ctx, peer, active)
 }
 
-// Prepare allocates what the connection needs for the peer's ring: the
-// staging its WRITEs are copied from, as large as that ring, unless the
-// provider maps the peer's memory. rsock calls it once the peer's ring is
-// known and before either side switches, so that a registration the host
-// refuses (RLIMIT_MEMLOCK) costs only the ring, not the connection. Start
-// calls it if nobody did.
+// Prepare allocates the staging the WRITEs into the peer's ring are copied
+// from, as large as that ring, unless the provider maps the peer's memory.
+// rsock calls it before either side switches, so that a registration the
+// host refuses (RLIMIT_MEMLOCK) costs only the ring, not the connection.
+// Start calls it if nobody did.
 func (e *Endpoint) Prepare(peer Ring) error {
 	if err := validatePeer(peer); err != nil {
 		return err

@@ -38,8 +38,7 @@ func (e *ResetError) Why() string {
 	return e.Reason
 }
 
-// resetWhy is err's why if it is a *ResetError (what a goodbye and a log
-// record say), else its message.
+// resetWhy is err's Why if it is a *ResetError, else its message.
 func resetWhy(err error) string {
 	if re, ok := err.(*ResetError); ok {
 		return re.Why()

@@ -7,33 +7,15 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// Growing rings (docs/protocol.md §3.11).
-//
-// A Conn's receive ring starts at Options.RingSize. With Options.GrowTo it
-// grows once, to GrowTo, when the peer's writer is held back: a BLOCKED
-// arrives (for ring space, or for message credits, which the receiver
-// cannot tell apart once it has read on; either way the writer has more
-// than the connection carries now). A reader that keeps ahead of the
-// writer only by reading can still be the reason the writer blocks: a
-// larger ring lets the writer post larger pieces (a quarter of the
-// ring). The new
-// ring is registered off the callers' path (allocFor), offered in a GROW
-// message, and the peer moves its writing into it with a MOVED message:
-// the peer's bytes before that message's producer cursor are in the old
-// ring, later ones in the new. Reads take the old ring's bytes first, and
-// leases never span both (ring.State.ReadableHere); the old ring is
-// released once every byte in it was consumed.
-//
-// The other way, a GROW from the peer makes this side register staging
-// of the new size (allocFor) and then move, with the first message it
-// can send while no Write copies a chunk (moveLocked): from then on
-// Space, WriteSegments and the WRITEs' destination are the new ring's.
-// The old staging is kept until the peer acknowledged every byte in it (a
-// failover sends unacknowledged bytes again, detach.go), then released.
-//
-// Rings mapped into the peer (verbs.RemoteMapper, shm) never grow: the
-// peer cannot map a region registered after the connection was set up,
-// and a GROW to such a side is a protocol violation.
+// Growing rings (docs/protocol.md §3.11). With Options.GrowTo our ring
+// grows once, when a BLOCKED arrives (maybeGrowLocked): the new ring is
+// registered off the callers' path (allocFor) and offered in a GROW, and
+// the peer's MOVED says from which cursor its bytes are in it. Reads take
+// the old ring's bytes first, and a lease never spans both rings
+// (ring.State.ReadableHere). A GROW from the peer makes us register
+// staging of its size and move with the first message we can send while
+// no Write copies a chunk (wr.chunk). An old ring or staging is released
+// once nothing in it is needed (growLocked).
 
 // growth is a Conn's state of both rings' growth; guarded by Conn.mu.
 type growth struct {
@@ -78,8 +60,7 @@ func (c *Conn) allocFor(size int, access verbs.Access, install func(verbs.MR)) {
 }
 
 // peerMovedLocked handles the peer's MOVED, accepted by ring.State: its
-// bytes from the message's producer cursor on are in the ring our GROW
-// offered.
+// bytes from the message's cursor on are in the ring our GROW offered.
 func (c *Conn) peerMovedLocked() {
 	c.ep.oldRing, c.ep.ring, c.ep.nextRing = c.ep.ring, c.ep.nextRing, nil
 	c.ringSize.Store(int64(c.st.Params().LocalSize))
@@ -143,9 +124,8 @@ func (c *Conn) growLocked() {
 	}
 }
 
-// ringMemLocked is the memory of our ring that holds the consumer cursor:
-// the old one of a move (old, from ring.State.ReadableHere) or the
-// current one.
+// ringMemLocked is our ring that holds the consumer cursor: the old one
+// of a move (old, from ring.State.ReadableHere) or the current one.
 func (c *Conn) ringMemLocked(old bool) []byte {
 	if old {
 		return c.ep.oldRing.Bytes()

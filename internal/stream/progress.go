@@ -9,6 +9,9 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
+// progressLocked handles every completion in the queue, sends what we owe
+// the peer (flushLocked) and wakes the calls concerned; it reports whether
+// it found any, or the poll failed. mu is held.
 func (c *Conn) progressLocked() bool {
 	// Drain the queue: a waiter arms before it polls, and an armed
 	// notification fires only for completions added after Arm, so any left
@@ -44,10 +47,9 @@ func (c *Conn) progressLocked() bool {
 	return total > 0
 }
 
-// handleRecvLocked handles a receive completion. It reports whether a
-// blocked Read (rd) or Write (wr) may now proceed: a state message that only
-// returns credits for our receives wakes neither, so a Read does not leave
-// its wait for nothing.
+// handleRecvLocked handles a receive completion and returns the events it
+// caused: a state message that only returns credits for our receives
+// wakes no Read.
 func (c *Conn) handleRecvLocked(wc *verbs.Completion) event {
 	if err := wc.Err(); err != nil {
 		if c.life < lifeClosing {
@@ -160,11 +162,8 @@ func (c *Conn) sendLocked(extra ring.Flags, signal bool) {
 	if err != nil {
 		return
 	}
-	// The message of a writer blocked for message credits is solicited: it
-	// reaches the peer even when the peer is idle (waiter.go), since only
-	// the peer's progress (its receive buffers posted again) frees them. A
-	// writer blocked for ring space waits for the peer's application to
-	// read, which answers it then.
+	// The BLOCKED of a writer short of message credits is solicited, so
+	// that it wakes an idle peer (docs/protocol.md §4.1).
 	c.postMsgLocked(&m, signal, extra&ring.FlagBlocked != 0 && !c.st.CanSendData())
 }
 
@@ -196,16 +195,11 @@ func (c *Conn) flushLocked() {
 const suspectGrace = 250 * time.Millisecond
 
 // suspectLocked handles a transport failure that may be the peer's orderly
-// teardown: after its final FIN|CLOSE is acknowledged the peer destroys its
-// queue pair, and a post of ours can fail before we have polled that CLOSE
-// or read its goodbye. Deciding here would mean polling from inside
-// completion handling, out of order; instead the verdict waits
-// suspectGrace, and a CLOSE or goodbye in the meantime makes the failure
-// benign. A peer that died is still caught at once by the bootstrap
-// connection, and protocol violations fail at once.
-//
-// While Close waits for its final message, a failure is only recorded:
-// Close's wait (sayGoodbye) decides, after what it polled with it.
+// teardown (docs/protocol.md §4, "Transport failures near a close"): the
+// verdict (judge) waits suspectGrace, and a CLOSE or goodbye meanwhile
+// makes the failure benign. Judging here would poll from inside
+// completion handling, out of order. While Close waits for its final
+// message, a failure is only recorded: Close's wait (sayGoodbye) decides.
 func (c *Conn) suspectLocked(err error) {
 	if c.err != nil || c.life == lifePeerGone || c.st.PeerClosed() || c.suspect != nil {
 		return

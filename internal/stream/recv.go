@@ -11,38 +11,23 @@ import (
 	"github.com/rdmanet/rdmanet/internal/deadline"
 )
 
-// Reading and the read lease.
+// Reading and the read lease (docs/protocol.md §4.2). A Read that finds
+// bytes takes all that are readable as a lease (under mu, marked lent so
+// that nothing else consumes them); later Reads copy from it holding only
+// rd.mu, and report what they took consumed under mu once 1/16 of the
+// ring was taken and when the lease runs out, so a drained ring is
+// reported at once (the peer's BLOCKED rule needs that).
 //
-// Reads are often small (io.Copy into io.Discard reads 8 KiB at a time,
-// bufio 4 KiB), and on the receiving side of a bulk stream the copy out of
-// the ring is what limits throughput: a Read that took the connection lock
-// twice, registered itself and checked its state under that lock would
-// spend a good part of its time outside the copy.
-//
-// So readable bytes are lent to the reading side for longer than one call:
-// a Read that finds bytes takes all that are readable as a lease (under
-// mu, marking them lent, so that nothing else consumes them), and later
-// Reads copy from the lease holding only rd.mu, with no other lock. What
-// they copy is reported consumed (ring.State.Consumed, which may send the
-// peer its space back) under mu once 1/16 of the ring was taken, and
-// when the lease runs out, when the next Read has to wait anyway: so a
-// drained ring is always reported at once (the peer's BLOCKED rule needs
-// that), and bytes a stalled application has taken but not reported are
-// fewer than that, a small addition to the quarter-ring update
-// threshold. A large Read copies in pieces of at most a quarter ring, each
-// reported before the next, so the peer refills the ring while it copies.
-//
-// What ends a lease: CopyTo takes it back first (it reads from the ring
+// What ends a lease: CopyTo takes it back first (it reads the ring
 // directly); CloseRead and Close set rd.stop, which Reads check before
 // using a lease. CloseRead gives the lease back itself if no call holds
-// rd.mu, else the call that holds it does when it unlocks (rdUnlock): the
-// store of rd.stop comes before CloseRead's TryLock, the Unlock before the
-// holder's load of rd.stop, so one of them sees the other. Close does not
-// count lease Reads among its in-flight calls (registering costs the
-// atomics the lease saves); it sets rd.stop, and the release of the ring
-// waits for rd.mu after the registered calls returned (close.go), so a
-// lease Read still copying finishes before the ring is unmapped and a
-// later one sees rd.stop.
+// rd.mu, else the holder does when it unlocks (rdUnlock): the store of
+// rd.stop comes before CloseRead's TryLock, the Unlock before the
+// holder's load of rd.stop, so one of them sees the other. Lease Reads
+// are not counted among the calls (that would cost the atomics the lease
+// saves): Close sets rd.stop, and the ring's release waits for rd.mu
+// after the counted calls returned (close.go), so a lease Read still
+// copying finishes before the ring is unmapped.
 type recvHalf struct {
 	mu   sync.Mutex // serialises Reads and CopyTo
 	e    entry
@@ -51,9 +36,8 @@ type recvHalf struct {
 	stop atomic.Bool        // Close or CloseRead was called: no more Reads from a lease; set under Conn.mu
 	shut bool               // CloseRead was called; guarded by Conn.mu
 	lent bool               // readable bytes are lent outside Conn.mu (a lease, a CopyTo piece): CloseRead leaves them to their holder; guarded by Conn.mu
-	// copying is the piece a CopyTo has handed to its writer, whose
-	// Write may block for as long as it likes: Detach counts it read
-	// rather than wait for rd.mu. Guarded by Conn.mu.
+	// copying is the piece a CopyTo has handed to its writer, which may
+	// block at will: Detach counts it read. Guarded by Conn.mu.
 	copying uint64
 
 	base  uint64 // consumer cursor (ring.State.Cons) when the lease was taken or last reported
@@ -108,9 +92,8 @@ func (c *Conn) copyLease(b []byte) uint64 {
 	mem := c.rd.mem // the lease's ring changes only with the lease (a ring that grew)
 	size := uint64(len(mem))
 	n := min(uint64(len(b)), c.rd.lease-c.rd.taken, max(size/4, 1))
-	// The peer does not write these bytes again until we report them
-	// consumed, and nothing else consumes them while lent, so the copy
-	// needs no lock.
+	// No lock: the peer does not overwrite these bytes until we report
+	// them consumed, and nothing else consumes them while lent.
 	off := (c.rd.base + c.rd.taken) & (size - 1)
 	k := copy(b[:n], mem[off:])
 	copy(b[k:n], mem)
@@ -123,9 +106,8 @@ func (c *Conn) copyLease(b []byte) uint64 {
 // returns nil also when nothing is readable. rd.mu and mu are held.
 func (c *Conn) awaitLeaseLocked(zero bool) error {
 	for {
-		// What this loop is about to check answers any wake-up sent so far
-		// (they are sent under mu): drop it, or the next wait would return
-		// for nothing.
+		// What this loop checks answers any wake-up sent so far (they are
+		// sent under mu): drop it, or the next wait returns for nothing.
 		drain(c.rd.e.ch)
 		switch {
 		case c.life >= lifeClosing:
@@ -158,11 +140,10 @@ func (c *Conn) awaitLeaseLocked(zero bool) error {
 	}
 }
 
-// readLease copies up to len(b) bytes of the lease into b; rd.mu is held.
-// Pieces are at most a quarter of the ring; after each, what was taken is
+// readLease copies up to len(b) bytes of the lease into b, in pieces of
+// at most a quarter ring; rd.mu is held. After a piece, what was taken is
 // reported under mu if it reaches 1/16 of the ring or ends the lease
-// (which takes what became readable since as the new lease). It stops early once
-// rd.stop is set.
+// (which lends what became readable since). It stops once rd.stop is set.
 func (c *Conn) readLease(b []byte) (uint64, error) {
 	var done uint64
 	for done < uint64(len(b)) && c.rd.lease > c.rd.taken {
@@ -199,9 +180,8 @@ func (c *Conn) syncLeaseLocked() error {
 		c.rd.taken = 0
 	}
 	if c.st.Readable() == 0 {
-		// Drained: look for what came meanwhile, more bytes or a peer
-		// blocked for the space just freed (its BLOCKED is not solicited,
-		// waiter.go), which flushLocked then answers.
+		// Drained: poll for more bytes, or for the unsolicited BLOCKED of a
+		// peer short of space, which flushLocked then answers.
 		c.progressLocked()
 	}
 	if c.rd.shut || c.life >= lifeClosing {
@@ -221,7 +201,7 @@ func (c *Conn) syncLeaseLocked() error {
 }
 
 // rdUnlock releases rd.mu, and gives a lease back if CloseRead or Close
-// came meanwhile (see recvHalf.lent).
+// came meanwhile (see recvHalf).
 func (c *Conn) rdUnlock() {
 	c.rd.mu.Unlock()
 	if c.rd.stop.Load() {
@@ -244,8 +224,7 @@ func (c *Conn) dropLease() {
 }
 
 // returnLentLocked ends a CopyTo's use of readable bytes outside mu: n of
-// them are consumed, and if CloseRead came meanwhile the rest is
-// discarded.
+// them are consumed, and the rest discarded if CloseRead came meanwhile.
 func (c *Conn) returnLentLocked(n uint64) error {
 	c.rd.lent = false
 	err := c.st.Consumed(n)
@@ -260,10 +239,9 @@ func (c *Conn) returnLentLocked(n uint64) error {
 
 // CopyTo hands the stream to w until EOF (both errors nil), an error of
 // the stream (readErr, as Read would return it) or of w (writeErr). The
-// bytes go to w.Write straight from the ring, with no copy here (w must not
-// keep the slice, as io.Writer's contract says), in pieces of at most a
-// quarter of the ring, each announced consumed once w took it. It blocks
-// and honours the read deadline as Read does.
+// bytes go to w.Write straight from the ring (w must not keep the slice),
+// in pieces of at most a quarter ring, each consumed once w took it. It
+// blocks and honours the read deadline as Read does.
 func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	if err := c.enter(); err != nil {
 		return 0, err, nil
@@ -350,8 +328,7 @@ func writeSegs(w io.Writer, a, b []byte) (int, error) {
 	return n, nil
 }
 
-// errInvalidWrite is io's errInvalidWrite: a writer returned an impossible
-// count.
+// errInvalidWrite is io's: a writer returned an impossible count.
 var errInvalidWrite = errors.New("invalid write result")
 
 // CloseRead shuts down the reading side: Reads return io.EOF, and data
@@ -379,14 +356,12 @@ func (c *Conn) CloseRead() error {
 	return nil
 }
 
-// Poll reports what a Read would find now, without waiting and without
-// taking anything: readable is true when bytes wait to be read; else err
-// is what a Read would return at once (io.EOF once the peer's end was
-// read or after CloseRead, net.ErrClosed, the connection's failure, or
-// ErrMoving while a switching connection moves off this ring), and both
-// zero values mean a Read would wait. A Read or CopyTo that runs
-// meanwhile holds the receiving side: what is readable is that call's,
-// and Poll reports only an end or a failure. Poll ignores the read
+// Poll reports what a Read would find now, without waiting or taking
+// anything: readable is true when bytes wait to be read; else err is what
+// a Read would return at once (io.EOF, net.ErrClosed, the connection's
+// failure, or an error wrapping ErrMoving), and both zero values mean a
+// Read would wait. While a Read or CopyTo runs, what is readable is that
+// call's, and Poll reports only an end or a failure. It ignores the read
 // deadline.
 func (c *Conn) Poll() (readable bool, err error) {
 	if !c.rd.mu.TryLock() {

@@ -90,9 +90,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		chunk := b[written : written+int(n)]
 		// A large chunk is copied outside the lock: only this writer
 		// moves the producer cursor, and the peer has released this
-		// space. Bytes small enough to go inline are staged too: until the
-		// peer reports them consumed, they are what a failover sends
-		// again (detach.go).
+		// space. Inline chunks are staged too: a failover sends them again.
 		if n <= lockedCopy {
 			c.copyChunk(chunk, s1, s2)
 		} else {
@@ -122,10 +120,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 }
 
 // writeNow writes all of b in one section of mu, without wr.mu, if it can
-// at once: b is small (lockedCopy), no other Write is in the Conn (wr.busy,
-// which keeps Writes whole and in order), and there is room, a credit and
-// send-queue room for it all. Otherwise, or if the post fails, it writes
-// nothing and Write goes the long way, which decides.
+// at once: b is at most lockedCopy, no other Write is in the Conn (wr.busy
+// keeps Writes whole and in order), and space, a credit and send-queue
+// room are there. If not, or if its post fails, Write goes the long way.
 func (c *Conn) writeNow(b []byte) (int, bool) {
 	n := uint64(len(b))
 	if n == 0 || n > lockedCopy {
@@ -237,8 +234,7 @@ func (c *Conn) CloseWrite() error {
 	}
 	c.wr.shut = true
 	c.st.SetFIN()
-	// Without a credit now, the FIN stays pending and flushLocked sends it
-	// when the credit update that frees one arrives.
+	// Without a credit now, the FIN stays pending for flushLocked.
 	c.sendLocked(0, false)
 	return nil
 }

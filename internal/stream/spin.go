@@ -6,56 +6,21 @@ import (
 	"time"
 )
 
-// Adaptive busy-polling. A blocked call may poll the completion queue
-// itself for a window before it parks: that saves the wake-up (the peer's
-// notification, the netpoller, the scheduler) when the answer comes within
-// the window, and wastes the window when it does not.
-//
-// The window is what parking costs in this process now, as the
-// competitive spin-then-park rule asks (Karlin et al.: poll for about the
-// cost of a park, then park, and a wait costs at most about twice what it
-// would have cost with foresight): spinPerPark times parkCost, the time
-// from a parked call's wake-up signal to the call running again, averaged
-// over the parked waits of every connection, so that it follows the host
-// as it gets busier or quieter. A park of a ring wait costs about two such
-// wake-ups (the provider's reader woken by the notification, then the
-// call), and a spinner waits through the peer's park too when the peer
-// had parked: spinPerPark covers both. Options.BusyPoll bounds it.
-//
-// Each direction of a Conn keeps polling or stops by what its recent
-// waits found, in the manner of KVM's halt-polling:
-//
-//   - a wait that spun and was over only after more than missSlack
-//     windows (it parked, or yielding the core held it up) is a miss, and
-//     spinLimit misses in a row close the window: the calls that follow
-//     park at once;
-//   - with the window closed, a wait now and then spins anyway (a probe):
-//     the first comes firstProbe waits after the window closed, and each
-//     probe that misses doubles the gap, up to probeEvery; a probe that
-//     ends within the window reopens it.
-//
-// A wait that ends after the window but within missSlack windows is
-// neither: it is what a spinner sees when its peer parks (the peer's
-// wake-up, two of this process's), and counting it as a miss would let
-// two peers close each other's windows for good, each seeing the other's
-// parked latency. Because the window is measured, that holds on a slow
-// host too: a fixed window (this package's first design, 20 us) closed
-// for good where a peer's parked answer took over two windows.
-//
-// So a connection whose answers come within the window keeps polling; one
-// whose answers come later (a server that works on each request for
-// longer than a park) stops after spinLimit waits and soon spends at most
-// one window per probeEvery waits, leaving the core to the peer; and an
-// idle connection spends at most spinLimit windows and then nothing: a
-// parked call costs no CPU.
+// Adaptive busy-polling: a blocked call may poll the completion queue for
+// a window before it parks, which saves the wake-up when the answer comes
+// within the window. The window is spinPerPark times parkCost, at most
+// Options.BusyPoll; each direction closes it after spinLimit misses in a
+// row and reopens it by a probe that hits (docs/protocol.md §4.1).
 const (
 	spinLimit  = 2   // misses in a row that close the window
-	missSlack  = 2   // a wait over within missSlack windows is no miss
+	missSlack  = 2   // a wait over within missSlack windows is no miss (a parked peer's answer)
 	firstProbe = 8   // waits from the window closing to the first probe
 	probeEvery = 256 // the longest gap between probes
 )
 
-// spinPerPark is the window in wake-ups of a parked call (parkCost).
+// spinPerPark is the window in wake-ups of a parked call (parkCost): a
+// parked ring wait costs about two, and a spinner may wait through its
+// peer's park too.
 const spinPerPark = 3
 
 // parkCost is the average wake-up latency of a parked call, in
@@ -154,13 +119,10 @@ func (s *spinCtl) record(spun, took, w time.Duration) {
 	}
 }
 
-// At most spinSlots calls of the whole process busy-poll at once; the
-// others park at once. A spinner holds its core, and more spinners than
-// half the cores starve the goroutines (and the peer process) whose work
-// they wait for. For the same reason no call starts spinning while a call
-// of the process that was woken from parking has not run yet (woken): the
-// cores are busy then, and a spinner would hold that call up
-// (BENCHMARKS.md has both effects on 64 connections).
+// At most spinSlots calls of the process busy-poll at once, and none
+// starts while a call woken from parking has not run yet (woken): a
+// spinner holds its core, and too many hold up the goroutines and the
+// peer process whose work they wait for (docs/protocol.md §4.1).
 var (
 	spinning  atomic.Int32
 	woken     atomic.Int32 // calls signalled while parked that have not run since
@@ -168,8 +130,7 @@ var (
 )
 
 // takeSpinSlot takes a spinning slot if one is free and no woken call
-// waits for a core; the caller gives it back (spinning.Add(-1)) when it
-// stops polling.
+// waits; the caller gives it back (spinning.Add(-1)) when it stops.
 func takeSpinSlot() bool {
 	if woken.Load() > 0 {
 		return false

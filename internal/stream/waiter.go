@@ -11,45 +11,24 @@ import (
 	"github.com/rdmanet/rdmanet/internal/deadline"
 )
 
-// Waiting: one mechanism for every blocked call on every provider.
+// Waiting: one mechanism for every blocked call on every provider
+// (docs/protocol.md §4.1).
 //
-// A call that cannot proceed (Read with nothing readable, Write with no
-// room, Close waiting for its final message, the goodbye waiting for the
-// peer's last data) registers an entry, which names the events it waits
-// for, and checks its condition again, both under mu; then it waits on the
-// entry's channel, its deadline and the Conn's close. Whoever changes the
-// state under mu signals the entries whose events happened (wakeLocked).
-// Entries are registered and signalled under mu, so a change either comes
-// before the check (which sees it) or signals the registered entry; the
-// channel has capacity 1 and keeps a signal that comes before its waiter
-// parks. That is the whole argument against lost wake-ups between calls.
+// A blocked call registers an entry naming its events and checks its
+// condition again, both under mu, then waits on the entry's channel, its
+// deadline and the Conn's close; whoever changes the state under mu
+// signals the entries concerned (wakeLocked). So a change either comes
+// before the check, which sees it, or signals the registered entry, whose
+// channel (capacity 1) keeps a signal sent before its waiter parks: no
+// wake-up is lost between calls.
 //
-// Completions reach the Conn one way: the completion queue's one-shot
-// notification (verbs.CQ), which calls notify. Its target is one waiting
-// entry, the poller: the first call to park takes the role, arms the queue
-// and polls once more before it parks (a completion that came before the
-// Arm is found by that poll, one after it fires notify: the CQ contract).
-// notify signals the poller's channel, and the poller, woken, polls and
-// signals the entries whose events the completions carried. A poller that
-// leaves hands the role to another parked entry, for which it arms and
-// polls; so while any call is parked, one of them is the poller and the
-// queue is armed for it. A blocked call on a quiet connection is thus
-// woken straight from the provider's notification, one wake-up per message
-// and no goroutine of the Conn's in between; the provider's own reader
-// (shm's link dispatcher, ibverbs' completion-channel goroutine; sim has
-// none) is the one hand-off left.
-//
-// Nothing waits while no call is parked, yet the peer may still need us:
-// our written bytes announced, our FIN sent, its messages' receive buffers
-// posted again when it is blocked on us. So when the last call leaves
-// (idleLocked), the queue is armed with no poller: for every completion if
-// we owe the peer something or the read side is shut, else for solicited
-// ones (the message of a peer starved of our receive buffers; nothing while
-// bytes are lent to Reads, whose holder comes back), and a notification
-// then starts a short-lived goroutine that makes that progress
-// (background). A call that busy-polls disarms
-// the queue first (spin), so that peers do not pay for notifications while
-// it polls; it arms again when it parks or leaves.
+// The queue's notification (notify) goes to one entry, the poller, which
+// arms the queue and polls once more before it parks: a completion that
+// came before the Arm is found by that poll, one after it fires notify
+// (the CQ contract). A poller that leaves hands the role on, so while any
+// call is parked the queue is armed for one of them. With no call parked
+// it is armed with no poller (idleLocked), and a notification starts
+// background progress.
 
 // Test hooks: a call about to park (after it became the poller or found
 // one, with mu released), and a poller that has let go of the role and
@@ -101,13 +80,12 @@ func (c *Conn) wakeLocked(ev event) {
 }
 
 // wait blocks the calling goroutine on e until one of e's events, dl or
-// Close. The caller holds mu, has just checked its condition under it,
-// and has drained e.ch before that check; mu is held again when wait
-// returns (it is released while the call spins or parks). It returns nil
-// when woken (the caller checks its condition again: spurious wake-ups
-// happen), os.ErrDeadlineExceeded or net.ErrClosed. With sc non-nil and
-// BusyPoll set, it first polls the queue for the adaptive window (spin.go).
-// A parked call that was signalled adds its wake-up latency to parkCost.
+// Close. The caller holds mu, has drained e.ch and then checked its
+// condition under it; mu is released while the call spins or parks, and
+// held again on return. It returns nil when woken (the caller checks
+// again: spurious wake-ups happen), os.ErrDeadlineExceeded or
+// net.ErrClosed. With sc non-nil and BusyPoll set, it first polls for the
+// adaptive window (spin.go).
 func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 	c.waiting = append(c.waiting, e)
 	defer c.leaveLocked(e)
@@ -199,13 +177,10 @@ func (c *Conn) leaveLocked(e *entry) {
 
 // idleLocked arms the queue for background progress once no call is in
 // the Conn and no entry waits, then polls for what came before the arm.
-// It arms for every completion if we owe the peer something (the credits
-// we wait for may come in any message) or the read side is shut (what
-// arrives is discarded here, not by a Read); else, for solicited ones only:
-// the messages of a peer blocked on our receive buffers, unless bytes
-// are lent to Reads (recv.go), whose holder comes back for them and then
-// answers the peer as a call does. So an idle or streaming receiver costs
-// the peer no notification per message, and a blocked peer is answered.
+// It arms for every completion if we owe the peer something (the credit
+// we need may come in any message) or the read side is shut (what arrives
+// is discarded here); else for solicited ones only, and not at all while
+// bytes are lent to Reads, whose holder comes back (docs/protocol.md §4.1).
 func (c *Conn) idleLocked() {
 	if c.active.Load() > 0 || len(c.waiting) > 0 || c.life >= lifeClosing || c.err != nil {
 		return
@@ -230,9 +205,9 @@ func (c *Conn) owesPeerLocked() bool {
 }
 
 // notify is the completion queue's notification (verbs.CQ): it wakes the
-// poller, or starts background progress if no entry waits and no call is
-// in the Conn (a call polls when it parks or leaves, which handles what the
-// notification was for). It does not block and takes no lock.
+// poller, or, with none and no call in the Conn, starts background
+// progress (a call polls when it parks or leaves). It does not block and
+// takes no lock.
 func (c *Conn) notify() {
 	c.stats.Notifications.Add(1)
 	if e := c.poller.Load(); e != nil {
@@ -274,11 +249,11 @@ func (c *Conn) exitLocked() {
 	c.calls.Done()
 }
 
-// spin polls the completion queue for up to w while e waits. It reports
-// done when e was signalled (or the deadline passed, or the Conn closed).
-// While it spins with no poller, the queue is disarmed, so the peer pays
-// no notification (shm: no eventfd write); whoever parks or leaves next
-// arms it again. mu is held on entry and on return, not while polling.
+// spin polls the completion queue for up to w while e waits, and reports
+// done when e was signalled, the deadline passed or the Conn closed. With
+// no poller the queue is disarmed meanwhile, so the peer pays no
+// notification; whoever parks or leaves next arms it again. mu is held on
+// entry and on return, not while polling.
 func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool, err error) {
 	if c.poller.Load() == nil {
 		c.ep.cq.Disarm()
@@ -294,9 +269,7 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 		default:
 		}
 		// Ask the queue before taking mu: a spinner that took it on every
-		// turn would contend with the goroutine writing on this Conn
-		// (measured: a quarter of a net/http server's transport time in
-		// mutex hand-offs).
+		// turn would contend with the goroutine writing on this Conn.
 		if c.peek == nil || c.peek.Pending() {
 			c.mu.Lock()
 			c.progressLocked()
@@ -305,11 +278,8 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 		if i%64 != 0 { // the clock and the deadline cost more than a poll
 			continue
 		}
-		// Let another runnable thread (often the peer process we wait for)
-		// have this core: spinning on an oversubscribed machine otherwise
-		// holds up the very peer it waits for. (runtime.Gosched here
-		// measured twice the round trip: it moves the spinner between
-		// threads.)
+		// Give this core to another runnable thread, often the peer we wait
+		// for. (Not runtime.Gosched: it moves the spinner between threads.)
 		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		if dl.Expired() {
 			return true, os.ErrDeadlineExceeded
