@@ -12,8 +12,7 @@ import (
 // Bell page layout. Each side of a link owns one bell page (a memfd it
 // creates, passes to the peer at link setup and then closes): the peer's
 // QPs set bits in it to ring this side's CQs, and this side's dispatcher
-// (link.go) clears them. With one eventfd per link and side, it replaces
-// an eventfd per CQ (and a duplicate per peer):
+// (link.go) clears them (protocol: Sleeping in the package documentation).
 //
 //	offset   writer     field
 //	0        creator    magic, version (at creation)
@@ -23,13 +22,10 @@ import (
 //	256      producer   summary: bit w = bitmap word w non-zero
 //	4096     producer   bitmap: bit s = ring the CQ of slot s's QP
 //
-// A slot is the low 16 bits of a QP's link id (see link.go). The producer
-// sets the bitmap bit, then the summary bit, then loads armed; the
-// dispatcher stores armed, then swaps the summary and the words it names.
-// Everything the peer writes here is only a hint: a bit names a slot of
-// this link, which is looked up (and may be empty) before anything is
-// rung, so a hostile peer can cause spurious notifications of its own QPs
-// only.
+// A slot is the low 16 bits of a QP's link id (link.go). Everything the
+// peer writes here is only a hint: a bit names a slot of this link, which
+// is looked up (and may be empty) before anything is rung, so a hostile
+// peer can cause spurious notifications of its own QPs only.
 const (
 	bellMagic     = 0x6c656272 // "rbel", little-endian
 	bellVersion   = 3
@@ -40,8 +36,7 @@ const (
 	bellPageBytes = bellBitsOff + bellWords*8
 )
 
-// bellHeader overlays the start of a bell page; the bitmap follows at
-// bellBitsOff.
+// bellHeader overlays the start of a bell page; the bitmap is at bellBitsOff.
 type bellHeader struct {
 	magic   uint32
 	version uint32
@@ -82,8 +77,7 @@ func newBell() (int, bellPage, error) {
 	return fd, b, nil
 }
 
-// mapPeerBell validates and maps the peer's bell page (it does not close
-// fd).
+// mapPeerBell validates and maps the peer's bell page; it does not close fd.
 func mapPeerBell(fd int) (bellPage, error) {
 	mem, err := mapMemfd(fd, bellPageBytes)
 	if err != nil {
@@ -103,9 +97,9 @@ func (b *bellPage) release() {
 }
 
 // ring sets slot's bit in the peer's bell page and writes the peer's
-// eventfd efd if its dispatcher sleeps, or if force. The Or operations and
-// the load of armed are sequentially consistent: either the dispatcher's
-// scan after it stored armed sees the bit, or this load sees armed set.
+// eventfd efd if its dispatcher sleeps, or if force. The Ors and the load
+// of armed are sequentially consistent: either the dispatcher's drain after
+// it stored armed sees the bit, or this load sees armed set.
 func (b *bellPage) ring(slot uint32, efd int, force bool) {
 	w := (slot % maxLinkSlots) / 64
 	b.bits[w].Or(1 << (slot % 64))

@@ -11,20 +11,11 @@ import (
 
 // CQ is a completion queue. It implements verbs.CQ.
 //
-// It holds two kinds of completions. Local ones (send completions, made at
-// post time by this process, and flushed or failed receives) wait in a
-// bounded queue. Completions of incoming messages are not queued at all:
-// Poll makes them from the inboxes of the attached QPs, matching each entry
-// with the QP's oldest posted RECV. So a busy CQ costs one mutex and, per
-// attached QP, two loads of shared memory when nothing arrived.
-//
-// Notification (verbs.CQ): Arm (ArmSolicited) sets the CQ's armed value
-// and the sleeping word in the inbox of every attached QP to armAll
-// (armSolicited); a peer that publishes an entry and finds the word set
-// (for a solicited entry, either value) clears it and rings its link's
-// doorbell for that QP (bell.go), whose dispatcher calls fire; a local
-// completion calls fire itself. fire calls notify once per Arm. A busy CQ
-// (not armed) costs its peers no system call.
+// Local completions (send completions, made at post time, and flushed or
+// failed receives) wait in a bounded queue. Completions of incoming
+// messages are not queued: Poll makes them from the inboxes of the attached
+// QPs, matching each entry with the QP's oldest posted RECV. Notification:
+// Sleeping in the package documentation.
 type CQ struct {
 	dev    *Device
 	depth  int
@@ -74,14 +65,13 @@ func newCQ(d *Device, depth int, notify func()) *CQ {
 	return &CQ{dev: d, depth: depth, notify: notify, local: make([]localEntry, min(depth, 64))}
 }
 
-// Poll moves up to len(wc) completions into wc without blocking and returns
-// how many: queued local completions first, then the incoming messages of
-// the attached QPs. It does not block; it makes no system call and does
-// not allocate unless a QP fails (its completions are then queued, which may
-// signal an armed CQ). An inbox whose shared state is corrupt moves its QP
-// to the error state (its oldest RECV completes with verbs.StatusFatal, the
-// others flushed). Errors: verbs.ErrClosed after Close, ErrCQOverrun after
-// an overrun.
+// Poll moves up to len(wc) completions into wc and returns how many: queued
+// local completions first, then the incoming messages of the attached QPs.
+// It does not block, make a system call or allocate unless a QP fails (its
+// completions are then queued, which may signal an armed CQ). A corrupt
+// inbox moves its QP to the error state (its oldest RECV completes with
+// verbs.StatusFatal, the others flushed). Errors: verbs.ErrClosed after
+// Close, ErrCQOverrun after an overrun.
 func (cq *CQ) Poll(wc []verbs.Completion) (int, error) {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
@@ -154,8 +144,8 @@ func (cq *CQ) arm(v uint32) error {
 	if cq.overrun.Load() {
 		return ErrCQOverrun
 	}
-	// Each store is sequentially consistent: it is ordered before the loads
-	// of the Poll that must follow (see the package documentation).
+	// Sequentially consistent stores, ordered before the loads of the Poll
+	// that must follow (Sleeping in the package documentation).
 	cq.armed.Store(v)
 	for _, q := range cq.qps {
 		q.in.hdr.sleeping.Store(v)
@@ -174,10 +164,8 @@ func (cq *CQ) Disarm() {
 	}
 }
 
-// fire calls notify if the CQ is armed for it (sol: a solicited
-// completion), once per Arm: for a ring of an attached QP's doorbell (a
-// peer published an entry while the inbox asked for it) or a local
-// completion.
+// fire calls notify, once per Arm, if the CQ is armed for a completion
+// (sol: a solicited one) rung by a peer or made locally.
 func (cq *CQ) fire(sol bool) {
 	if v := cq.armed.Load(); (v == armAll || v == armSolicited && sol) && cq.armed.CompareAndSwap(v, 0) {
 		cq.notify()

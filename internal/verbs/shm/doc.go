@@ -8,19 +8,17 @@
 // # Memory
 //
 // Every memory a peer maps (remote-writable regions, inboxes, bell pages) is
-// a memfd, size-sealed (F_SEAL_SHRINK, F_SEAL_GROW,
-// F_SEAL_SEAL) so that a peer holding it cannot make our accesses fault,
-// mapped MAP_SHARED and MADV_DONTFORK. A file descriptor is kept only
-// while a peer may still have to map the memory:
+// a memfd, size-sealed (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL) so that a
+// peer holding it cannot make our accesses fault, mapped MAP_SHARED and
+// MADV_DONTFORK. A file descriptor is kept only while a peer may still have
+// to map the memory:
 //
-//   - A local-only region is Go memory: no peer maps it, so it needs no
-//     memfd and no mapping.
-//   - An inbox closes its memfd once the peer has mapped it (when the
-//     exchange completes).
-//   - A remote-writable region keeps its memfd until no peer can need it:
-//     the device has QPs and none of them is still to connect. The regions
-//     that exist when a QP connects (up to 128) are passed in its exchange,
-//     and only those are the peer's to WRITE (verbs.MR).
+//   - A local-only region is Go memory: no memfd, no mapping.
+//   - An inbox closes its memfd once the peer has mapped it.
+//   - A remote-writable region keeps its memfd until the device has QPs and
+//     none of them is still to connect. The regions that exist when a QP
+//     connects (up to 128) are passed in its exchange, and only those are
+//     the peer's to WRITE (verbs.MR).
 //
 // So rsock's connection (one QP per device, its ring registered before it
 // connects) keeps no memfd open once connected. Addr is a distinct non-zero
@@ -29,17 +27,15 @@
 //
 // # Inbox
 //
-// Each QP owns an inbox (its own memfd, see inbox.go for the layout): a
-// single-producer single-consumer queue that the connected peer writes and
-// this side reads. Its capacity is a power of two at least RecvDepth and 64;
-// entries are EntrySize (64) bytes: opcode (SEND), length and up to
-// MaxSend (48) bytes of inline payload, copied into the entry when the
-// SEND is posted. The header also carries the owner's published count of posted
-// RECVs: the sender compares it with the entries it has sent, and posts
-// against no RECV complete with StatusRNR (RC's receiver-not-ready). Since
-// a RECV is posted before its count is published, and the count minus the
-// consumed entries never exceeds RecvDepth, an honest peer never finds the
-// inbox full.
+// Each QP owns an inbox (layout in inbox.go): a single-producer
+// single-consumer queue that the connected peer writes and this side reads,
+// of a power-of-two capacity at least RecvDepth and 64. Entries are
+// EntrySize (64) bytes: opcode (SEND), length and up to MaxSend (48) bytes
+// of payload, copied in when the SEND is posted. The header also carries
+// the owner's published count of posted RECVs; a SEND beyond it completes
+// with StatusRNR (RC's receiver-not-ready). A RECV is posted before its
+// count is published, and the count minus the consumed entries never
+// exceeds RecvDepth, so an honest peer never finds the inbox full.
 //
 // CQ.Poll turns entries into receive completions, matching them in order
 // with the posted RECVs. Send completions are made in the sender's process
@@ -52,39 +48,37 @@
 // peer's region) with plain stores, then stores tail with sync/atomic; the
 // consumer loads tail with sync/atomic, then reads the entry and the data.
 // Go's atomics are sequentially consistent, so the store releases and the
-// load acquires: everything written before the store is visible after the
-// load. The same holds across processes, because the guarantee comes from
-// the instructions (on amd64 a plain MOV load and an XCHG store; on arm64
-// LDAR and STLR) acting on the same physical memory, and Go's compiler does
-// not move plain accesses across atomics. So data copied before a SEND is
-// posted is visible when its receive completion is, whether it was copied
-// by a WRITE or directly into a MapRemote slice. The consumer publishes
-// head and the posted count with atomic stores after it is done with the
-// entries and buffers they cover.
+// load acquires. That holds across processes, because the guarantee comes
+// from the instructions (amd64: plain MOV load, XCHG store; arm64: LDAR,
+// STLR) acting on the same physical memory, and Go's compiler does not move
+// plain accesses across atomics. So data copied before a SEND is posted, by
+// a WRITE or into a MapRemote slice, is visible when its receive completion
+// is. The consumer publishes head and the posted count with atomic stores
+// after it is done with the entries and buffers they cover.
 //
 // # Sleeping
 //
-// Notification (verbs.CQ's Arm and notify) uses UCX's signal bit at the
-// QP level and one doorbell per link and direction at the process level.
-// A CQ owns no file descriptor.
+// Notification (verbs.CQ's Arm and notify) uses UCX's signal bit at the QP
+// level and one doorbell per link and direction at the process level. A CQ
+// owns no file descriptor.
 //
 //  1. CQ.Arm stores sleeping=1 in the inbox of each attached QP
 //     (ArmSolicited 2); the caller then polls once more, loading tail.
 //  2. The producer stores tail, then loads sleeping; if it is set (2: and
-//     the SEND is solicited) it swaps it to 0 and rings: it sets the bit
-//     of the consumer QP's link slot in the consumer's bell page (bell.go)
-//     and the bit of that word in the page's summary, then loads the
-//     page's armed word and, if set, swaps it to 0 and writes the
-//     consumer's eventfd of that link.
+//     the SEND is solicited) it swaps it to 0 and rings: it sets the bit of
+//     the consumer QP's link slot in the consumer's bell page (bell.go) and
+//     that word's bit in the page's summary, then loads the page's armed
+//     word and, if set, swaps it to 0 and writes the consumer's eventfd of
+//     that link.
 //  3. The link's one dispatcher goroutine (link.go) waits on that eventfd
-//     in the Go netpoller (RawConn.Read, edge-triggered; it never reads
-//     the counter). Each time it wakes it stores armed=1, then swaps the
-//     summary and the words it names to 0 and calls fire on the CQ of each
-//     QP rung (an empty slot is skipped). fire calls notify if the CQ is
-//     armed, swapping its armed value to 0: one notification per Arm.
+//     in the Go netpoller (RawConn.Read, edge-triggered; it never reads the
+//     counter). Each time it wakes it stores armed=1, then swaps the summary
+//     and the words it names to 0 and calls fire on the CQ of each QP rung
+//     (an empty slot is skipped). fire calls notify if the CQ is armed,
+//     swapping its armed value to 0: one notification per Arm.
 //
-// A local completion (a send's, made at post time, or a failure) calls
-// fire itself, and so does an overrun.
+// A local completion (a send's, made at post time, or a failure) calls fire
+// itself, and so does an overrun.
 //
 // No notification is lost. Both levels are Dekker's pattern: each side
 // stores, then loads what the other stores, with sequentially consistent
@@ -99,22 +93,14 @@
 // every bit set before. The swap of sleeping makes one ring per Arm, the
 // swap of armed one eventfd write per wake-up of the dispatcher, however
 // many QPs ring meanwhile. A busy receiver does not arm, so it costs the
-// sender nothing.
+// sender nothing. A goroutine hand-off per wake-up is the price of one
+// eventfd per process pair rather than per connection (BENCHMARKS.md).
+//
 // The sleeping and armed words are in memory the peer can write: a peer
 // that overwrites them loses notifications, its own or ours, as a lost
 // wake-up of any cause would. QP.Kick (verbs.Kicker) rings whatever they
 // say; rsock's engine kicks a peer that has consumed none of the bytes in
 // flight for a while (internal/stream's backstop).
-//
-// The dispatcher is one goroutine between the peer's eventfd write and the
-// caller that waits for the notification: a goroutine hand-off per
-// wake-up, the price of sharing one eventfd among all QPs of a process
-// pair rather than costing a descriptor per connection (BENCHMARKS.md).
-//
-// CQ.Pending (verbs.Peeker) takes no lock a poster or Poll takes: it
-// reads the attached QPs under the CQ's peekMu, for reading, which
-// attach and detach take for writing, so a detached QP's inbox is no
-// longer read when it is unmapped.
 //
 // # Hostile shared memory
 //
@@ -140,34 +126,28 @@
 // rendezvous listener: an abstract SOCK_SEQPACKET Unix socket
 // ("@rsock-shm-<pid>-<random>"), started by the first QP that needs it and
 // closed when no QP and no link it accepted is left. The passive side
-// (server) registers its secret with the listener in Connect and returns;
-// the active side attaches on the link to the passive side's process: it
-// sends the secret and its fds (inbox, remote-writable regions); the
-// passive process compares the secret in constant time with the registered
-// ones (each usable once), answers with its own fds and Established
-// returns.
+// registers its secret with the listener in Connect and returns; the active
+// side attaches on the link to the passive side's process, sending the
+// secret and its fds (inbox, remote-writable regions); the passive process
+// compares the secret in constant time with the registered ones (each
+// usable once), answers with its own fds and Established returns.
 //
 // A link (link.go; SMC-D's link group, UCX's per-peer endpoint) is what two
 // processes share for all their QPs: one connection to the peer's
-// rendezvous listener, dialed by the first active QP towards that listener
-// and kept by the dialing side in a table by the listener's name, and a
+// rendezvous listener, dialed by the first active QP towards it, and a
 // doorbell per direction (a bell page and an eventfd, traded in the link's
 // first message, which proves the secret of a registered QP, and its
-// answer). Then every QP to that peer process, the first one too, attaches
-// to the link: an attach message carries the secret, the QP's fds and its
-// link id, and the answer the peer QP's. Every control message names the
-// receiving QP by its link id (slot and generation, so a stale message
-// does not reach a QP that reused the slot). The dialing side closes the
-// link a second after its last QP closed (linkLinger), unless another QP
-// to that process took it over by then: a client that connects, talks and
-// closes in a loop attaches each connection (one message each way) instead
-// of setting up a link (a Unix connection, credentials, doorbells). The
-// accepting side closes the link when it ends, and holds the rendezvous
-// listener until then, so that the name the lingering link is kept under
-// stays valid. A QP's close sends "gone" to its peer QP; the link's end
-// tells every QP on it that the peer process is gone. So a connection
-// costs no file descriptor of its own: each process holds, per peer
-// process, one Unix socket, its own eventfd and the peer's.
+// answer). Every QP to that process, the first one too, then attaches to
+// the link: one message each way, carrying the secret and the QPs' fds.
+// The dialing side closes the link a second after its last QP closed
+// (linkLinger), unless another QP to that process took it over by then, so
+// a client that connects, talks and closes in a loop does not set up a link
+// each time. The accepting side closes the link when it ends, and holds its
+// listener until then, so that the lingering link's name stays valid. A
+// QP's close tells its peer QP; the link's end tells every QP on it that
+// the peer process is gone. So a connection costs no file descriptor of its
+// own: each process holds, per peer process, one Unix socket, its own
+// eventfd and the peer's.
 //
 // The secret travels only inside the Info exchanged over rsock's TCP
 // bootstrap connection, so only the process at the other end of that
@@ -186,9 +166,9 @@
 // closed without touching any registration (a secret sets up one link at
 // most, so links number no more than registrations); a wrong secret in an
 // attach is refused with a message and leaves the link alone. A failure of
-// an attach after its secret matched is reported to that QP's Established. Every
-// received fd is checked before it is mapped, and closed unless kept, on
-// every path. A malformed message on a link is a protocol violation that
+// an attach after its secret matched is reported to that QP's Established.
+// Every received fd is checked before it is mapped, and closed unless kept,
+// on every path. A malformed message on a link is a protocol violation that
 // ends the link, and with it the QPs of that peer process only.
 //
 // The listener never blocks its accept loop: it reads each connection's
@@ -209,13 +189,12 @@
 //   - A region registered after a QP connected is not the QP's peer's to
 //     WRITE (its key completes with StatusRemoteAccess there): RC hardware
 //     allows it, verbs.MR does not promise it.
-//   - Deregistering a region revokes nothing: a peer that mapped it (in
-//     the exchange, or through MapRemote) keeps it mapped
-//     until its QP closes, and its WRITEs to it succeed, into memory only
-//     that peer still maps (whose pages live until then). A remote key is
-//     never reused by the device, so such a WRITE cannot reach a newer
-//     region. rsock registers one region per device, for the connection's
-//     lifetime.
+//   - Deregistering a region revokes nothing: a peer that mapped it (in the
+//     exchange, or through MapRemote) keeps it mapped until its QP closes,
+//     and its WRITEs to it succeed, into memory only that peer still maps.
+//     A remote key is never reused by the device, so such a WRITE cannot
+//     reach a newer region. rsock registers one region per device, for the
+//     connection's lifetime.
 //   - A peer process that dies without closing its QP is noticed when the
 //     link ends: sends posted before that succeed into memory nobody reads
 //     (rsock learns of the death from its TCP bootstrap).

@@ -12,8 +12,7 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// The active side of an exchange, and what both sides send and map for a
-// QP.
+// The active side of an exchange, and what both sides send and map.
 
 // connectActive runs the active side: it attaches q to the link to the
 // peer's process, setting up that link if there is none.
@@ -113,10 +112,8 @@ func (q *QP) attach(ctx context.Context, l *link, id uint32, info *peerInfo, wai
 	return nil
 }
 
-// setup dials the peer's rendezvous and runs a new link's first exchange,
-// which proves the secret of a QP registered there (info's) and trades the
-// doorbells; then it starts the link. The QPs, that one first, attach to
-// it.
+// setup dials the peer's rendezvous, proves the secret of info's QP in a
+// new link's first exchange, trades the doorbells and starts the link.
 func (l *link) setup(ctx context.Context, info *peerInfo) error {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unixpacket", info.name)
@@ -166,9 +163,8 @@ func (l *link) setup(ctx context.Context, info *peerInfo) error {
 }
 
 // exportLocal builds this side's attach or accept message (x gives the
-// secret and ids) and the fds to attach: duplicates of the inbox memfd and
-// of up to maxExportMRs remote-writable regions' memfds, whose keys it
-// returns. The caller closes the fds after sending.
+// secret and ids) and its fds: duplicates of the inbox memfd and of up to
+// maxExportMRs remote-writable regions' memfds. The caller closes the fds.
 func (q *QP) exportLocal(kind byte, x *exchange) ([]byte, []int, error) {
 	x.inboxCap = q.in.cap
 	q.cmu.Lock()

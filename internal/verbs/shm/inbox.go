@@ -10,9 +10,8 @@ import (
 // entries of EntrySize bytes. The QP that owns it (the consumer) creates
 // it; the connected peer (the single producer) maps it and writes entries.
 //
-// Every field that the two sides share is on its own 128-byte block (two
-// cache lines, so the adjacent-line prefetcher does not couple them), and
-// is grouped by writer:
+// Fields of different writers are in different 128-byte blocks (two cache
+// lines, so the adjacent-line prefetcher does not couple them):
 //
 //	offset   writer    field
 //	0        owner     magic, version, capacity (at creation); state (ready,
@@ -20,16 +19,12 @@ import (
 //	128      producer  tail (entries published), fault (access violation)
 //	256      owner     head (entries consumed)
 //	384      owner     posted (RECVs ever posted)
-//	512      both      sleeping (set by the owner's Arm to 1, ArmSolicited to
-//	                   2; cleared by the producer that then rings the
-//	                   owner's link doorbell: for any entry if 1, for a
-//	                   solicited one if 2)
+//	512      both      sleeping (1 after Arm, 2 after ArmSolicited; cleared
+//	                   by the producer that rings: see Sleeping in doc.go)
 //	4096     producer  entries
 //
-// Neither side ever reads back a field it writes: the owner keeps head and
-// posted privately and only publishes them, the producer keeps tail
-// privately. Everything read from the other side is validated (see
-// QP.consumeLocked and QP.enqueueLocked).
+// What either side reads of the other is validated: see Hostile shared
+// memory in the package documentation.
 const (
 	// EntrySize is the size of one inbox entry.
 	EntrySize = 64
@@ -154,9 +149,8 @@ func makeInbox(mem []byte, c uint64) inbox {
 	}
 }
 
-// entryAt returns entry number i (modulo the capacity). The slice index is
-// bounds-checked against the mapping, whose size this side chose or
-// validated.
+// entryAt returns entry number i (modulo the capacity), bounds-checked
+// against the mapping, whose size this side chose or validated.
 func (in *inbox) entryAt(i uint64) *entry {
 	off := inboxHeaderSize + (i&(in.cap-1))*EntrySize
 	return (*entry)(unsafe.Pointer(&in.mem[off : off+EntrySize][0]))

@@ -17,14 +17,9 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// A link is what two processes share for all their QPs (SMC-D's link
-// group, UCX's per-peer endpoint): one SOCK_SEQPACKET Unix connection
-// (rendezvous and control messages of every QP, each naming the QP by its
-// link id), and one doorbell per direction: a bell page (bell.go) and an
-// eventfd. The dialing side keeps its links by the peer's rendezvous name;
-// the first QP to a peer process dials, later ones attach to the link.
-//
-// A QP's link id is its slot (low 16 bits, the bit it is rung by) and the
+// A link is what two processes share for all their QPs (Connection and
+// trust model in the package documentation). Every message on it names a
+// QP by its link id: its slot (low 16 bits, the bit it is rung by) and the
 // slot's generation (high 16 bits), so a message for a closed QP does not
 // reach the QP that reuses its slot.
 type link struct {
@@ -137,9 +132,8 @@ func (l *link) unbind(id uint32) {
 	l.dropUnlock()
 }
 
-// drop releases a hold taken by getLink: the dialing side lingers or closes the
-// connection with its last QP, and the last of the QPs and the reader
-// frees the link.
+// drop releases a hold taken by getLink: the dialing side lingers or
+// closes with its last QP; the last of the QPs and the reader frees it.
 func (l *link) drop() {
 	l.mu.Lock()
 	l.dropUnlock()
@@ -149,8 +143,7 @@ func (l *link) drop() {
 func (l *link) dropUnlock() {
 	l.qps--
 	if linger := time.Duration(linkLinger.Load()); l.qps == 0 && l.dialed && !l.closing && l.reader && linger > 0 {
-		// The last QP has gone: keep the link a while for the next one
-		// (a client that connects, talks and closes, over and over).
+		// The last QP has gone: keep the link for the next (linkLinger).
 		l.qps, l.lingering = 1, true
 		l.lingerGen++
 		gen := l.lingerGen
@@ -173,13 +166,10 @@ func (l *link) dropUnlock() {
 	}
 }
 
-// linkLinger is how long a dialed link outlives its last QP. A QP to the
-// same peer process within it attaches to the link (one message each
-// way) instead of dialing a new one (a Unix connection, credentials, an
-// eventfd and a bell page per side; BENCHMARKS.md has the difference).
-// Meanwhile the link costs each side three descriptors (the Unix socket,
-// its eventfd and the peer's) and two goroutines (reader and dispatcher),
-// parked.
+// linkLinger is how long a dialed link outlives its last QP, for a QP to
+// the same peer process to attach to it instead of setting up a new one
+// (BENCHMARKS.md). Meanwhile the link costs each side three descriptors
+// (the Unix socket, both eventfds) and two parked goroutines.
 var linkLinger atomic.Int64 // a time.Duration
 
 func init() { linkLinger.Store(int64(time.Second)) }
@@ -283,11 +273,10 @@ func (l *link) start() {
 	go l.readLoop()
 }
 
-// dispatch waits on the link's eventfd in the Go netpoller, on its edges
-// (the counter is never read: every write is an edge, which wakes a parked
-// dispatcher or is remembered for one about to park), and each time it
-// wakes drains the bell page (storing armed first) and fires the CQ of
-// every QP rung. It returns when the eventfd is closed (release).
+// dispatch waits for edges of the link's eventfd in the Go netpoller and,
+// each time it wakes, drains the bell page and fires the CQ of every QP
+// rung (Sleeping in the package documentation). It returns when the
+// eventfd is closed (release).
 func (l *link) dispatch() {
 	defer l.dispWG.Done()
 	woke := false

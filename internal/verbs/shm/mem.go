@@ -14,10 +14,8 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// MR is a memory region backed by a sealed memfd. It implements verbs.MR.
-// A remote-writable region keeps its memfd open while a peer may still
-// have to map it (in a QP's connection exchange; see Device.settle); the
-// memory of a local-only region is ordinary Go memory (mem is nil).
+// MR is a memory region: a sealed memfd, or Go memory if local-only (see
+// Memory in the package documentation). It implements verbs.MR.
 type MR struct {
 	dev    *Device
 	mem    []byte // the whole mapping (page-rounded); nil for a local-only region
@@ -53,11 +51,10 @@ func (m *MR) Addr() uint64 { return m.addr }
 // the region was registered with verbs.AccessRemoteWrite, else zero.
 func (m *MR) RKey() uint32 { return m.rkey }
 
-// Close deregisters the region and unmaps it here. It waits (briefly)
-// for copies in progress from or into the region to finish. Peers that
-// mapped the region keep it until their QP closes: their WRITEs into it
-// still succeed, into memory only they map (see Deviations in the package
-// documentation). A second Close returns verbs.ErrClosed.
+// Close deregisters the region and unmaps it here, after waiting (briefly)
+// for copies in progress from or into it. Peers that mapped it keep it (see
+// Deviations in the package documentation). A second Close returns
+// verbs.ErrClosed.
 func (m *MR) Close() error {
 	if m.pins.Or(mrClosed)&mrClosed != 0 {
 		return verbs.ErrClosed
@@ -114,8 +111,7 @@ func (p *peerMR) rangeOf(raddr uint64, n int) []byte {
 	return p.mem[off : off+uint64(n) : off+uint64(n)]
 }
 
-// mapPeerMR validates and maps a peer's region from fd (which it does not
-// close).
+// mapPeerMR validates and maps a peer's region from fd; it does not close fd.
 func mapPeerMR(fd int, r mrRecord) (*peerMR, error) {
 	switch {
 	case r.rkey == 0:
@@ -162,9 +158,8 @@ func newMemfd(name string, size int) (int, []byte, error) {
 	return fd, mem, nil
 }
 
-// mapMemfd checks that fd is a regular file of exactly size bytes whose
-// size is sealed against shrinking (a peer that could shrink it would make
-// our accesses fault), then maps it. It does not close fd.
+// mapMemfd checks that fd is a regular file of exactly size bytes, sealed
+// against shrinking (see newMemfd), then maps it. It does not close fd.
 func mapMemfd(fd int, size int) ([]byte, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -188,10 +183,9 @@ func mapMemfd(fd int, size int) ([]byte, error) {
 
 // Every mapping this package makes counts against the process's mapping
 // budget, four fifths of vm.max_map_count: the rest is left to the Go
-// runtime (its heap and thread stacks, which grow with connections) and
-// the rest of the process, which dies when the runtime finds no mapping
-// for its heap. A mapping past the budget fails with ErrMapBudget, and the
-// connection that asked falls back with that reason.
+// runtime (heap, thread stacks) and the rest of the process, which dies
+// when the runtime finds no mapping for its heap. A mapping past the
+// budget fails with ErrMapBudget; the connection that asked falls back.
 var mappings struct {
 	live   atomic.Int64
 	budget atomic.Int64

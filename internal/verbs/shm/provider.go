@@ -172,10 +172,10 @@ var _ verbs.Device = (*Device)(nil)
 // Provider returns "shm".
 func (d *Device) Provider() string { return Name }
 
-// AllocMR allocates size bytes in a new sealed memfd, maps them and
-// registers them. A region with verbs.AccessRemoteWrite (which implies
-// local write) gets a remote key and keeps its memfd open while peers may
-// still need to map it (see the package documentation). It fails with verbs.ErrClosed after Close.
+// AllocMR allocates and registers a region of size bytes. One with
+// verbs.AccessRemoteWrite (which implies local write) is a sealed memfd,
+// mapped, with a remote key (see Memory in the package documentation); one
+// without is Go memory. It fails with verbs.ErrClosed after Close.
 func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	if size <= 0 || size > MaxMRSize {
 		return nil, fmt.Errorf("shm: memory region of %d bytes (allowed 1..%d)", size, MaxMRSize)
@@ -308,8 +308,7 @@ func (d *Device) Close() error {
 }
 
 // exportFDs appends to fds close-on-exec duplicates of the memfds of up
-// to max remote-writable regions that still have one, for a peer to map at
-// connect time, and returns their records.
+// to max remote-writable regions that still have one, and their records.
 func (d *Device) exportFDs(fds []int, max int) ([]int, []mrRecord) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -331,11 +330,9 @@ func (d *Device) exportFDs(fds []int, max int) ([]int, []mrRecord) {
 	return fds, recs
 }
 
-// settle closes the memfd of every remote-writable region once no peer
-// can still map it: the device has QPs and none of them is still to
-// connect (an unconnected QP passes the regions in its exchange). From
-// then on a region costs no file descriptor; a QP the device creates later
-// cannot pass it (see Deviations in the package documentation).
+// settle closes the memfd of every remote-writable region once the device
+// has QPs and none of them is still to connect (see Memory and Deviations
+// in the package documentation).
 func (d *Device) settle() {
 	d.mu.Lock()
 	defer d.mu.Unlock()

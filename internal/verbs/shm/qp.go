@@ -131,12 +131,10 @@ func (q *QP) Info() []byte {
 	return encodeInfo(h, &q.secret, name)
 }
 
-// MaxInline returns the inline size granted: min(QPAttr.MaxInline,
-// MaxInline).
+// MaxInline returns the inline size granted: min(QPAttr.MaxInline, MaxInline).
 func (q *QP) MaxInline() int { return q.maxInline }
 
-// MaxSend returns the largest SEND payload, MaxSend: a SEND travels in one
-// inbox entry.
+// MaxSend returns MaxSend, the largest SEND payload (one inbox entry).
 func (q *QP) MaxSend() int { return MaxSend }
 
 // PeerCred returns the process id and user id the kernel reported
@@ -157,12 +155,10 @@ func (q *QP) PeerCred() (pid int, uid int) {
 // rendezvous listener and returns at once; Established waits for the
 // active side's exchange.
 //
-// Active: sends the peer's secret and this side's file descriptors (inbox,
-// remote-writable regions; on a new link first its eventfd and bell page)
-// in one SCM_RIGHTS message on the link to the peer's process (dialing the
-// peer's rendezvous socket if there is none), receives the peer's the same
-// way and maps them. It blocks until then or until ctx is done (ctx's
-// error).
+// Active: sends the peer's secret and this side's fds (inbox,
+// remote-writable regions) on the link to the peer's process, setting the
+// link up if there is none, and maps the peer's. It blocks until then or
+// until ctx is done (ctx's error).
 //
 // Errors: verbs.ErrClosed after Close; verbs.ErrQPState if Connect already
 // ran; an error wrapping verbs.ErrPeerInfo if peer does not parse, or the

@@ -8,13 +8,13 @@ import (
 
 // PostRecv posts a buffer for one incoming SEND and publishes the new
 // count of posted RECVs in the inbox, where the peer checks it before
-// sending. It works from the QP's creation on, before Connect. A zero-length buffer may leave Local.MR nil.
-// It does not block, make a system call or allocate. Errors:
-// verbs.ErrClosed after Close; verbs.ErrQPState in the error state;
+// sending. It works from the QP's creation on. A zero-length buffer may
+// leave Local.MR nil. It does not block, make a system call or allocate.
+// Errors: verbs.ErrClosed after Close; verbs.ErrQPState in the error state;
 // verbs.ErrBounds for a buffer outside its region, in a region of another
 // device, closed or without verbs.AccessLocalWrite; verbs.ErrQueueFull when
-// RecvDepth RECVs are outstanding (a RECV's slot is freed when its
-// completion is polled).
+// RecvDepth RECVs are outstanding (a slot is freed when its completion is
+// polled).
 func (q *QP) PostRecv(wr *verbs.RecvWR) error {
 	if wr == nil {
 		return errNilWR
@@ -86,10 +86,9 @@ func (q *QP) pollInbox(wc []verbs.Completion) int {
 // its oldest remaining RECV (StatusFatal for a corrupt inbox, StatusFlushed
 // after a length error).
 //
-// The inbox is the peer's to write: tail is checked against this side's
-// private head and the capacity, every entry field is read once into a
-// local and validated, and a payload is copied only within the entry and
-// the posted buffer (both bounds known here).
+// The inbox is the peer's to write: tail is checked against the private
+// head and the capacity, each entry field is read once and validated, and
+// a payload is copied only within the entry and the posted buffer.
 func (q *QP) consumeLocked(wc []verbs.Completion) (int, verbs.Status) {
 	toLocal := wc == nil
 	h := q.head.Load()

@@ -34,9 +34,8 @@ const (
 	// accept, before its connect message arrives: a real peer sends it at
 	// once, so a local process cannot hold its slots for long.
 	firstMessageTimeout = 2 * time.Second
-	// queuedGrace is the least time a connection that waited in its peer's
-	// queue past firstMessageTimeout still gets for its message, which a
-	// real peer sent long ago.
+	// queuedGrace is the least time left for the first message (which a
+	// real peer sent long ago) of a connection queued past firstMessageTimeout.
 	queuedGrace = 10 * time.Millisecond
 )
 
@@ -45,9 +44,8 @@ const (
 // variable for tests.
 var maxHeld = 4096
 
-// The rendezvous listener: one abstract SOCK_SEQPACKET Unix socket per
-// process, started by the first QP that needs it and closed when the last
-// such QP closes. Passive QPs register their secret with it.
+// The rendezvous listener (Connection and trust model in the package
+// documentation), with the secrets of passive QPs registered.
 var rv struct {
 	mu          sync.Mutex
 	ln          *net.UnixListener

@@ -18,10 +18,9 @@ import (
 //   - A peer that closed its QP, is in the error state or whose process went
 //     away makes them complete with verbs.StatusRetryExceeded.
 //
-// Any failure moves the QP to the error state. The common path makes no
-// system call and does not allocate. System calls happen only when someone
-// sleeps: one eventfd write when the peer's CQ is armed (once per Arm) and
-// its link's dispatcher sleeps.
+// Any failure moves the QP to the error state. It makes no system call and
+// does not allocate, but for one eventfd write when the peer's CQ is armed
+// (once per Arm) and its link's dispatcher sleeps.
 //
 // Errors (the request then has no effect): verbs.ErrClosed after Close;
 // verbs.ErrQPState before the connection is established or in the error
@@ -121,15 +120,11 @@ func (q *QP) creditLocked() verbs.Status {
 }
 
 // enqueueLocked writes a SEND's entry into the peer's inbox, publishes it
-// (the atomic store of tail orders the entry, and any WRITE's data copied
-// before it, before the peer's load of tail) and rings the peer if it
-// sleeps. The store of tail and the load of the sleeping flag are
-// sequentially consistent, which pairs with Arm's store of the flag and the
-// Poll after it: either that Poll sees the entry or this load sees the
-// flag; the ring goes through the link's bell page (bell.go). A peer armed
-// for solicited entries only (sleeping 2) is rung for a solicited one; a
-// change of the flag meanwhile makes the swap fail, and the peer's poll
-// after that change finds the entry.
+// with the store of tail (which orders the entry, and data copied before
+// it, before the peer's load of tail) and rings the peer if its sleeping
+// word asks (Sleeping in the package documentation: either the Poll after
+// Arm sees the entry or this load sees the word). A change of the word
+// meanwhile makes the swap fail; the peer's poll after it finds the entry.
 func (q *QP) enqueueLocked(payload []byte, solicited bool) verbs.Status {
 	e := q.out.entryAt(q.tail)
 	e.op, e.length = entrySend, uint32(len(payload))
