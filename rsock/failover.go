@@ -16,22 +16,9 @@ import (
 
 // Failover (docs/protocol.md §9.10): when the ring's transport fails, a
 // switching connection moves both directions back to its bootstrap TCP
-// connection without losing, repeating or reordering a byte.
-//
-//  1. The side that sees the failure first (the ring tells it:
-//     TransportFailed), or the peer's Resume, starts it: the ring is
-//     detached (stream.Conn.Detach). What the peer announced and no Read
-//     took is queued for Read, and Resume{R} goes out, R being every
-//     byte of the peer's stream received.
-//  2. A side whose sending was on the ring keeps the bytes the peer had
-//     not reported consumed. On the peer's Resume{R} it sends them again
-//     from R as Data (from its Switch cursor, if R is before it: those
-//     bytes went on TCP), then its Fin if the ring had one, and Writes go
-//     on on TCP. Until then Writes wait.
-//
-// The client then upgrades again after a backoff that doubles with each
-// failover of the connection (reupgradeDelay), so that a flapping link
-// cannot make it thrash.
+// connection without losing, repeating or reordering a byte. failover
+// detaches the ring and sends Resume; on the peer's Resume, resendLocked
+// sends again what our ring had not delivered.
 
 // owed is what a failover owes the peer: our ring bytes it had not
 // reported consumed, to send again from where its Resume says.
@@ -158,10 +145,8 @@ func (w *swConn) failover(cause string) error {
 }
 
 // resumeOnTCPUnlock ends a failover's work under mu, which it releases:
-// no ring is agreed, the first upgrade is over (a new one may follow
-// after the backoff), and the peer's Resume is awaited. It relabels the
-// connection as failed over for reason, and sends Resume{recv}: the peer
-// sends again from recv.
+// no ring is agreed, the upgrade is over, the peer's Resume is awaited,
+// the connection is relabelled for reason, and Resume{recv} goes out.
 func (w *swConn) resumeOnTCPUnlock(recv uint64, reason string) {
 	w.agreed = false
 	w.stayed = true
@@ -173,11 +158,10 @@ func (w *swConn) resumeOnTCPUnlock(recv uint64, reason string) {
 	_ = w.out.send(&handshake.Resume{Cursor: recv}) // if the socket failed, the reader reports it
 }
 
-// startFailed handles the failure of the server's start of an agreed ring
-// (§9.4 step 4) as the failover of a ring that carried nothing: the
-// client may have switched already, or closed (its queue pair gone is
-// what failed), and its Switch, if it comes, is stale. The Resume asks it
-// to send again what it sent on its ring. Without failover it resets.
+// startFailed handles a failed start of the server's agreed ring as the
+// failover of a ring that carried nothing (§9.4 step 4): the client's
+// Switch, if it comes, is stale, and our Resume asks for every byte after
+// the Data we read. Without failover it resets.
 func (w *swConn) startFailed(cause string, err error) {
 	if !w.set.failover {
 		w.fail(&stream.ResetError{Reason: cause + " (failover is off)", Err: err})
@@ -225,8 +209,8 @@ func (w *swConn) peerResumed(r uint64) error {
 	}
 	o := w.owe
 	if o == nil || o.known {
-		// Our sending stayed on TCP (what an earlier failover owes, if
-		// anything, is being sent again there): every byte is on its way.
+		// Our sending was on TCP (where an earlier failover's bytes may
+		// still be going out again): nothing is sent again (§9.10).
 		if sent := w.out.cursor(); r > sent {
 			return protocolError("resume at %d after %d bytes sent", r, sent)
 		}
@@ -246,10 +230,9 @@ func (w *swConn) peerResumed(r uint64) error {
 	return nil
 }
 
-// resendBg sends what is owed if no Write does it first. It keeps to the
-// write deadline, as a Write would (a Write waiting for wmu behind it
-// must not wait past its deadline); setting the deadline again starts it
-// anew.
+// resendBg sends what is owed if no Write does first, within the write
+// deadline (a Write waiting for wmu behind it must not wait past its
+// own); setDeadline starts it again.
 func (w *swConn) resendBg() {
 	w.wmu.Lock()
 	defer w.wunlock()
@@ -258,8 +241,7 @@ func (w *swConn) resendBg() {
 
 // resendLocked sends what a failover owes before any new Data: it waits
 // for the peer's Resume (until dl, Close or a failure), then sends the
-// bytes from where it says, and the Fin of a ring that had one. wmu is
-// held.
+// bytes from where it says and the ring's Fin, if any. wmu is held.
 func (w *swConn) resendLocked(dl *deadline.Deadline) error {
 	for {
 		w.mu.Lock()
@@ -361,10 +343,9 @@ func (w *swConn) awaitMove() {
 	}
 }
 
-// resendDone waits at most wait, from Close, for a failover in progress
-// and for the bytes it owes the peer to be sent again (resendBg does it
-// once the peer's Resume comes). It reports whether nothing is owed any
-// more: else closing now would lose those bytes.
+// resendDone waits at most wait, for Close, for a failover in progress
+// and for the bytes it owes to be sent again (resendBg), and reports
+// whether nothing is owed any more: else closing would lose those bytes.
 func (w *swConn) resendDone(wait time.Duration) bool {
 	var t *time.Timer // made only if there is something to wait for
 	defer func() {
@@ -393,9 +374,8 @@ func (w *swConn) resendDone(wait time.Duration) bool {
 	}
 }
 
-// resumeLag bounds the Data the reader queues beyond recvQueue while a
-// Write waits for the peer's Resume (readData). An honest peer sends its
-// Resume as soon as it reads ours, and queues no new Data while its
-// failover runs (Write), so what comes before it is about what its send
-// queue and the two sockets' buffers held.
+// resumeLag bounds the Data the reader queues beyond recvQueue while our
+// Writes wait for a frame behind it (readData): the peer's Resume, or the
+// answer to our Offer. An honest peer queues no Data while its failover
+// runs (§9.10).
 const resumeLag = 64 << 20

@@ -25,19 +25,16 @@ var errWouldBlock = errors.New("rsock: nothing to read now")
 
 // inbox reads a switching connection's frames from its bootstrap socket
 // (docs/protocol.md §9.2) through a pooled buffer, which it holds only
-// while it holds bytes, or while a Read waits on the socket: a connection
-// whose socket readLoop reads (lean), idle on TCP or with its stream on a
-// ring, holds none. Reads are
-// resumable: one cut short (a deadline, or wait false) loses nothing, and
-// the next goes on where it stopped. Callers serialise its use.
+// while it holds bytes or, unless lean, waits on the socket. Reads are
+// resumable: one cut short (a deadline, or wait false) loses nothing.
+// Callers serialise its use.
 type inbox struct {
 	src  source // one read: a sockReader's
 	buf  []byte // pooled; nil when empty
 	r, w int    // buf[r:w] is unread
 	data int    // payload bytes of the current Data frame not yet taken
-	// lean: a read that waits gives an empty buffer back first (await),
-	// for a reader that may wait on an idle socket for the connection's
-	// life (readLoop).
+	// lean: a waiting read gives the empty buffer back first (await), for
+	// readLoop, which may wait on an idle socket for the connection's life.
 	lean bool
 }
 
@@ -181,9 +178,8 @@ func readArrived(raw *net.TCPConn, b []byte) (int, error) {
 	return n, err
 }
 
-// room makes sure buf can take need unread bytes: a pooled buffer when
-// there is none, the unread bytes moved to its start or into a larger one
-// otherwise.
+// room makes sure buf can take need unread bytes, moving them to its
+// start or into a larger pooled buffer.
 func (in *inbox) room(need int) {
 	switch {
 	case in.buf == nil:
@@ -200,8 +196,7 @@ func (in *inbox) room(need int) {
 	}
 }
 
-// preload puts b, bytes read from the socket before the inbox existed, in
-// front of what it reads.
+// preload puts b, read before the inbox existed, in front of what it reads.
 func (in *inbox) preload(b []byte) {
 	if len(b) == 0 {
 		return
@@ -218,18 +213,16 @@ func (in *inbox) release() {
 	}
 }
 
-// next reads the next frame, which must not be called inside a Data
-// frame (data > 0). For a Data frame it returns the header and leaves its
-// payload (h.Length bytes, at least 1) for take, with a nil message; for
-// any other frame, the decoded message. Malformed frames are the errors
-// of handshake.ParseHeader and Decode.
+// next reads the next frame; not inside a Data frame (data > 0). For a
+// Data frame it returns the header, with a nil message, and leaves the
+// payload (h.Length bytes, at least 1) to take; for any other frame, the
+// message. Malformed frames are handshake.ParseHeader's and Decode's errors.
 func (in *inbox) next(wait bool) (handshake.Header, handshake.Message, error) {
 	if in.data > 0 {
 		return handshake.Header{}, nil, fmt.Errorf("rsock: inbox: next inside a data frame (%d bytes left)", in.data)
 	}
 	// Judged at each read: bytes that are not the magic fail at once (a
-	// plain server's short reply to an early hello), not when a whole
-	// header has come.
+	// plain server's short reply to an early hello).
 	for in.buffered() < handshake.HeaderLen {
 		if err := in.fill(in.buffered()+1, wait); err != nil {
 			return handshake.Header{}, nil, err

@@ -2,11 +2,10 @@ package rsock
 
 import "sync/atomic"
 
-// note is a wake-up that is remembered until taken, as a channel of
-// capacity 1 is, whose channel is made only once something waits on it:
-// most connections are woken (a frame queued, room made) far more often
-// than anything waits, and many never wait at all. It is one word: nil,
-// woken (nothing waits yet), or the channel.
+// note is a wake-up remembered until taken, as by a channel of capacity
+// 1, whose channel is made only once something waits: connections are
+// woken far more often than anything waits. It is one word: nil, woken
+// (nothing waits yet), or the channel.
 type note struct {
 	p atomic.Pointer[chan struct{}]
 }

@@ -16,23 +16,10 @@ import (
 )
 
 // The reading of a switching connection's bootstrap socket
-// (docs/protocol.md §9.3). One reader at a time reads it, through the
-// connection's inbox:
-//
-//   - While the connection is all on TCP and nothing else needs the
-//     socket read, the application's Read reads it itself (readSocket), as
-//     a net.TCPConn's Read does: Data goes straight into its buffer, and a
-//     control frame is acted on where it arrives.
-//   - readLoop takes over, for good, once frames must be read whether or
-//     not the application reads (needReader): the client's upgrade begins,
-//     the server's reader timer fires (serverReaderAfter: an offer can be
-//     answered then), an offer arrives, CloseRead, a failure, or Close
-//     with the peer's end still to come. A Read reading the socket then is
-//     ended at once (its socket deadline moved to now) and waits for
-//     readLoop's Data like any other.
-//
-// So a short connection runs no goroutine of its own, and a long one the
-// one it needs.
+// (docs/protocol.md §9.3), by one reader at a time: a Read itself
+// (readSocket) while the connection is all on TCP and nothing else needs
+// it read, then readLoop for good (needReader), which ends a Read's socket
+// read at once (its socket deadline moved to now).
 
 // readerState is who reads a switching connection's bootstrap socket.
 type readerState uint8
@@ -45,10 +32,8 @@ const (
 	readerEnded                      // its end or failure was read: no one reads it any more
 )
 
-// serverReaderAfter is how long after the handshake a server's
-// background reader starts: by then a client with the default policy may
-// offer an upgrade, and the offer must be answered even if the
-// application does not read.
+// serverReaderAfter is how long after the handshake a server's readLoop
+// starts, to answer an offer the client's default policy may make then.
 const serverReaderAfter = DefaultUpgradeAfter
 
 // readSocket is a Read's turn at the socket: when no one else reads it, it
@@ -76,9 +61,8 @@ func (w *swConn) readSocket(b []byte) (n int, took bool, err error) {
 	return n, true, err
 }
 
-// socketDone ends a Read's (or poll's) turn at the socket: readLoop
-// takes over if it was called for meanwhile; otherwise the socket is free
-// for a Read that waits for it.
+// socketDone ends a Read's (or poll's) turn at the socket, under mu:
+// readLoop takes over if it was called for meanwhile, else a waiting Read.
 func (w *swConn) socketDone() {
 	switch w.reader {
 	case readerHanding:
@@ -156,9 +140,8 @@ func (w *swConn) needReaderLocked() {
 	}
 }
 
-// socketDeadlineLocked sets the socket's read deadline, unless it is set
-// to t already: a Read that takes the socket applies its deadline, and
-// re-arming the same one each time would cost a timer operation per Read.
+// socketDeadlineLocked sets the socket's read deadline unless it is t
+// already: re-arming the same one would cost a timer operation per Read.
 func (w *swConn) socketDeadlineLocked(t time.Time) {
 	if !t.Equal(w.socketDL) {
 		w.socketDL = t
@@ -200,15 +183,12 @@ func (w *swConn) claimReaderLocked() bool {
 }
 
 // closeReading ends the reading at a Close on TCP when no one reads the
-// socket (claimReaderLocked). What has arrived is read now and dropped:
-// frames after Close act on nothing, as in readLoop. If the peer's end is
-// among it, or if the close is orderly and every byte we sent has reached
-// the peer (sender.delivered), the socket is closed as soon as our last frame is
-// written, as plain TCP's close does: a frame the peer sends later meets
-// a reset, as a write to a closed TCP socket does, and has nothing of ours
-// left to destroy. Otherwise readLoop reads on to the peer's end. The
-// common case, an orderly close with nothing buffered, nothing arrived and
-// everything delivered, costs one system call (sender.quiet).
+// socket (claimReaderLocked), as docs/protocol.md §9.6 says ("Closing at
+// once"): what has arrived is read and dropped; if it holds the peer's
+// end, or the close is orderly and every byte we sent has reached the
+// peer (sender.delivered), the socket closes once our last frame is
+// written; otherwise readLoop reads on to the peer's end. The common case
+// costs one system call (sender.quiet).
 func (w *swConn) closeReading(orderly bool) {
 	if orderly && w.in.buffered() == 0 && w.in.data == 0 && w.out.quiet() {
 		w.readerStopped()
@@ -231,8 +211,7 @@ func (w *swConn) closeReading(orderly bool) {
 	go w.readLoop()
 }
 
-// skipFrame reads and drops what the socket holds of one frame, without
-// waiting.
+// skipFrame drops what the socket holds of one frame, without waiting.
 func (w *swConn) skipFrame() error {
 	if w.in.data > 0 {
 		buf := pool.Get(min(w.in.data, inboxSize))
@@ -276,9 +255,8 @@ func (w *swConn) readLoop() {
 	}
 }
 
-// nextFrame reads the next frame's header and, but for a Data frame, its
-// body: the message, or nil for a Data frame, whose payload (in.data
-// bytes) the caller takes next, once checked that Data may come now.
+// nextFrame reads the next frame: its message, or nil for a Data frame
+// (checked by dataAllowed), whose payload (in.data bytes) comes next.
 func (w *swConn) nextFrame() (handshake.Message, error) {
 	h, msg, err := w.in.next(true)
 	if err == nil && h.Type == handshake.TypeData {
@@ -379,9 +357,8 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		if w.client {
 			return false, protocolError("an offer to the client")
 		}
-		// An offer may follow the Confirm that declined the last one
-		// at once, in the same segment: that upgrade is answered, and
-		// ends without waiting for anything from the client.
+		// An offer right behind the Confirm that declined the last Accept:
+		// that upgrade ends first, waiting for nothing from the client.
 		w.mu.Lock()
 		finishing := w.upDone
 		if w.up != upAnswered {
@@ -438,8 +415,7 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 	return false, nil
 }
 
-// takeAnswer moves an upgrade that waits for the peer's answer on to
-// upAnswered, and reports whether one waited.
+// takeAnswer moves an upgrade from upOffered to upAnswered; false if none.
 func (w *swConn) takeAnswer() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -450,8 +426,7 @@ func (w *swConn) takeAnswer() bool {
 	return true
 }
 
-// peerSwitched handles the peer's Switch{x}: its Data ends at x, its
-// bytes go on in the ring.
+// peerSwitched handles the peer's Switch{x}: its Data ends at x (§9.5).
 func (w *swConn) peerSwitched(x uint64) error {
 	w.mu.Lock()
 	wait := w.upDone
@@ -461,9 +436,8 @@ func (w *swConn) peerSwitched(x uint64) error {
 		return protocolError("a switch without an agreed ring")
 	}
 	if wait != nil {
-		// The client switches right after its Confirm: the server's side
-		// of the ring may still be starting (and the client's may not be
-		// installed yet when the server's Switch comes).
+		// Our side of the ring may not be started or installed yet: the
+		// client switches right after its Confirm.
 		select {
 		case <-wait:
 		case <-w.done:
@@ -550,10 +524,10 @@ func (w *swConn) ended(err error) {
 	w.fail(bootstrapFailure(err))
 }
 
-// bootstrapFailure is the error a connection fails with when its
-// bootstrap ends with err, which is not a goodbye: err itself if it is
-// already a reset or a broken protocol, else a *stream.ResetError.
-// (Apart from ended, so that an orderly end allocates no error targets.)
+// bootstrapFailure is what a connection fails with when its bootstrap
+// ends with err, not a goodbye: err if a reset or a protocol error, else a
+// *stream.ResetError. It is apart from ended so that an orderly end
+// allocates no errors.As targets.
 func bootstrapFailure(err error) error {
 	var re *stream.ResetError
 	var pe *protocolErr
@@ -566,13 +540,11 @@ func bootstrapFailure(err error) error {
 	return &stream.ResetError{Reason: "bootstrap connection failed", Err: err}
 }
 
-// peerClosedOnTCP handles the end of the bootstrap at a frame boundary
-// while the peer's sending is on TCP: that is its orderly close (all its
-// bytes came before), as for plain TCP. It reports false when the peer's
-// sending is on a ring (the end is then no goodbye: the peer vanished).
-// A failover waiting for the peer's Resume does not change that when the
-// peer had not switched (recvStale): its bytes all came on TCP, and the
-// Resume only told us what to send again, which no one will read.
+// peerClosedOnTCP handles the end of the bootstrap at a frame boundary:
+// while the peer's sending is on TCP, its orderly close (§9.6). It reports
+// false when the peer's bytes were on a ring: the peer vanished. Awaiting
+// its Resume changes nothing if the peer had not switched (recvStale):
+// its bytes all came on TCP.
 func (w *swConn) peerClosedOnTCP() bool {
 	w.awaitMove() // a failover in progress decides what the peer owes us, as for its goodbye
 	w.mu.Lock()

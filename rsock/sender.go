@@ -15,16 +15,14 @@ import (
 	"github.com/rdmanet/rdmanet/internal/handshake"
 )
 
-// sendQueue bounds the Data bytes a switching connection queues for its
-// bootstrap socket beyond what the kernel took, as a socket's send buffer
-// does: a Write waits (deadline permitting) while it is full.
+// sendQueue bounds the bytes queued for the bootstrap socket beyond what
+// the kernel took: a Write waits (deadline permitting) while it is full.
 const sendQueue = 256 << 10
 
-// sender writes a switching connection's frames (Data and control) on its
-// bootstrap TCP connection. Callers queue whole frames; one goroutine at a
-// time, started when there is work, writes them with no deadline, so a
-// frame is never cut short by a Write's deadline (which would break the
-// framing for good). Deadlines bound only the wait for queue room.
+// sender writes a switching connection's frames on its bootstrap socket,
+// in the order queued (docs/protocol.md §9.3). One goroutine at a time
+// writes the queue with no deadline: a frame cut short would break the
+// framing for good. Deadlines bound only the wait for queue room.
 type sender struct {
 	raw *net.TCPConn
 	rc  syscall.RawConn // raw's, for writeNow, delivered and quiet (init)
@@ -48,13 +46,11 @@ type sender struct {
 	closing bool        // finish was called: no more frames
 	err     error       // the socket failed; set once
 	room    note        // the queue shrank
-	// closeTimer bounds how long a finished sender's queue may take to
-	// drain before the socket is closed under it.
+	// closeTimer resets the socket under a finished sender's queue (finish).
 	closeTimer *time.Timer
 	shut       bool // the queue drained after finish: FIN sent (shutLocked)
 	readerGone bool // the reader has stopped (readerDone)
-	// held is a frame that goes out in front of the next one queued, or
-	// at flush or finish (hold); shared, read only.
+	// held goes out in front of the next frame queued (hold).
 	held []byte
 	// offered: the client's Offer is queued and its Confirm not yet; no
 	// Data goes between them (offer, confirmed; docs/protocol.md §9.4).
@@ -67,13 +63,10 @@ func (s *sender) queueLocked(frame []byte) {
 	pool.Put(frame)
 }
 
-// sendLocked writes the frame that head and body make, with the held
-// frame in front of it, or what of them the socket does not take at once,
-// behind the frames queued before, and makes sure a goroutine writes what
-// is queued. With nothing queued it first tries the socket directly,
-// without blocking, from the caller, in one system call: most frames then
-// need no goroutine and no copy. What is queued is copied: head and body
-// stay the caller's.
+// sendLocked queues the frame of head and body, behind the held one, and
+// makes sure a goroutine writes the queue. With nothing queued it first
+// writes what the socket takes, without blocking, from the caller: most
+// frames need no goroutine and no copy. head and body stay the caller's.
 func (s *sender) sendLocked(head, body []byte) {
 	held := s.held
 	s.held = nil
@@ -97,10 +90,8 @@ func (s *sender) sendLocked(head, body []byte) {
 }
 
 // hold keeps frame, an early hello or the answer to one, to go out in
-// front of the next frame queued, or at flush or finish, whichever comes
-// first: the hello and the request, or the answer and the reply, then
-// share a segment, and the peer one wake-up. The frame is shared and read
-// only: s never writes to it or pools it.
+// front of the next frame queued, or at flush or finish (§9.11). The
+// frame is shared and read only: s never writes to it or pools it.
 func (s *sender) hold(frame []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -131,10 +122,9 @@ func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
 	s.nowFn = s.writeFD
 }
 
-// writeNow writes what of parts, one after the other, the socket takes
-// without blocking, and returns how much that was (0 on any error: the
-// goroutine's blocking write then meets it again and reports it). mu is
-// held.
+// writeNow writes what of parts the socket takes without blocking and
+// returns how much (0 on any error, which the goroutine's write meets
+// again and reports). mu is held.
 func (s *sender) writeNow(parts ...[]byte) int {
 	if s.rc == nil {
 		return 0
@@ -203,10 +193,9 @@ func (s *sender) send(m handshake.Message) error {
 	return err
 }
 
-// sendAt queues a control frame made from the Data cursor, under the
-// same lock as the Data frames, so none slips between reading the cursor
-// and queueing the frame. With last, the sender takes no frames after it
-// (finish then closes the socket once it is written).
+// sendAt queues a control frame made from the Data cursor, under the lock
+// of the Data frames, so that none slips between the two. With last, the
+// sender takes no frames after it.
 func (s *sender) sendAt(m func(cursor uint64) handshake.Message, last bool) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -238,9 +227,8 @@ func (s *sender) offer(m *handshake.UpgradeOffer) error {
 }
 
 // confirmed queues the client's Confirm m, if not nil, and lets Data go
-// again: the offer was answered (a Decline, or the Confirm of an Accept)
-// or the upgrade ended. It fails only once the socket has failed or the
-// sender took its last frame.
+// again: the offer was answered, or the upgrade ended. It fails only once
+// the socket has failed or the sender took its last frame.
 func (s *sender) confirmed(m *handshake.Confirm) error {
 	var err error
 	if m != nil {
@@ -262,8 +250,7 @@ func (s *sender) cursor() uint64 {
 	return s.sent
 }
 
-// seek moves the Data cursor forward to x, where a failover sends bytes
-// again from (the peer has those before x).
+// seek moves the Data cursor forward to x, for a failover's resend.
 func (s *sender) seek(x uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -330,15 +317,13 @@ func (s *sender) finish(wait time.Duration) {
 	})
 }
 
-// lingerTimeout bounds how long a finished sender's socket stays open,
-// half-closed, for the peer to close its side.
+// lingerTimeout bounds the half-closed socket's wait for the peer's end.
 const lingerTimeout = 2 * time.Second
 
 // shutLocked ends the sending once everything queued is written: a FIN,
-// not a close, so that frames the peer sent meanwhile (the reader is
-// still reading) do not turn our close into a reset that destroys what
-// we sent before it. The socket is closed once the reader has seen the
-// peer's end (readerDone), or lingerTimeout from now.
+// not a close, so that frames the peer sent meanwhile do not turn our
+// close into a reset that destroys what we sent (§9.6). The socket closes
+// once the reader has stopped (readerDone), or lingerTimeout from now.
 func (s *sender) shutLocked() {
 	if s.shut {
 		return

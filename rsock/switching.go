@@ -18,23 +18,18 @@ import (
 	"github.com/rdmanet/rdmanet/internal/stream"
 )
 
-// recvQueue bounds the Data a switching connection holds for Read; past
-// it the reader stops reading the socket, and TCP's own flow control holds
-// the peer back. Each frame held counts entryCost bytes beyond its
-// payload, so a peer that sends tiny frames cannot make the queue hold a
-// quarter of a million of them.
+// recvQueue bounds the Data queued for Read (docs/protocol.md §9.3): past
+// it the reader stops reading the socket. Each frame counts entryCost
+// bytes beyond its payload, so that tiny frames cannot pile up entries.
 const (
 	recvQueue = 256 << 10
 	entryCost = 512
 )
 
-// swConn is a Conn on the switching protocol (docs/protocol.md §9). It
-// starts on its bootstrap TCP connection, the stream carried in Data
-// frames, and each direction moves to a ring (verbs or shm) at an exact
-// stream cursor once the ring is ready: the sender queues Switch{X} behind
-// its last Data frame and writes into the ring from then on; the receiver
-// reads Data up to X, then the ring. One reader at a time reads the socket
-// (a Read, or readLoop: reading.go); a sender writes it.
+// swConn is a Conn on the switching protocol (docs/protocol.md §9): the
+// stream starts in Data frames on the bootstrap TCP connection, and each
+// direction moves to a ring at an exact stream cursor (§9.5). One reader
+// at a time reads the socket (reading.go); a sender writes it.
 type swConn struct {
 	c      *Conn
 	set    *settings
@@ -53,13 +48,12 @@ type swConn struct {
 	wmu   sync.Mutex
 	wring *stream.Conn // the ring our sending moved to, or nil
 
-	// The settled fast paths: the ring a Write or a Read goes to
-	// directly, without wmu, rmu or mu (the ring serialises its own
-	// calls). wfast is wring, published as wmu is released, so that a
-	// Write that switched between its chunks ends before another one goes
-	// to the ring. rfast is the ring once the peer switched and its Data
-	// was read, published by a Read holding rmu. A failover clears both;
-	// a call that finds its ring detached takes the slow path.
+	// The fast paths, taken without wmu, rmu or mu (the ring serialises
+	// its own calls). wfast is wring, published as wmu is released, so
+	// that a Write that switched between its chunks ends before another
+	// goes to the ring; rfast is published by a Read holding rmu once the
+	// peer switched and its Data was read. A failover clears both; a call
+	// that finds its ring detached takes the slow path.
 	wfast, rfast atomic.Pointer[stream.Conn]
 
 	// rmu is held by a Read for its whole call: one waits at a time.
@@ -117,8 +111,7 @@ type swConn struct {
 	offers      int           // server: the client's upgrade offers so far (maxOffers)
 }
 
-// recvPath is where the peer's bytes come from (docs/protocol.md §9.5,
-// §9.10).
+// recvPath is where the peer's bytes come from (§9.5, §9.10).
 type recvPath uint8
 
 const (
@@ -147,14 +140,10 @@ type upPhase uint8
 
 const (
 	upIdle upPhase = iota // no upgrade runs
-	// upOffered: the client's Offer is out (client) or was read (server),
-	// and its answer not yet read: the server's Accept or Decline on the
-	// client, the client's Confirm on the server (or the server declined).
-	// The client sends no Data meanwhile (sender.offer).
+	// upOffered: the Offer was sent (client) or read (server), its answer
+	// not yet read; the client sends no Data meanwhile (sender.offer).
 	upOffered
-	// upAnswered: the answer was read; the upgrade finishes (a ring is
-	// started, or the connection stays on TCP) and then ends
-	// (upgradeEnded).
+	// upAnswered: the answer was read; the upgrade finishes and ends.
 	upAnswered
 )
 
@@ -177,10 +166,9 @@ func (w *swConn) init(c *Conn, s *settings, raw *net.TCPConn, client bool) {
 	w.in.src = &w.sock
 }
 
-// start arms the connection's first timed step, at most helloHold from
-// now: the client's upgrade policy, or the server's reader; until then a
-// Read reads the socket itself (reading.go). The first step also turns
-// keep-alive on (Conn.keepAlive).
+// start arms the connection's first timed step (§9.8), at most helloHold
+// from now: the client's upgrade policy, or the server's reader. That step,
+// or start when there is none, turns keep-alive on (Conn.keepAlive).
 func (w *swConn) start(transports []handshake.Transport) {
 	w.transports = transports
 	if len(transports) == 0 && w.pending == nil {
@@ -195,8 +183,7 @@ func (w *swConn) start(transports []handshake.Transport) {
 	case !w.client:
 		after, f = serverReaderAfter, w.serverReaderDue
 	case after > helloHold:
-		// An early hello waits for the first frame no longer than
-		// helloHold; the policy's time runs on from there.
+		// At helloHold a held hello goes out; the policy's time runs on.
 		rest := after - helloHold
 		after, f = helloHold, func() {
 			w.c.keepAlive()
@@ -213,9 +200,8 @@ func (w *swConn) start(transports []handshake.Transport) {
 	w.mu.Unlock()
 }
 
-// schedule runs f once d has passed: off clock, or on a runtime timer of
-// its own when d is shorter than ownTimerBelow (UpgradeAfter 1ns asks for
-// at once, not whenever the clock next runs).
+// schedule runs f once d has passed: off clock, or, below ownTimerBelow,
+// on a runtime timer of its own (UpgradeAfter 1ns means at once).
 func schedule(d time.Duration, f func()) interface{ Stop() bool } {
 	if d < ownTimerBelow {
 		return time.AfterFunc(d, f)
@@ -223,34 +209,25 @@ func schedule(d time.Duration, f func()) interface{ Stop() bool } {
 	return clock.Set(d, f)
 }
 
-// clock runs the first timed step of every switching connection (start):
-// one runtime timer for the process, not one per connection, which a
+// clock runs the first timed step of every switching connection (start)
+// on one runtime timer for the process, not one per connection, which a
 // short connection would arm and stop for nothing (internal/alarm). A step
-// runs when it is due, at the next connection made in the process or from
-// the clock's timer; it runs late only when the timer ran within the last
-// clockPeriod and no connection was made since the step came due: then by
-// up to clockPeriod.
+// may run up to clockPeriod late (docs/protocol.md §9.8).
 var clock = alarm.New(clockPeriod)
 
-// clockPeriod is how often at most clock's timer runs: a process that
-// makes a stream of short connections, each of which sets a step due in
-// a millisecond and stops it on closing, costs about one timer run per
-// clockPeriod, not one per millisecond.
+// clockPeriod is how often at most clock's timer runs.
 const clockPeriod = 10 * time.Millisecond
 
 // ownTimerBelow is the shortest step that clock runs.
 const ownTimerBelow = time.Millisecond
 
-// helloHold bounds how long an early dial holds its hello for the first
-// frame (the application's first Write) to go out with: a Read, the
-// upgrade policy and Close send it at once. A server takes a client that
-// stays silent for SniffTimeout for a plain one. A variable for tests.
+// helloHold bounds how long an early dial holds its hello (§9.11): a
+// server takes a client silent for SniffTimeout for a plain one.
 var helloHold = DefaultUpgradeAfter
 
 // kick turns keep-alive on and starts the client's upgrade, once. Before
-// the answer to an early hello, which names the transports, it sends the
-// hello if it is still held and has the answer read, and the upgrade
-// begins when it comes (answered).
+// an early hello's answer, which names the transports, it only sends the
+// hello and has the answer read; the upgrade begins on it (answered).
 func (w *swConn) kick() {
 	if !w.client {
 		return
@@ -272,10 +249,9 @@ func (w *swConn) kick() {
 	}
 }
 
-// serverReaderDue is the server's reader timer: what it holds for the
-// client (the answer to an early hello) goes out, and readLoop reads on,
-// so that an offer is answered whether or not the application reads.
-// Keep-alive goes on. A server that may not run on TCP arms ringDue.
+// serverReaderDue is the server's reader timer (§9.8): a held answer to an
+// early hello goes out, keep-alive goes on, and readLoop reads the socket
+// whether or not the application does. Without "tcp" it arms ringDue.
 func (w *swConn) serverReaderDue() {
 	w.c.keepAlive()
 	w.out.flush()
@@ -289,10 +265,9 @@ func (w *swConn) serverReaderDue() {
 	}
 }
 
-// ringDue resets a server's connection that may not run on TCP (no "tcp"
-// in its Transports) and has no ring, nor an upgrade running, once
-// HandshakeTimeout has passed since the handshake: its client never
-// offered one (a long UpgradeAfter, or nothing it could prepare).
+// ringDue resets a server's connection that may not run on TCP and has
+// neither a ring nor an upgrade running HandshakeTimeout after the
+// handshake: its client never offered one (§9.1).
 func (w *swConn) ringDue() {
 	w.mu.Lock()
 	due := w.ring == nil && w.up == upIdle
@@ -302,8 +277,7 @@ func (w *swConn) ringDue() {
 	}
 }
 
-// counted notes n bytes moved on TCP and starts the upgrade once the
-// policy's byte count is reached.
+// counted counts n bytes moved on TCP toward the policy's UpgradeBytes.
 func (w *swConn) counted(n int) {
 	if n > 0 && w.moved.Add(uint64(n)) >= uint64(w.set.upgradeBytes) && !w.upStarted.Load() {
 		w.kick()
@@ -421,8 +395,7 @@ func (w *swConn) dropQueueLocked() {
 }
 
 // Write implements net.Conn.Write for a switching connection. On TCP it
-// returns once b is queued for the socket (sender); it moves to the ring
-// between chunks as soon as the ring is ready.
+// returns once b is queued (sender); it moves to the ring between chunks.
 func (w *swConn) Write(b []byte) (int, error) {
 	n := 0
 	if r := w.wfast.Load(); r != nil {
@@ -467,8 +440,7 @@ func (w *swConn) Write(b []byte) (int, error) {
 		// No new Data while a failover runs: the peer may be waiting for
 		// our Resume behind it (resumeLag).
 		w.awaitMove()
-		// A chunk at a time, so that a long Write moves to the ring as
-		// soon as it is ready.
+		// A chunk at a time, so that a long Write moves to a ready ring.
 		end := min(len(b), n+handshake.MaxData)
 		k, err := w.out.data(b[n:end], &w.wdl, w.done)
 		n += k
@@ -479,8 +451,7 @@ func (w *swConn) Write(b []byte) (int, error) {
 		w.counted(k)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) && !w.isClosed() {
-				// The sender finished under us: the connection failed or
-				// its ring said goodbye.
+				// The sender finished: a failure, or the ring's goodbye.
 				if err = w.writeErr(); err == nil {
 					err = &stream.ResetError{Reason: "the bootstrap connection was closed for a failure"}
 				}
@@ -490,9 +461,8 @@ func (w *swConn) Write(b []byte) (int, error) {
 	}
 }
 
-// moved reports whether err, from a ring's call, may mean the ring was
-// taken away (a failover: ErrMoving, then net.ErrClosed once detached),
-// so that the call goes on by the slow path, which knows.
+// moved reports whether err, from a ring's call, may be a failover's
+// (ErrMoving, then net.ErrClosed once detached): the slow path knows.
 func moved(err error) bool {
 	return errors.Is(err, stream.ErrMoving) || errors.Is(err, net.ErrClosed)
 }
@@ -548,9 +518,7 @@ func (w *swConn) switchLocked() {
 	w.settleLocked()
 }
 
-// settleLocked closes settled once nothing will move any more: each
-// direction is on the ring or finished, or the upgrade ended without a
-// ring, or the connection ended.
+// settleLocked fires settled once nothing will move any more (§9.1).
 func (w *swConn) settleLocked() {
 	if w.settled.set {
 		return
@@ -582,11 +550,9 @@ func (w *swConn) settledChan() <-chan struct{} {
 	return w.settled.channel()
 }
 
-// signal is a one-time event, guarded by its owner's lock: set once, with
-// a channel closed when it is, made only for a caller that waits (a
-// connection mostly ends without anyone waiting). The channel, once made,
-// is never replaced: a goroutine that made it, or learnt under the lock
-// that it exists, may read ch after.
+// signal is a one-time event, guarded by its owner's lock. Its channel is
+// made only for a caller that waits, and never replaced: a goroutine that
+// made it, or saw under the lock that it exists, may read ch after.
 type signal struct {
 	set bool
 	ch  chan struct{}
@@ -614,15 +580,13 @@ func (s *signal) channel() chan struct{} {
 }
 
 // goneLocked records the peer's end (its goodbye, or its orderly close on
-// TCP): no upgrade can complete after it, so one waiting for the peer's
-// answer ends, and the connection settles (settleLocked).
+// TCP): an upgrade waiting for its answer ends, and the connection settles.
 func (w *swConn) goneLocked() {
 	w.gone.fire()
 	w.settleLocked()
 }
 
-// receivable reports whether a receive from ch would not block: ch is
-// closed, or holds a value.
+// receivable reports whether ch is closed or holds a value.
 func receivable(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
@@ -680,8 +644,7 @@ func (w *swConn) CloseWrite() error {
 	return err
 }
 
-// CloseRead ends the reading: later Reads return io.EOF, and Data that
-// arrives is dropped.
+// CloseRead ends the reading: Reads return io.EOF, and Data is dropped.
 func (w *swConn) CloseRead() error {
 	w.mu.Lock()
 	if w.closed {
@@ -742,9 +705,7 @@ func (w *swConn) Close() error {
 	if r != nil {
 		return r.Close()
 	}
-	// Without a ring the stream is all on TCP: the end of the socket,
-	// after the queued frames, is the goodbye, as for plain TCP. An abort
-	// says why.
+	// Without a ring the socket's end is the goodbye, but for an abort.
 	var g *handshake.Goodbye
 	switch {
 	case failed != nil:
@@ -761,12 +722,11 @@ func (w *swConn) Close() error {
 	return nil
 }
 
-// Goodbye queues the goodbye g (none if nil) behind the frames queued
-// before it, and closes the bootstrap once they are written (at most
-// closeAckTimeout later, in the background), once (stream.Owner). A
-// ring's goodbye carries its producer cursor: the stream cursor adds the
-// Data sent before the switch. A server that refused our early hello
-// gets no frame: it does not speak rsock.
+// Goodbye (stream.Owner) queues g, if not nil, behind the frames queued
+// before it, and closes the bootstrap once they are written, at most
+// closeAckTimeout later; once, without blocking. An orderly g's FinalProd,
+// a ring's producer cursor, becomes a stream cursor. A server that refused
+// our early hello gets no frame: it does not speak rsock.
 func (w *swConn) Goodbye(g *handshake.Goodbye) {
 	w.goodbye.Do(func() {
 		w.mu.Lock()
@@ -785,8 +745,7 @@ func (w *swConn) Goodbye(g *handshake.Goodbye) {
 	})
 }
 
-// closeAckTimeout bounds the wait for the goodbye (and the Data queued
-// before it) to reach the socket.
+// closeAckTimeout bounds the writing of the frames queued at Close (§9.6).
 const closeAckTimeout = time.Second
 
 // setDeadline sets the read and/or write deadline, here and on the ring.
@@ -850,8 +809,7 @@ func (w *swConn) setRing(r *stream.Conn, name string) bool {
 		go func() { _ = w.failover("the ring failed as it started") }()
 	}
 	if gone {
-		// The peer ended before the ring was installed; it sent nothing
-		// on it.
+		// The peer ended first: it sent nothing on the ring.
 		r.PeerGoodbye(&handshake.Goodbye{})
 	}
 	w.rnote.wake()
@@ -890,8 +848,7 @@ func (w *swConn) fail(err error) {
 	w.Goodbye(&handshake.Goodbye{Abort: true, Reason: why})
 }
 
-// Reset is the ring's report that it was reset (stream.Owner): the
-// connection fails with it.
+// Reset (stream.Owner) is the ring's reset: the connection fails with it.
 func (w *swConn) Reset(_ *stream.Conn, err error) { w.fail(err) }
 
 // Test hooks: run where a race with a failover is widest.
@@ -918,12 +875,9 @@ func (h *hook) run(w *swConn) {
 	}
 }
 
-// info fills ci's switch log and returns the ring, if any, whose counters
-// add to the connection's.
-// info fills in ci's switch log and the paths' bytes but the ring's, and
-// returns the ring and its transport: one snapshot, so that a failover
-// (which moves the ring's bytes to ringPaths and drops the ring in one
-// section) counts them once.
+// info fills in ci's switch log and the bytes of every path but the
+// ring's, and returns the ring and its transport: one snapshot under mu,
+// in which a failover's ring bytes count once (ringPaths, or the ring).
 func (w *swConn) info(ci *ConnInfo) (*stream.Conn, string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -16,15 +16,10 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// The switching protocol's handshake and upgrade (docs/protocol.md §9).
-// The client's Hello carries FlagSwitch and names the transports it could
-// set up, unprepared; a switching server answers Upgrade at once, with the
-// transports it would take, and both hand the connection to the
-// application on TCP. Later (the client's policy: UpgradeAfter,
-// UpgradeBytes) the client prepares one endpoint and sends Offer; the
-// server prepares its own and answers Accept or Decline; Confirm follows
-// an Accept, and each side then switches its sending
-// (swConn.switchLocked).
+// The switching protocol's handshake (docs/protocol.md §2.4, §9.1) and
+// upgrade (§9.4): Hello and Upgrade hand the connection to the
+// application on TCP; later the client offers a ring, and after Accept and
+// Confirm{0} each side switches its sending (swConn.switchLocked).
 
 // switchHello is the client's Hello: one offer per transport it could set
 // up, with no ring prepared.
@@ -38,14 +33,10 @@ func (s *settings) switchHello(names []string) *handshake.Hello {
 	return h
 }
 
-// serveSwitch answers a Hello with FlagSwitch: Upgrade, naming the
-// transports this server would take of those offered, in its order. The
-// connection goes to Accept at once, on TCP.
-// from says whether the magic has been sent yet, and whether raw has a
-// deadline to clear.
-// arrived holds what came after the hello: an early client's first frames.
-// The answer to an early hello is held until the server's first frame
-// (sender.hold), or serverReaderAfter.
+// serveSwitch answers a Hello with FlagSwitch (switchAnswer) and returns
+// the connection, on TCP, for Accept, or an error (a Decline). arrived is
+// an early client's first frames; the answer to an early hello is held
+// (sender.hold) until the server's first frame, or serverReaderAfter.
 func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, from switchFrom, arrived []byte) (*Conn, error) {
 	a := s.switchAnswer(hello.Offers)
 	if a.err != nil {
@@ -77,8 +68,7 @@ type switchFrom struct {
 	timed     bool // raw has a deadline, which the connection clears
 }
 
-// upAnswer is a switching server's answer to a hello's offers
-// (switchAnswer).
+// upAnswer is a switching server's answer to a hello (switchAnswer).
 type upAnswer struct {
 	upgrade    bool                  // Upgrade; otherwise Decline
 	transports []handshake.Transport // the Upgrade's
@@ -99,7 +89,7 @@ func (a *upAnswer) refuse(raw *net.TCPConn, frame []byte) error {
 
 // switchAnswer returns the answer to a switching hello's offers: Upgrade,
 // naming the transports this server would take of those offered, in its
-// order.
+// order; Decline if there are none and TCP is not allowed.
 func (s *settings) switchAnswer(offers []handshake.Offer) *upAnswer {
 	order := s.serveOrder()
 	var ts []handshake.Transport
@@ -131,10 +121,8 @@ type switchStart struct {
 	early  bool
 	key    string            // the early client's address key (earlyServers)
 	offers []handshake.Offer // the early client's hello's
-	// held (shared, read only) goes out with the connection's next frame
-	// (sender.hold): the server's answer to an early hello, or the early
-	// client's hello. arrived, on the server, is what came after the
-	// client's hello: an early client's first frames.
+	// held (shared, read only), an early hello or the answer to one, goes
+	// out with the next frame (sender.hold). arrived: see serveSwitch.
 	held    []byte
 	arrived []byte
 	untimed bool // raw has no deadline to clear
@@ -219,16 +207,14 @@ func (w *swConn) clientUpgrade() {
 	case over:
 		return
 	case gone:
-		// The server ended before the policy's time came: there is no
-		// one to offer a ring to, and no endpoint to prepare.
+		// The server ended before the policy's time: no one to offer to.
 		w.stayOnTCP(CodeDeclined, "the server closed the connection before the upgrade began")
 		testHookUpgradeOver.run(w)
 		return
 	}
-	// One of the process's places for a client's endpoint setup, held
-	// until this upgrade ends: an endpoint holds descriptors (a memfd per
-	// region, until the peer has mapped them) that a running ring no
-	// longer needs, so a burst of dials must not set up all at once.
+	// A place for a client's endpoint setup, held until this upgrade
+	// ends: an endpoint holds descriptors that a running ring does not, so
+	// a burst of dials must not set up all at once (§9.4 step 1).
 	select {
 	case clientSetups <- struct{}{}:
 	case <-w.done:
@@ -295,8 +281,7 @@ func (w *swConn) clientUpgrade() {
 		return
 	}
 	// The answer may wait behind Data the server's application has not
-	// read, for as long as it does not read: past HandshakeTimeout this
-	// upgrade gives its setup place to the process's others.
+	// read: past HandshakeTimeout the setup place is given back.
 	slow := time.NewTimer(w.set.handshake)
 	defer slow.Stop()
 	var answer handshake.Message
@@ -364,9 +349,8 @@ func (w *swConn) clientUpgrade() {
 }
 
 // awaitUpgrade waits, for a Dial that waits for its upgrade (dialWaits),
-// until the connection settled or ctx ends. It returns nil with the ring
-// in place, or on TCP where TCP is allowed; otherwise the upgrade's
-// failure, or ctx's error.
+// until the connection settled or ctx ends: nil with the ring in place, or
+// on TCP where TCP is allowed; else the upgrade's failure or ctx's error.
 func (w *swConn) awaitUpgrade(ctx context.Context) error {
 	select {
 	case <-w.settledChan():
@@ -401,10 +385,7 @@ func (w *swConn) upgradeEnded(mine chan struct{}) {
 	w.settleLocked() // the peer's end may have come meanwhile
 }
 
-// Backoff of a new upgrade after a setback (a failover, or an upgrade a
-// busy server declined): after the n-th setback of a connection the
-// client waits about reupgradeBase << (n-1), at most reupgradeMax, before
-// it offers a ring again (reupgradeLocked spreads it).
+// The backoff of a new upgrade after a setback (reupgradeDelay).
 const (
 	reupgradeBase = 100 * time.Millisecond
 	reupgradeMax  = time.Minute
@@ -414,8 +395,9 @@ const (
 // no new upgrade.
 var reupgradeScale atomic.Int64
 
-// reupgradeDelay is how long the client waits, after the n-th setback of
-// a connection, before it offers a ring again.
+// reupgradeDelay is the client's backoff before it offers a ring again
+// after the n-th setback of a connection (a failover, or an upgrade a busy
+// server declined): reupgradeBase << (n-1), at most reupgradeMax.
 func reupgradeDelay(n int) time.Duration {
 	d := reupgradeMax
 	if n = max(n, 1); n <= 30 && reupgradeBase<<(n-1) < reupgradeMax {
@@ -424,11 +406,9 @@ func reupgradeDelay(n int) time.Duration {
 	return d / time.Duration(max(reupgradeScale.Load(), 1))
 }
 
-// reupgradeLocked arms the client's next upgrade after its backoff: once a
-// failover is over on both sides (the peer's Resume came), or once an
-// upgrade a busy server declined has ended (upgradeLater). The wait is
-// between half the backoff and all of it, at random, so that connections
-// that failed over or were declined together do not come back together.
+// reupgradeLocked arms the client's next upgrade once a setback is over
+// (the peer's Resume came, or upgradeLater), at random between half the
+// backoff and all of it, so that connections set back together spread.
 func (w *swConn) reupgradeLocked() {
 	if !w.client || len(w.transports) == 0 || w.closed || w.err != nil || w.gone.set || reupgradeScale.Load() < 0 {
 		return
@@ -447,9 +427,8 @@ func (w *swConn) reupgradeLocked() {
 // one is armed if it is to follow (tests).
 var testHookUpgradeOver hook
 
-// upgradeLater counts an upgrade a busy server declined, and arms a new
-// one after the backoff. It runs once that upgrade has ended
-// (upgradeEnded).
+// upgradeLater counts an upgrade a busy server declined as a setback and
+// arms a new one; it runs once that upgrade has ended (upgradeEnded).
 func (w *swConn) upgradeLater() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -457,9 +436,8 @@ func (w *swConn) upgradeLater() {
 	w.reupgradeLocked()
 }
 
-// declineOffer ends the server's upgrade and then declines the offer: a
-// client may offer again as soon as it reads the Decline.
-// ours is the connection's code here: CodeDeclined, or CodeLocalLimit.
+// declineOffer ends the server's upgrade, then declines the offer (the
+// client may offer again once it reads it), with this side's code ours.
 func (w *swConn) declineOffer(mine chan struct{}, code handshake.DeclineCode, ours, reason string) {
 	reason = handshake.SanitizeReason(reason)
 	w.upgradeEnded(mine)
@@ -479,17 +457,15 @@ func (w *swConn) clientStart(ctx context.Context, ep *stream.Endpoint, name stri
 	return ep.Start(streamRing(m.Ring), w, &w.rdl, &w.wdl)
 }
 
-// switchSend moves our sending to the ring (waiting for a Write in
-// progress, which may also do it between its chunks).
+// switchSend moves our sending to the ring once a Write in progress ends.
 func (w *swConn) switchSend() {
 	w.wmu.Lock()
 	w.switchLocked()
 	w.wunlock()
 }
 
-// serveUpgrade answers the client's offer: Accept with a prepared,
-// passively connected endpoint, or Decline; after Confirm{0} it starts the
-// ring and switches.
+// serveUpgrade answers the client's offer with Accept or Decline, and
+// after Confirm{0} starts the ring and switches.
 func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	ctx, cancel := w.stepContext()
 	defer cancel()
@@ -515,8 +491,7 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	<-w.ln.setups // prepared (or not): the place's work is done
 	if err != nil {
 		if verbs.LocalLimit(err) {
-			// A limit of this host: it may pass, and the client may offer
-			// again later (DeclineResources).
+			// A limit of this host may pass: the client may offer again.
 			w.declineOffer(mine, handshake.DeclineResources, CodeLocalLimit, fmt.Sprintf("%s: %v", name, err))
 		} else {
 			w.declineOffer(mine, handshake.DeclineUnavailable, CodeDeclined, fmt.Sprintf("%s: %v", name, err))
@@ -528,11 +503,8 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		ep.Close()
 		return
 	}
-	// The client answers an Accept once it has connected its side, within
-	// its HandshakeTimeout, and sends no Data before (sender.offer), so
-	// the Confirm is the next frame the reader reads. One that does not
-	// come within twice that is a client that will not confirm: the
-	// endpoint it makes us hold is released, and the connection reset.
+	// The client confirms within its HandshakeTimeout: a Confirm not here
+	// within twice that will not come (§9.4 step 4).
 	confirmBy := time.NewTimer(2 * w.set.handshake)
 	defer confirmBy.Stop()
 	var confirm *handshake.Confirm
@@ -589,8 +561,7 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	go w.switchSend()
 }
 
-// stepContext bounds one step of an upgrade by HandshakeTimeout and by
-// the connection's Close.
+// stepContext bounds an upgrade's step by HandshakeTimeout and Close.
 func (w *swConn) stepContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.set.handshake)
 	go func() {
@@ -603,8 +574,7 @@ func (w *swConn) stepContext() (context.Context, context.CancelFunc) {
 	return ctx, cancel
 }
 
-// servePrepare checks the offer against this server's transports and
-// prepares its endpoint (preparePassive).
+// servePrepare prepares an offer's endpoint, if its transport is allowed.
 func (w *swConn) servePrepare(ctx context.Context, o handshake.Offer) (*stream.Endpoint, error) {
 	name := o.Transport.String()
 	if !slices.Contains(w.set.transports, name) {
