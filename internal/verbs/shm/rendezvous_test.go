@@ -469,14 +469,9 @@ func TestEstablishedCancel(t *testing.T) {
 // process gets no more, and a process that holds none takes the place of
 // the oldest silent connection of one that holds the most.
 func TestRendezvousFairShare(t *testing.T) {
-	defer func(n int) { maxHeld = n }(maxHeld)
-	maxHeld = 2 * maxPerPeer
-	var theirs []*net.UnixConn // the ends the processes hold
-	defer func() {
-		for _, c := range theirs {
-			_ = c.Close()
-		}
-		// Every exchange ends on its peer's close, and gives its place back.
+	// Every exchange ends on its peer's close, and gives its place back:
+	// none of an earlier test's may count here, nor this test's after it.
+	noneHeld := func() {
 		for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 			rv.mu.Lock()
 			held := rv.held
@@ -488,6 +483,16 @@ func TestRendezvousFairShare(t *testing.T) {
 				t.Fatalf("%d connections still held", held)
 			}
 		}
+	}
+	noneHeld()
+	defer func(n int) { maxHeld = n }(maxHeld)
+	maxHeld = 2 * maxPerPeer
+	var theirs []*net.UnixConn // the ends the processes hold
+	defer func() {
+		for _, c := range theirs {
+			_ = c.Close()
+		}
+		noneHeld()
 	}()
 	connect := func(pid int32) *net.UnixConn {
 		t.Helper()
