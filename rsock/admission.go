@@ -8,33 +8,27 @@ import (
 
 // Admission: what a Listener bounds so that no client, however many
 // connections it opens and stalls, keeps others waiting or costs the
-// server without bound. The accept loop stops accepting only while the
-// ready queue is full (the application does not Accept) or maxPending
-// handshakes run; a connection costs the listener, in each phase of its
-// handshake:
+// server without bound (docs/protocol.md §2.1, §9.4). Besides the accept
+// loop's backpressure (maxPending, the ready queue), a connection costs,
+// in each phase of its handshake:
 //
-//   - before its first bytes: SniffTimeout, then it is handed to Accept as
-//     a plain client (the application's own limits apply to it);
+//   - before its first bytes: SniffTimeout, then it goes to Accept as a
+//     plain client;
 //   - after the magic, until its hello is complete (within
-//     HandshakeTimeout): a place among perSourceWaiting of its source
-//     (sourceOf: the IPv4 address, or the IPv6 /64); past them, a newer connection from the same address takes
-//     the oldest one's place, which is closed (its client, if it was a
-//     real one, dials again over plain TCP and says why);
-//   - while an endpoint is prepared for its upgrade offer (memory
-//     registered, a queue pair made): one of maxSetups places; past them,
-//     the offer is declined (DeclineResources), the connection stays on
-//     TCP with that reason, and the client offers again after a backoff;
-//   - per connection: maxOffers upgrade offers,
-//     each of which may prepare an endpoint (an Offer, our Accept, the
-//     client's Confirm{declined}, and again); past them, every offer is
-//     declined (DeclinePolicy) at no cost, and the connection stays on TCP
-//     with that reason. An honest client offers once, and again only after
-//     a failover or a busy server's decline, with a backoff that doubles.
+//     HandshakeTimeout): one of perSourceWaiting places of its source
+//     (sourceOf); past them, a newer connection takes the oldest one's
+//     place, which is closed;
+//   - while an endpoint is prepared for its upgrade offer: one of
+//     maxSetups places; past them, the offer is declined
+//     (DeclineResources), and the client offers again after a backoff;
+//   - per connection: maxOffers upgrade offers, each of which may prepare
+//     an endpoint; past them, every offer is declined (DeclinePolicy) at no
+//     cost. An honest client offers again only after a failover or a busy
+//     server's decline.
 //
-// A goroutine and a socket are all a stalled client costs until then, so
-// the bounds are set for the host's descriptors, not for the clients that
-// are served meanwhile: a plain client never takes a waiting place, and an
-// rsock client takes one for the milliseconds it needs to send its hello.
+// A stalled client costs a goroutine and a socket, so the bounds are set
+// for the host's descriptors: a plain client never takes a waiting place,
+// and an rsock client holds one only until its hello has come.
 const (
 	perSourceWaiting = 1024
 	maxSetups        = 256

@@ -14,19 +14,17 @@ import (
 
 // Config tunes rsock. The zero value gives good defaults, and every field
 // left at its zero value is taken from its RSOCK_* environment variable if
-// that is set, so a deployment can tune a program without changing its
-// code. A field set in code wins over the environment. The variables are
-// read once, when rsock first needs them (the first Dial, Listen or
-// CheckConfig of the process), as the runtime reads GOGC: a later change
-// to the environment (os.Setenv) is not seen.
+// that is set; a field set in code wins. The variables are read once, when
+// rsock first needs them (the first Dial, Listen or CheckConfig of the
+// process), as the runtime reads GOGC: a later os.Setenv is not seen.
 type Config struct {
 	// Transports lists the transports allowed, in order of preference:
 	// "verbs" (RDMA through libibverbs), "shm" (shared memory, same host)
-	// and "tcp". "tcp" allows falling back to the bootstrap TCP connection
-	// when no other transport can be agreed; it is always the last resort,
-	// wherever it is listed. Without "tcp", Dial fails instead of falling
-	// back and a listener closes connections it cannot switch.
-	// Env RSOCK_TRANSPORTS (comma-separated). Default: verbs,shm,tcp.
+	// and "tcp". "tcp" allows staying on the bootstrap TCP connection when
+	// no other transport can be agreed; it is always the last resort,
+	// wherever it is listed. Without "tcp", Dial fails instead and a
+	// listener closes connections it cannot switch. Env RSOCK_TRANSPORTS
+	// (comma-separated). Default: verbs,shm,tcp.
 	Transports []string
 
 	// RingSize is the receive ring of each connection, in bytes: a power
@@ -37,12 +35,10 @@ type Config struct {
 	RingSize int
 
 	// RingStart is the receive ring a connection starts with when the peer
-	// follows a ring move (this version does): the ring grows to RingSize,
-	// once, when the peer's writer fills it, so an idle connection pins a
-	// fraction of RingSize (docs/protocol.md §3.11). A power of two from
+	// follows a ring move: the ring grows to RingSize, once, when the
+	// peer's writer fills it (docs/protocol.md §3.11). A power of two from
 	// 4 KiB; RingSize or more means rings start at RingSize. Rings a peer
-	// maps (shm) start at RingSize. Env RSOCK_RING_START.
-	// Default 64 KiB.
+	// maps (shm) start at RingSize. Env RSOCK_RING_START. Default 64 KiB.
 	RingStart int
 
 	// Credits is the number of receive work requests each connection
@@ -51,19 +47,13 @@ type Config struct {
 	Credits int
 
 	// BusyPoll bounds how long a blocked Read or Write polls for
-	// completions before it parks its goroutine. Polling spends CPU to
-	// save the wake-up latency of parking, and pays only when the answer
-	// comes while it polls. So a wait polls for about what a park costs in
-	// this process (a few wake-ups, measured on the parked waits of every
-	// connection as the host gets busier or quieter), at most BusyPoll, and
-	// then parks. Each direction of a connection stops polling after two
-	// waits in a row whose answers came much later than that (a peer that
-	// works longer than a park), and polls again now and then to see
-	// whether it would pay again. A blocked call on an idle connection
-	// polls at most two windows and then costs no CPU; while a connection
-	// ping-pongs with polling, the waiting side keeps its core busy. At
-	// most half the process's cores poll at once. Negative (or 0 in the
-	// environment) disables it; more than MaxBusyPoll (10ms) is a
+	// completions before it parks its goroutine. The window within that
+	// bound follows what a park costs in this process, and each direction
+	// of a connection stops polling while it does not pay (docs/protocol.md
+	// §4.1). A blocked call on an idle connection soon costs no CPU; while
+	// a connection ping-pongs with polling, the waiting side keeps its core
+	// busy. At most half the process's cores poll at once. Negative (or 0
+	// in the environment) disables it; more than MaxBusyPoll is a
 	// ConfigError. Env RSOCK_BUSY_POLL (a Go duration such as 50us).
 	// Default DefaultBusyPoll.
 	BusyPoll time.Duration
@@ -79,10 +69,10 @@ type Config struct {
 	SniffTimeout time.Duration
 
 	// ProbeTimeout is how long Dial waits for the server's answer to its
-	// hello. After silence that long (or a connection closed without an
-	// answer) Dial closes the connection and dials again with plain TCP,
-	// saying why in ConnInfo.Reason; silence is no verdict, so the next
-	// Dial probes again. Env RSOCK_PROBE_TIMEOUT. Default 1s.
+	// hello. After silence that long, or a close without an answer, Dial
+	// dials again with plain TCP, saying why in ConnInfo.Reason; silence is
+	// no verdict, so the next Dial probes again. Env RSOCK_PROBE_TIMEOUT.
+	// Default 1s.
 	ProbeTimeout time.Duration
 
 	// ProbeCacheTTL is how long Dial remembers that an address does not
@@ -106,46 +96,37 @@ type Config struct {
 	// ConnectionManager connects verbs queue pairs through rdma_cm on
 	// InfiniBand and RoCE too (iWARP always uses it): addresses and paths
 	// then follow the kernel's routes (VLANs, bonds, InfiniBand path
-	// records) instead of the GID table entry of the local IP. It matters
-	// on the dialing side; a server follows its client. Env
-	// RSOCK_VERBS_CM=1.
+	// records) instead of the GID table entry of the local IP. Set it on
+	// the dialing side; a server follows its client. Env RSOCK_VERBS_CM=1.
 	ConnectionManager bool
 
-	// EndpointPool is how many closed verbs endpoints each RDMA device
-	// keeps for reuse: a protection domain with its registered receive
-	// ring, staging buffer and state-message buffers, so that the next
-	// connection on the device skips registering memory (most of a verbs
-	// connection's setup). A pooled endpoint's memory stays registered
-	// (pinned) and is zeroed before reuse; its queue pair is never
-	// reused. A registration the host refuses for lack of lockable memory
-	// frees the pool first. Negative: no pool. Env RSOCK_ENDPOINT_POOL.
-	// Default DefaultEndpointPool.
+	// EndpointPool is how many closed verbs endpoints (a protection domain
+	// with its registered buffers) each RDMA device keeps, so that the next
+	// connection on the device skips registering memory. A pooled
+	// endpoint's memory stays registered (pinned) and is zeroed before
+	// reuse; its queue pair is never reused. A registration the host
+	// refuses for lack of lockable memory frees the pool first. Negative:
+	// no pool. Env RSOCK_ENDPOINT_POOL. Default DefaultEndpointPool.
 	EndpointPool int
-	// EndpointPoolIdle is how long a pooled endpoint is kept unused before
-	// it is freed. Env RSOCK_ENDPOINT_POOL_IDLE. Default
-	// DefaultEndpointPoolIdle.
+	// EndpointPoolIdle is how long a pooled endpoint is kept unused. Env
+	// RSOCK_ENDPOINT_POOL_IDLE. Default DefaultEndpointPoolIdle.
 	EndpointPoolIdle time.Duration
 
-	// UpgradeAfter is the upgrade policy of a dialed connection. A connection
-	// starts on its TCP connection, usable as soon as the server has answered
-	// (one round trip, however long a ring takes to set up), and sets up its
-	// ring in the background once it has lived UpgradeAfter (or a little
-	// later: one clock runs every connection's timed steps, at the next
-	// connection the process makes or from its timer, which runs at most every
-	// 10 ms) or moved UpgradeBytes bytes (read and written, on TCP), whichever
-	// comes first; each direction then moves to the ring without losing,
-	// repeating or reordering a byte. A short connection thus costs about what
-	// TCP costs, and a long one reaches the ring soon after. A tiny value
-	// (1ns) upgrades at once. Negative upgrades at once and makes Dial wait
-	// for the upgrade to run its course (at most HandshakeTimeout): Dial
-	// returns the connection on its ring, or on TCP with the reason in its
-	// ConnInfo, or, without "tcp" in Transports, the upgrade's error. Without
-	// "tcp" in Transports that is the default: a connection that may not run
-	// on TCP gets its ring before Dial returns. A listener answers every
-	// client whatever its own setting; without "tcp" in its Transports, a
-	// connection whose upgrade fails is reset. Settled tells when a
-	// connection's upgrade has run its course. Env RSOCK_UPGRADE_AFTER.
-	// Default DefaultUpgradeAfter.
+	// UpgradeAfter is the upgrade policy of a dialed connection. A
+	// connection starts on its TCP connection, usable once the server has
+	// answered (one round trip), and sets up its ring in the background
+	// once it has lived UpgradeAfter (up to 10 ms later: docs/protocol.md
+	// §9.8) or moved UpgradeBytes bytes on TCP, whichever comes first; each
+	// direction then moves to the ring without losing, repeating or
+	// reordering a byte. A tiny value (1ns) upgrades at once. Negative
+	// upgrades at once and makes Dial wait for the upgrade to run its course
+	// (at most HandshakeTimeout): Dial returns the connection on its ring,
+	// or on TCP with the reason in its ConnInfo, or, without "tcp" in
+	// Transports, the upgrade's error; without "tcp" that is the default. A
+	// listener answers every client whatever its own setting; without "tcp"
+	// in its Transports, a connection whose upgrade fails is reset. Settled
+	// tells when a connection's upgrade has run its course. Env
+	// RSOCK_UPGRADE_AFTER. Default DefaultUpgradeAfter.
 	UpgradeAfter time.Duration
 
 	// UpgradeBytes is the byte count of the upgrade policy (see
@@ -157,43 +138,40 @@ type Config struct {
 	// fails (a queue pair in error, an error completion, a peer message
 	// that breaks the ring's rules), both directions move back to the
 	// connection's TCP connection without losing, repeating or reordering
-	// a byte, and the application sees no error (Info then says
-	// "failed-over" and why, and Switches lists the moves); the client
-	// upgrades again after a backoff that doubles per failover (100 ms,
-	// 200 ms, ..., at most a minute). With NoFailover, or without "tcp" in
-	// Transports, such a failure resets the connection instead. A peer
-	// process that dies is a dead connection either way. Env
-	// RSOCK_NO_FAILOVER=1.
+	// a byte, and the application sees no error (Info says "failed-over"
+	// and why); the client upgrades again after a backoff that doubles per
+	// failover, from 100 ms to at most a minute (docs/protocol.md §9.10).
+	// With NoFailover, or without "tcp" in Transports, such a failure
+	// resets the connection instead. A peer process that dies is a dead
+	// connection either way. Env RSOCK_NO_FAILOVER=1.
 	NoFailover bool
 
 	// EarlyDial lets a Dial skip the handshake's round trip, as TLS 0-RTT
-	// does, and is off by default for the same reason. Once a server has
-	// answered a switching hello saying it takes early frames, Dials to
-	// its address in the next ProbeCacheTTL return at once: the hello
-	// leaves with the application's first bytes (or at its first Read, or
-	// about 1 ms after the Dial), and the answer comes with the server's
-	// first bytes (docs/protocol.md §9.11). The cost: if the address's
-	// server stops speaking rsock in that time (a restart without rsock,
-	// the address given to another service), the application's first
-	// bytes reach that server behind a hello it does not understand, and
-	// the connection fails on its first Read or Write with ErrEarlyRefused
-	// instead of at Dial; the address is then forgotten. Enable it only
-	// where the first bytes are safe to replay or to show to whatever
-	// listens on the address. Env RSOCK_EARLY_DIAL=1.
+	// does, and is off by default for the same reason. For ProbeCacheTTL
+	// after a server answered that it takes early frames, Dials to its
+	// address return at once, and the hello leaves with the application's
+	// first bytes (docs/protocol.md §9.11). If the address's server stops
+	// speaking rsock in that time (a restart without rsock, the address
+	// given to another service), those bytes reach it behind a hello it
+	// does not understand, and the connection fails on its first Read or
+	// Write with ErrEarlyRefused instead of at Dial; the address is then
+	// forgotten. Enable it only where the first bytes are safe to replay or
+	// to show to whatever listens on the address. Env RSOCK_EARLY_DIAL=1.
 	EarlyDial bool
 
 	// Deprecated: the early dial is off unless EarlyDial is set. A true
 	// NoEarlyDial still turns it off.
 	NoEarlyDial bool
 
-	// Logger receives fallbacks, remembered probe verdicts, a listener's
-	// failed handshakes (rate-limited) and connections that end in a reset,
-	// with the attributes code, transport, reason and peer (see
-	// logging.go). Nil logs nothing.
+	// Logger receives, at Info, fallbacks and remembered probe verdicts;
+	// at Warn, a listener's failed handshakes (rate-limited) and
+	// connections that end in a reset. Records carry the attributes code,
+	// transport, reason and peer. Nil logs nothing.
 	Logger *slog.Logger
 }
 
-// Defaults.
+// Defaults. BENCHMARKS.md ("Defaults and what they were chosen from")
+// says what each was chosen from.
 const (
 	DefaultRingSize         = 1 << 20
 	DefaultRingStart        = 64 << 10
@@ -202,19 +180,12 @@ const (
 	DefaultSniffTimeout     = 200 * time.Millisecond
 	DefaultProbeTimeout     = time.Second
 	DefaultProbeCacheTTL    = time.Minute
-	// MaxBusyPoll is the largest BusyPoll: a spin window past the cost
-	// of a park buys nothing, and one of seconds would let an idle wait
-	// hold a core.
+	// MaxBusyPoll is the largest BusyPoll.
 	MaxBusyPoll = 10 * time.Millisecond
-	// DefaultBusyPoll bounds the measured spin window (BusyPoll): it
-	// matters only on a host where waking a parked call takes more than
-	// about 33 us
-	// (BENCHMARKS.md).
+	// DefaultBusyPoll is BusyPoll's default bound.
 	DefaultBusyPoll = 100 * time.Microsecond
 	// DefaultUpgradeAfter and DefaultUpgradeBytes are the upgrade
-	// policy's defaults: a connection that lives past a millisecond, or
-	// moves 64 KiB, gets its ring (BENCHMARKS.md says what the
-	// millisecond was chosen from; the 64 KiB is not measured).
+	// policy's defaults (UpgradeAfter).
 	DefaultUpgradeAfter = time.Millisecond
 	DefaultUpgradeBytes = 64 << 10
 	// DefaultEndpointPool and DefaultEndpointPoolIdle bound the verbs

@@ -14,9 +14,8 @@ import (
 // Conn is a connection from Dial or Accept. It implements net.Conn, plus
 // CloseWrite and CloseRead like *net.TCPConn.
 //
-// Underneath is either an RDMA-style transport (verbs or shm: the peer
-// writes into this side's receive ring) or the bootstrap TCP connection
-// itself (fallback). Info and TransportOf say which, and why.
+// Underneath is a ring (verbs or shm: the peer writes into this side's
+// receive ring) or the bootstrap TCP connection; Info says which, and why.
 //
 // The net.Conn contract holds on every transport: Read blocks until data,
 // io.EOF (the peer closed its writing side and all data was read), an
@@ -37,9 +36,8 @@ type Conn struct {
 	prefixMu  sync.Mutex
 	prefix    []byte      // bytes sniffed by the listener, replayed before tcp's
 	hasPrefix atomic.Bool // len(prefix) > 0
-	// late marks a connection the listener handed over when its sniff
-	// timed out with at most part of the magic read: its first Read checks
-	// whether the rest of an rsock hello follows (see rescueLateHello).
+	// late marks a connection handed over after a sniff timeout with at
+	// most part of the magic read: its first Read runs rescueLateHello.
 	late atomic.Bool
 
 	// Counters for the tcp transport (the stream keeps its own).
@@ -50,8 +48,7 @@ type Conn struct {
 	born   time.Time   // when it was made (registry.go)
 	shard  uint8       // its registry shard
 	closed atomic.Bool // Close was called: it left the registry
-	// Its place in its shard's list while registered, under the shard's
-	// lock.
+	// Its place in its shard's list while registered, under its lock.
 	prev, next *Conn
 	listed     bool
 }
@@ -117,8 +114,7 @@ type ConnInfo struct {
 	// Notifications counts the completion queue's notifications; Background
 	// those that came while no call waited and started background progress
 	// (posting receive buffers again, returning credits, sending what is
-	// owed). In event mode a ping-pong costs one wake-up and one
-	// notification per message, and almost no background progress.
+	// owed).
 	Notifications uint64
 	Background    uint64
 	// Registered is the memory the connection holds registered with its
@@ -132,10 +128,9 @@ type ConnInfo struct {
 	// refused (RLIMIT_MEMLOCK): the rings then keep their size.
 	RingGrows        uint64
 	RingGrowFailures uint64
-	// Backstops counts the times the peer had consumed none of the bytes
-	// in flight for a while (half a second, then backing off) nor taken
-	// the messages that announced them, and its ring was kicked, in case
-	// a notification was lost.
+	// Backstops counts the times the peer's ring was kicked, in case a
+	// notification was lost, because it had consumed nothing in flight for
+	// a while (docs/protocol.md §4.1).
 	Backstops uint64
 	// Switches lists, on the switching protocol, when each direction
 	// moved between TCP and a ring and why, and upgrades that did not
@@ -206,19 +201,18 @@ func InfoOf(c net.Conn) (ConnInfo, bool) {
 
 // Settled returns a channel that is closed once c's transport has settled
 // (c, or the conn it wraps, see TransportOf). It is closed already for a
-// connection that cannot change transport: plain TCP, a fallback, or a connection rsock did not make. On the switching protocol
+// connection that cannot change transport: plain TCP, a fallback, or a
+// connection rsock did not make. On the switching protocol
 // (Config.UpgradeAfter) it closes once the first upgrade has run its
 // course: both directions on the ring, or the upgrade declined or failed
-// (Info says why), or the connection ended. A dialed connection's upgrade
-// starts by its policy; a listener's end waits for its client's, so a
-// client that never upgrades leaves it open until the connection ends.
-// The upgrade's frames travel on the TCP connection behind the data, so
-// while the peer writes, an end that does not read (past rsock's 256 KiB
-// of queued data) holds its own upgrade back. TransportOf may be read at
-// any time; wait for Settled first where the final transport matters (a
-// deployment check, a test), before asking the peer to send. A failover, an
-// upgrade offered again after a busy server's decline, and the ring they
-// lead to do not reopen it.
+// (Info says why), or the connection ended. A listener's end waits for its
+// client's upgrade, so a client that never upgrades leaves it open until
+// the connection ends. The upgrade's frames travel on the TCP connection
+// behind the data, so while the peer writes, an end that does not read
+// (past 256 KiB of queued data) holds its own upgrade back. Where the final
+// transport matters (a deployment check, a test), wait for Settled before
+// asking the peer to send. A failover, an upgrade offered again after a
+// busy server's decline, and the ring they lead to do not reopen it.
 func Settled(c net.Conn) <-chan struct{} {
 	if rc := unwrap(c); rc != nil && rc.w != nil {
 		return rc.w.settledChan()
@@ -378,8 +372,7 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 
 // WriteTo implements io.WriterTo. On the TCP transport it uses the kernel's
 // splice path, as *net.TCPConn does. On a ring it hands w the received bytes
-// where they lie in the receive ring, with no copy in between (so io.Copy
-// from the connection copies once, into w, instead of twice); as with any
+// where they lie in the receive ring, with no copy in between; as with any
 // io.Writer, w must not keep the slices it is given.
 func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	if c.w != nil {

@@ -31,13 +31,12 @@ type Dialer struct {
 // default it returns once the server has answered the hello (one round
 // trip), with the connection carrying data over TCP; its ring (verbs or
 // shm, when the server agrees) is set up in the background by the upgrade
-// policy (Config.UpgradeAfter), and Settled says when that is done. With
-// UpgradeAfter negative, or no "tcp" in Transports, it returns once the
-// upgrade has run its course: with the ring in place, or on TCP with the
-// reason, or, where TCP is not allowed, with the upgrade's error. Where no
-// ring can be had the connection stays on TCP (unless the Config forbids
-// it), with the reason in its ConnInfo. A server that does not speak rsock
-// is detected and dialled again with plain TCP.
+// policy, and Settled says when that is done. With UpgradeAfter negative,
+// or no "tcp" in Transports, it returns once the upgrade has run its
+// course (see Config.UpgradeAfter). Where no ring can be had the
+// connection stays on TCP (unless the Config forbids it), with the reason
+// in its ConnInfo. A server that does not speak rsock is detected and
+// dialled again with plain TCP.
 func Dial(network, address string) (net.Conn, error) {
 	var d Dialer
 	return d.DialContext(context.Background(), network, address)
@@ -107,11 +106,10 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 	stop := context.AfterFunc(hctx, func() { _ = tc.SetDeadline(aLongTimeAgo) })
 	c, err := s.dialHandshake(hctx, network, key, tc)
 	if !stop() || err != nil && hctx.Err() != nil {
-		// The context ended while the handshake ran: whatever it
-		// produced is void. A handshake that failed as it ended counts
-		// so even when stop won: Err reports the end before the
-		// AfterFunc is started, and the handshake may have returned
-		// hctx's own error.
+		// The context ended while the handshake ran: what it produced is
+		// void. A failed handshake counts so even when stop won: hctx
+		// reports its end before the AfterFunc starts, and the handshake
+		// may have returned hctx's own error.
 		if c != nil {
 			c.Close()
 		}
@@ -149,9 +147,8 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 }
 
 // probeCache remembers addresses whose servers do not speak rsock. A
-// verdict counts only once two probes in a row agree: one answer that was
-// not rsock's can come from an rsock server that misread a slow client, and
-// must not send a minute of dials to TCP.
+// verdict takes two probes in a row: one answer that was not rsock's may
+// come from an rsock server that misread a slow client.
 type probeCache struct {
 	mu      sync.Mutex
 	entries map[string]probeEntry

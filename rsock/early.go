@@ -9,14 +9,11 @@ import (
 	"github.com/rdmanet/rdmanet/internal/stream"
 )
 
-// The early dial (docs/protocol.md §9.11). A switching server that reads
-// whatever follows a hello as the connection's frames says so in its
-// Upgrade (UpgradeEarly). For ProbeCacheTTL after such an answer, Dials to
-// its address send their hello with FlagEarly and return at once: the
-// application's first frames follow the hello, and the server's answer
-// comes in front of its first frame. The handshake's round trip is gone
-// from a short connection's life. If the answer is anything else, the
-// connection fails with ErrEarlyRefused, and the address is forgotten.
+// The early dial (docs/protocol.md §9.11; Config.EarlyDial): the hello
+// goes with FlagEarly, the application's first frames follow it, and the
+// server's answer comes in front of its first frame. Any answer but an
+// Upgrade with UpgradeEarly fails the connection with ErrEarlyRefused and
+// forgets the address.
 
 // ErrEarlyRefused is wrapped by the errors of a connection dialed without
 // waiting for the server's answer (Config.EarlyDial) whose server did not

@@ -140,9 +140,8 @@ func (l *Listener) dropped(err error, peer net.Addr) {
 
 func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	s := l.s
-	// The first read takes whatever has arrived: a switching client sends
-	// its magic and hello at once, and is answered in one write. Most
-	// often they are there already, and the sniff needs no deadline.
+	// The first read takes whatever has arrived: a client sends its magic
+	// and hello in one write, so most often the sniff needs no deadline.
 	var buf [128]byte
 	first := buf[:]
 	n, err := readArrived(raw, first)
@@ -161,8 +160,7 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 		raw.Close()
 		return nil, err
 	}
-	// A switching hello that came whole with the magic is answered now:
-	// nothing is left to wait for.
+	// A whole switching hello came with the magic: answer it now.
 	if hello, k := switchHelloIn(head); hello != nil {
 		return s.serveSwitch(l, raw, hello, switchFrom{withMagic: true, timed: timed}, head[k:])
 	}
@@ -187,8 +185,7 @@ func (s *settings) sniffTimeout() time.Duration {
 // plainClient is the Conn of a client whose first bytes, head (read with
 // err), are not the magic.
 func (l *Listener) plainClient(raw *net.TCPConn, head []byte, err error) (*Conn, error) {
-	// A plain client: the bytes it sent (if any) are its own, or it
-	// waits for the server to speak first.
+	// A plain client: what it sent, if anything, is its own.
 	if err != nil && len(head) == 0 && !isTimeout(err) && !errors.Is(err, io.EOF) {
 		raw.Close()
 		return nil, err
@@ -218,12 +215,10 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 			l.waiting.remove(src, raw)
 		}
 	}()
-	// Answer with the magic at once, before reading the hello and
-	// preparing anything: the client's ProbeTimeout then measures whether
-	// an rsock server is there, not how long this one takes to prepare an
-	// endpoint (a burst of dials to a host that registers memory slowly
-	// would otherwise be taken for a plain server, and remembered as one).
-	// The first frame that follows leaves its magic out (handshake.WriteAfterMagic).
+	// Answer with the magic at once, before reading the hello: the
+	// client's ProbeTimeout then measures whether an rsock server is there,
+	// not how long this one takes to prepare. The next frame leaves its
+	// magic out (handshake.WriteAfterMagic).
 	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
 		raw.Close()
 		return nil, err
@@ -245,8 +240,7 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 		return nil, fmt.Errorf("rsock: client opened with %v, want hello", msg.Type())
 	}
 	if hello.Flags&handshake.FlagSwitch == 0 {
-		// Version 2 has no other handshake: a hello without the flag is
-		// malformed.
+		// Version 2 has no other handshake.
 		raw.Close()
 		return nil, errors.New("rsock: a hello without FlagSwitch")
 	}

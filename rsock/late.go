@@ -8,14 +8,11 @@ import (
 )
 
 // rescueLateHello runs on the first Read of a connection the listener
-// handed to Accept as plain TCP because its first bytes did not arrive
-// within SniffTimeout. If they turn out to be an rsock hello after all (a
-// client that was starved or slow to start), it consumes the hello and
-// answers Decline, so the client carries on over this same TCP connection
-// and the application never sees rsock's bytes; without this, the
-// application would read the hello as data and the client would take the
-// application's answer for a plain server's. Anything else becomes the
-// replayed prefix, as for any plain client.
+// handed to Accept as plain TCP after its sniff timed out (docs/protocol.md
+// §2.5). If its first bytes are an rsock hello after all (a slow client),
+// it consumes the hello and answers Decline, so the client carries on over
+// this same TCP connection and the application never reads the hello as
+// data. Anything else becomes the replayed prefix, as for any plain client.
 func (c *Conn) rescueLateHello() error {
 	c.prefixMu.Lock()
 	defer c.prefixMu.Unlock()
@@ -56,9 +53,8 @@ func (c *Conn) rescueLateHello() error {
 	}
 	c.setPrefixLocked(nil)
 	if hello.Flags&handshake.FlagEarly != 0 {
-		// Its frames follow the hello: they cannot be read as plain
-		// TCP. The client fails with ErrEarlyRefused, and so does this
-		// connection.
+		// Its frames follow the hello and are not plain TCP: the client
+		// fails with ErrEarlyRefused, and so does this connection.
 		c.tcp.Close()
 		return fmt.Errorf("rsock: a late early hello (%s): the frames after it are not plain TCP", why)
 	}

@@ -63,9 +63,8 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 }
 
 // Listener accepts rsock connections, and plain TCP clients on the same
-// port. Handshakes that must wait for the client run in their own
-// goroutines, off the Accept path: a slow, silent or hostile client never
-// delays the others (admission.go bounds what each costs). While 64
+// port. Handshakes run in their own goroutines, off the Accept path: a
+// slow, silent or hostile client never delays the others. While 64
 // connections wait for Accept, or 4096 handshakes run, the listener
 // accepts no more, and the kernel's backlog holds the next clients back,
 // as for a net.Listener whose application stops calling Accept. Accept
@@ -121,7 +120,6 @@ func (l *Listener) Stats() ListenerStats {
 // Accept waits for and returns the next connection: *Conn, on whichever
 // transport the handshake agreed, or TCP. It blocks until a connection is
 // ready or the listener is closed (an error wrapping net.ErrClosed).
-// Handshakes run on the listener's goroutines, one per socket.
 func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		// Prefer a ready connection over reporting the end.
@@ -183,10 +181,8 @@ func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
 	var delay time.Duration
 	for {
-		// Backpressure: with the ready queue full (the application does
-		// not Accept), or maxPending handshakes running, accept nothing
-		// more; the kernel's backlog holds the next clients back, as for
-		// a net.Listener whose application stops calling Accept.
+		// Backpressure (see Listener): nothing is accepted while the
+		// ready queue is full or maxPending handshakes run.
 		for len(l.ready) == cap(l.ready) || l.pending.Load() >= int64(maxPending) {
 			testHookAcceptPaused.run(nil)
 			select {

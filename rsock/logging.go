@@ -7,20 +7,10 @@ import (
 	"time"
 )
 
-// Logging: Config.Logger receives what an operator wants to know about
-// connections (nothing by default):
-//
-//   - Info: a connection that runs on TCP although an accelerated transport
-//     was allowed (a fallback: its code, reason and peer), and the probe
-//     verdicts the client remembers;
-//   - Warn: handshakes a listener dropped, and connections that ended in a
-//     reset (the peer aborted or died, or the transport failed).
-//
-// Records carry the attributes "code", "transport", "reason" and "peer".
-// What a peer can cause by itself (a listener's failed handshakes) is
-// rate-limited per listener, so that a flood of bad hellos cannot flood
-// the log: at most logBurst records, then one per logEvery, and the next
-// record says how many were suppressed.
+// Logging (Config.Logger says what is logged). What a peer can cause by
+// itself (a listener's failed handshakes) is rate-limited per listener: at
+// most logBurst records, then one per logEvery, and the next record says
+// how many were suppressed.
 
 const (
 	logBurst = 10

@@ -38,8 +38,8 @@ type peerRing struct {
 	max   uint64
 }
 
-// ringSize is the size our ring goes up to with peer p: RingSize, or the
-// largest ring p accepts if that is smaller (at least the smallest ring).
+// ringSizeFor is the size our ring goes up to with peer p: RingSize, or
+// the largest ring p accepts if that is smaller (at least the smallest).
 func (s *settings) ringSizeFor(p peerRing) int {
 	size := uint64(s.ringSize)
 	for size > p.max && size > handshake.MinRing {
@@ -75,10 +75,9 @@ func (s *settings) newEndpoint(name string, raw net.Conn, p peerRing) (*stream.E
 }
 
 // preparePassive makes the server's endpoint for the client's offer of
-// transport name: it checks the client's ring, connects passively and
-// registers everything the connection needs before the client switches,
-// so that a registration the host refuses is a decline, not an abort.
-// p is what the client's Hello said of rings.
+// transport name (p: what its Hello said of rings). It registers all the
+// connection needs before the client switches, so that a registration the
+// host refuses is a decline, not an abort.
 func (s *settings) preparePassive(ctx context.Context, name string, raw net.Conn, o handshake.Offer, p peerRing) (*stream.Endpoint, error) {
 	if err := s.checkPeerRing(o.Ring); err != nil {
 		return nil, fmt.Errorf("client's ring: %w", err)
@@ -118,10 +117,9 @@ func streamRing(r handshake.RingInfo) stream.Ring {
 	return stream.Ring{Size: r.Size, Addr: r.Addr, RKey: r.RKey, Credits: uint64(r.Credits)}
 }
 
-// checkPeerRing validates the peer's ring description and our limit on
-// it: no larger than our own RingSize, which we told the peer (RingMax). A
-// staging buffer the size of the peer's ring is allocated (and, on RDMA,
-// pinned), so a peer must not make us hold more than our own ring costs.
+// checkPeerRing validates the peer's ring, which may be no larger than our
+// RingSize (we told the peer: RingMax), since we allocate (and on RDMA
+// pin) a staging buffer of its size.
 func (s *settings) checkPeerRing(r handshake.RingInfo) error {
 	if err := r.Validate(); err != nil {
 		return err
@@ -154,9 +152,8 @@ func plainConn(network string, raw *net.TCPConn, prefix []byte, code string, fal
 }
 
 // serveOrder is the order in which the server tries the transports a
-// client offers: host-local ones (shm) first, because a client offers them
-// only when it may be on this host, and shared memory beats looping through
-// a NIC; then the configured order.
+// client offers: host-local ones (shm) first, since a client offers them
+// only when it may be on this host; then the configured order.
 func (s *settings) serveOrder() []string { return s.served }
 
 // localFirst returns names with the host-local ones first, each group in
@@ -222,19 +219,17 @@ func helloWriteError(ctx context.Context, err error) error {
 	return &redialError{CodeNoAnswer, fmt.Sprintf("connection ended while sending the hello: %v", err)}
 }
 
-// redialError says the handshake failed in a way that leaves the
-// connection unusable although the server may well speak rsock (nothing to
-// offer after the magic went out, a malformed or unexpected answer, a
-// version the server declined): the caller closes it and dials again
-// plainly, without remembering a verdict.
+// redialError says the handshake left the connection unusable although
+// the server may well speak rsock (silence, a close, a malformed or
+// unexpected answer, a version the server declined): the caller closes it
+// and dials again plainly, without remembering a verdict.
 type redialError struct{ code, why string }
 
 func (e *redialError) Error() string { return e.why }
 
 // notRsockError says the server answered, and not like an rsock server:
-// the only evidence that it is a plain one (silence and a closed
-// connection are no answer: an overloaded rsock server, or one out of
-// file descriptors, gives them too).
+// the only evidence that it is a plain one (an overloaded rsock server may
+// be silent or close too).
 type notRsockError struct{ why string }
 
 func (e *notRsockError) Error() string { return "server does not speak rsock: " + e.why }
@@ -257,13 +252,11 @@ func (s *settings) offerable(raw *net.TCPConn) ([]string, reasons) {
 	return names, why
 }
 
-// dialEarly makes the connection of an early dial (§9.11) on raw when a
-// dial to key is one: the server at key answered UpgradeEarly lately, and
-// something may be offered. The hello is the connection's first frame,
-// queued like any other (it never waits for the socket, so the dial needs
-// no deadline), and the answer is read with the server's first frames. It
-// returns nil when the dial is not early. A Dial that waits for its
-// upgrade is never early: it waits for the server's answers anyway.
+// dialEarly makes the connection of an early dial (docs/protocol.md §9.11)
+// on raw if a dial to key is one: the server at key answered UpgradeEarly
+// lately, and something may be offered; else it returns nil. The hello is
+// queued as the connection's first frame, so the dial needs no deadline. A
+// Dial that waits for its upgrade is never early: it waits anyway.
 func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
 	if !s.earlyDial || s.dialWaits() || s.probeCacheTTL <= 0 || !earlyServers.known(key) {
 		return nil
@@ -326,11 +319,9 @@ func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.
 }
 
 // dialHandshake runs the client side on raw: magic and Hello in one
-// write, no endpoint prepared; a switching server's Upgrade makes a Conn on
-// TCP that upgrades later (upgrade.go), or at once and before it is
-// returned (dialWaits). It returns the Conn, or a *notRsockError when the
-// server turned out not to speak rsock (raw is then closed and the caller
-// dials again plainly), or another error (raw closed).
+// write; the server's Upgrade makes a Conn on TCP that upgrades later, or
+// before it is returned (dialWaits). On an error raw is closed; a
+// *notRsockError or *redialError tells the caller to dial again plainly.
 func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *net.TCPConn) (*Conn, error) {
 	names, why := s.offerable(raw)
 	if len(names) == 0 {

@@ -16,24 +16,22 @@ import (
 // SyscallConn returns a syscall.RawConn for code written for
 // *net.TCPConn. On the TCP transport it is the TCP connection's own. On a
 // ring, or on the switching protocol before its upgrade, the stream's
-// bytes are not on any descriptor, and the RawConn says so honestly:
+// bytes are not on any descriptor, and the RawConn says so:
 //
-//   - Control runs f on the bootstrap TCP socket. Options set there
-//     apply to the bootstrap connection: TCP_USER_TIMEOUT (which grpc-go
-//     sets this way) bounds, with keep-alive, how long a dead peer host
-//     goes unnoticed; options about the flow of data have no effect on
-//     the ring.
-//   - Read runs f once, on a descriptor that stands for what a Read of
-//     the Conn would find now, so that a liveness check written for TCP
-//     (a non-blocking read or MSG_PEEK of one byte, as go-redis and
-//     go-sql-driver/mysql do on a pooled connection) gets the truth about
-//     the stream, whichever path carries it: reading it fails with EAGAIN
-//     when a Read would block, returns a byte (not the stream's) when
-//     bytes wait, and returns 0 (end of file) when a Read would return
-//     io.EOF or an error. Nothing of the stream is read or taken. If f
-//     returns false, asking to wait for readability, Read returns an
-//     error wrapping errors.ErrUnsupported rather than wait on a
-//     descriptor that no data will reach.
+//   - Control runs f on the bootstrap TCP socket. Options set there apply
+//     to the bootstrap connection: TCP_USER_TIMEOUT (as grpc-go sets it)
+//     bounds, with keep-alive, how long a dead peer host goes unnoticed;
+//     options about the flow of data have no effect on the ring.
+//   - Read runs f once, on a descriptor that stands for what a Read of the
+//     Conn would find now, so that a liveness check written for TCP (a
+//     non-blocking read or MSG_PEEK of one byte, as go-redis and
+//     go-sql-driver/mysql do) tells the truth about the stream: reading it
+//     fails with EAGAIN when a Read would block, returns a byte (not the
+//     stream's) when bytes wait, and returns 0 (end of file) when a Read
+//     would return io.EOF or an error. Nothing of the stream is taken. If
+//     f returns false, asking to wait, Read returns an error wrapping
+//     errors.ErrUnsupported rather than wait on a descriptor no data will
+//     reach.
 //   - Write fails with an error wrapping errors.ErrUnsupported: bytes
 //     written to a descriptor would bypass the stream.
 //
@@ -133,9 +131,7 @@ func (c *Conn) poll() readiness {
 }
 
 // poll is what a Read would find now. On TCP, when no one reads the
-// socket (before the background reader starts), it reads what has
-// arrived without waiting, acting on control frames as a Read would,
-// until a Data frame is next or nothing more has come (pollSocket).
+// socket, it handles what has arrived without waiting (pollSocket).
 func (w *swConn) poll() readiness {
 	for tries := 0; ; tries++ {
 		w.mu.Lock()
@@ -237,10 +233,9 @@ func (w *swConn) pollSocket() (took, data bool) {
 // testHookPollSocket runs before each frame pollSocket reads.
 var testHookPollSocket hook
 
-// The descriptors readinessFD hands out: made once per process, never
-// closed. waitFD is a socket whose peer never writes (reads fail with
-// EAGAIN); endFD one whose peer has closed (reads return 0). Both refuse
-// writes (EPIPE).
+// The descriptors readinessFD hands out, made once per process and never
+// closed: reads of waitFD fail with EAGAIN, reads of endFD return 0. Both
+// refuse writes (EPIPE).
 var (
 	waitFD, endFD int
 	fdsErr        error

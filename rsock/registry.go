@@ -14,11 +14,10 @@ import (
 )
 
 // The process's view of its connections (Connections, Totals). Every Conn
-// from Dial or Accept is in it from its creation to its Close. Adding and
-// removing one takes one of registryShards locks, at creation and at
-// Close only: the data path never touches the registry. A snapshot takes
-// the shards' locks in turn, reads each connection's counters (atomics),
-// and its ring occupancy only if that costs the connection no wait.
+// from Dial or Accept is in one of registryShards lists from its creation
+// to its Close; the data path never touches the registry. A snapshot takes
+// the shards' locks in turn and reads each connection's counters (atomics),
+// and its ring occupancy only if that costs no wait.
 
 // Reason codes: why a connection is on its transport, stable for tools
 // and metrics (ConnInfo.Code; ConnInfo.Reason has the details).
@@ -178,13 +177,11 @@ func Bytes() map[string]int64 {
 	return out
 }
 
-// relabel gives c, registered, the label to: a late hello's rescue, an
-// upgrade, an upgrade that did not happen, a failover. The open gauge
-// moves to the new transport; the event counters only grow: the label
-// counts under its code, a move onto a ring under upgraded, and a move to
-// TCP where a ring was allowed under fallbacks. Under the shard's lock, as
-// unregister: a connection that was unregistered meanwhile (closed) keeps
-// its open count where unregister took it from.
+// relabel gives c, registered, the label to (a late hello's rescue, an
+// upgrade, an upgrade that did not happen, a failover). The open gauge
+// moves to the new transport; the event counters only grow (TotalStats).
+// Under the shard's lock, as unregister: a connection unregistered
+// meanwhile (closed) keeps its open count where unregister took it from.
 func (c *Conn) relabel(to *label) {
 	sh := &registry.shards[c.shard]
 	sh.mu.Lock()

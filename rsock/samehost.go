@@ -7,10 +7,9 @@ import (
 	"time"
 )
 
-// hostLocal is for transports that work only between processes of one host
-// (shm): offering one costs its setup, so the client offers it only when the
-// peer's address can be on this host. The provider then checks for real
-// (boot id and network namespace); this is just the cheap filter.
+// hostLocal marks transports that work only between processes of one host
+// (shm): the client offers one only when the peer's address can be on this
+// host (maybeSameHost), a cheap filter; the provider then checks for real.
 var hostLocal = map[string]bool{"shm": true}
 
 // localAddrs caches the host's interface addresses for a few seconds.

@@ -7,22 +7,18 @@ import (
 
 // The methods of *net.TCPConn that code written for TCP reaches for. On
 // the TCP transport each is the TCP connection's own. On a ring (verbs,
-// shm) a Conn still has its bootstrap TCP connection, which carries the
-// goodbye and tells a dead peer: the socket options that serve that are
-// applied to it, and those about the flow of data say below what they do.
-// After Close each returns an error wrapping net.ErrClosed, as
-// *net.TCPConn's do.
+// shm) they act on the bootstrap TCP connection, which carries the goodbye
+// and tells a dead peer; each says what it does to the ring. After Close
+// each returns an error wrapping net.ErrClosed, as *net.TCPConn's do.
 
-// Keep-alive is on, as net.Dial and net.Listen leave it (Go's defaults: 15 s
-// idle, 15 s between probes, 9 probes), on the TCP connection of every Conn
-// that has lived about a millisecond. rsock dials and accepts its sockets
-// without it and turns it on itself (keepAlive): when a connection that
-// stays on TCP or starts on a ring is made, and for a connection on the
-// switching protocol at its first timed step (swConn.start), so that one
-// closed sooner spends no system calls on probes it would not send for 15
-// s. The methods below, and SyscallConn, turn it on first if it is not on
-// yet: they find the socket as they would a *net.TCPConn's, and what they
-// set stays set.
+// Keep-alive is on, with Go's defaults as net.Dial and net.Listen leave
+// it, on the TCP connection of every Conn that has lived about a
+// millisecond. rsock dials and accepts without it and turns it on itself
+// (keepAlive) when a connection that stays on TCP is made, or at a
+// switching connection's first timed step (swConn.start), so that a short
+// connection spends no system calls on probes it would not send for 15 s.
+// The methods below, and SyscallConn, turn it on first, so what they set
+// stays set.
 
 // keepAliveDefault is what net.Dialer and net.ListenConfig set by default:
 // zero fields are Go's defaults.
@@ -88,10 +84,10 @@ func (c *Conn) SetWriteBuffer(bytes int) error {
 
 // SetLinger sets how Close behaves with data not yet delivered, as
 // *net.TCPConn's does. On a ring: with sec < 0 (the default) Close waits
-// at most 4 s for the peer's transport to acknowledge the final message
-// (microseconds when all is well), with sec > 0 at most sec seconds, and
-// with sec == 0 Close aborts: the peer's calls fail with a reset (an error
-// matching syscall.ECONNRESET), and bytes it has not read are lost.
+// at most 4 s for the peer's transport to acknowledge the final message,
+// with sec > 0 at most sec seconds, and with sec == 0 Close aborts: the
+// peer's calls fail with a reset (an error matching syscall.ECONNRESET),
+// and bytes it has not read are lost.
 func (c *Conn) SetLinger(sec int) error {
 	if c.w != nil {
 		return c.opError("set", c.w.setLinger(sec))
