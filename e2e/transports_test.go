@@ -60,8 +60,8 @@ var transportCases = []transportCase{
 
 func TestMain(m *testing.M) {
 	// The in-process provider is test-only: it registers here, not in
-	// the library. shm and verbs are registered by rsock itself
-	// (rsock/providers_linux.go).
+	// the library. shm and verbs are registered by the library
+	// itself (internal/transport/builtin_linux.go).
 	transport.Register("sim", sim.New())
 	if _, err := smallScale(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)

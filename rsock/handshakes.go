@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
 // handshakeConn runs raw's handshake on a goroutine of its own, unless
@@ -144,7 +145,7 @@ func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
 	// and hello in one write, so most often the sniff needs no deadline.
 	var buf [128]byte
 	first := buf[:]
-	n, err := readArrived(raw, first)
+	n, err := sysdep.Arrived(raw, first)
 	timed := false
 	if err == nil && n < len(handshake.Magic) && handshake.MatchesMagicPrefix(first[:n]) {
 		testHookSniff.run(nil)

@@ -1,18 +1,13 @@
 package rsock
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"net"
-	"os"
-	"syscall"
-	"unsafe"
 
 	pool "github.com/libp2p/go-buffer-pool"
-	"golang.org/x/sys/unix"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
 // inboxSize is the buffer an inbox reads the socket into: several small
@@ -21,7 +16,7 @@ import (
 const inboxSize = 4 << 10
 
 // errWouldBlock is an inbox read with wait false that found nothing.
-var errWouldBlock = errors.New("rsock: nothing to read now")
+var errWouldBlock = sysdep.ErrWouldBlock
 
 // inbox reads a switching connection's frames from its bootstrap socket
 // (docs/protocol.md §9.2) through a pooled buffer, which it holds only
@@ -29,22 +24,22 @@ var errWouldBlock = errors.New("rsock: nothing to read now")
 // resumable: one cut short (a deadline, or wait false) loses nothing.
 // Callers serialise its use.
 type inbox struct {
-	src  source // one read: a sockReader's
+	src  source // one read: a sysdep.Reader's
 	buf  []byte // pooled; nil when empty
 	r, w int    // buf[r:w] is unread
 	data int    // payload bytes of the current Data frame not yet taken
-	// lean: a waiting read gives the empty buffer back first (await), for
+	// lean: a waiting read gives the empty buffer back first (Await), for
 	// readLoop, which may wait on an idle socket for the connection's life.
 	lean bool
 }
 
 // source is what an inbox reads: one read into p, at least one byte, or
 // errWouldBlock (wait false), io.EOF at the socket's end, or the socket's
-// error. await waits until a read would not block, or fails as a read
+// error. Await waits until a read would not block, or fails as a read
 // would (a deadline, a close); it takes nothing.
 type source interface {
-	read(p []byte, wait bool) (int, error)
-	await() error
+	Read(p []byte, wait bool) (int, error)
+	Await() error
 }
 
 func (in *inbox) buffered() int { return in.w - in.r }
@@ -57,10 +52,10 @@ func (in *inbox) buffered() int { return in.w - in.r }
 func (in *inbox) fill(need int, wait bool) error {
 	for in.buffered() < need {
 		in.room(need)
-		n, err := in.src.read(in.buf[in.w:], wait && !in.lean)
+		n, err := in.src.Read(in.buf[in.w:], wait && !in.lean)
 		if err == errWouldBlock && wait {
 			in.release()
-			if err = in.src.await(); err == nil {
+			if err = in.src.Await(); err == nil {
 				continue
 			}
 		}
@@ -74,108 +69,6 @@ func (in *inbox) fill(need int, wait bool) error {
 		in.w += n
 	}
 	return nil
-}
-
-// init makes r read through rc, a socket's SyscallConn (err: its error,
-// which every read then returns).
-func (r *sockReader) init(rc syscall.RawConn, err error) {
-	r.rc, r.rcErr = rc, err
-	r.fn, r.peekFn = r.readFD, r.peekFD
-}
-
-// sockReader is an inbox's source on a socket (init). One read's
-// arguments and results live here, not in a closure, so that a read
-// allocates nothing. Its inbox serialises the reads.
-type sockReader struct {
-	rc      syscall.RawConn
-	rcErr   error                 // SyscallConn's
-	fn      func(fd uintptr) bool // readFD, bound once
-	peekFn  func(fd uintptr) bool // peekFD, bound once
-	one     [1]byte               // peekFD's
-	peekErr unix.Errno            // peekFD's: the socket's error, which a peek takes
-	p       []byte
-	n       int
-	err     error
-	wait    bool
-	blocked bool
-}
-
-func (r *sockReader) read(p []byte, wait bool) (int, error) {
-	if r.rcErr != nil {
-		return 0, r.rcErr
-	}
-	r.p, r.wait, r.blocked, r.n, r.err = p, wait, false, 0, nil
-	err := r.rc.Read(r.fn)
-	n, rerr, blocked := r.n, r.err, r.blocked
-	r.p, r.err = nil, nil
-	switch {
-	case err != nil:
-		return 0, err
-	case blocked:
-		return 0, errWouldBlock
-	case rerr != nil:
-		return 0, os.NewSyscallError("read", rerr)
-	case n == 0:
-		return 0, io.EOF
-	}
-	return n, nil
-}
-
-func (r *sockReader) readFD(fd uintptr) bool {
-	r.n, r.err = unix.Read(int(fd), r.p)
-	switch {
-	case r.err == unix.EINTR:
-		return false
-	case r.err == unix.EAGAIN && r.wait:
-		return false
-	case r.err == unix.EAGAIN:
-		r.blocked = true
-	}
-	return true
-}
-
-func (r *sockReader) await() error {
-	if r.rcErr != nil {
-		return r.rcErr
-	}
-	r.peekErr = 0
-	if err := r.rc.Read(r.peekFn); err != nil {
-		return err
-	}
-	if r.peekErr != 0 {
-		return os.NewSyscallError("read", r.peekErr) // the peek took it: the next read would not see it
-	}
-	return nil
-}
-
-// peekFD is await's: a peek that does not block, true once a read would
-// not block (bytes, the end, or an error, which it keeps in peekErr).
-func (r *sockReader) peekFD(fd uintptr) bool {
-	for {
-		_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&r.one[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
-		switch errno {
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return false
-		case 0:
-		default:
-			r.peekErr = errno
-		}
-		return true
-	}
-}
-
-// readArrived reads into b what has arrived on raw, without waiting: 0 and
-// no error if nothing has, io.EOF at the socket's end.
-func readArrived(raw *net.TCPConn, b []byte) (int, error) {
-	var r sockReader
-	r.init(raw.SyscallConn())
-	n, err := r.read(b, false)
-	if err == errWouldBlock {
-		return 0, nil
-	}
-	return n, err
 }
 
 // room makes sure buf can take need unread bytes, moving them to its
@@ -263,7 +156,7 @@ func (in *inbox) take(p []byte, wait bool) (int, error) {
 		return 0, nil
 	}
 	if in.buffered() == 0 && len(p) >= inboxSize {
-		n, err := in.src.read(p, wait)
+		n, err := in.src.Read(p, wait)
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}

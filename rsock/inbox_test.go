@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
 // referenceFrames reads stream with handshake.Next, which reads exactly
@@ -57,9 +58,9 @@ func (s *scripted) cut() int {
 	return c
 }
 
-func (s *scripted) await() error { return nil } // the next read moves on
+func (s *scripted) Await() error { return nil } // the next read moves on
 
-func (s *scripted) read(p []byte, wait bool) (int, error) {
+func (s *scripted) Read(p []byte, wait bool) (int, error) {
 	if len(s.stream) == 0 {
 		return 0, io.EOF
 	}
@@ -191,7 +192,7 @@ type awaitProbe struct {
 	awaited, held bool
 }
 
-func (s *awaitProbe) read(p []byte, wait bool) (int, error) {
+func (s *awaitProbe) Read(p []byte, wait bool) (int, error) {
 	if !s.awaited {
 		return 0, errWouldBlock
 	}
@@ -200,7 +201,7 @@ func (s *awaitProbe) read(p []byte, wait bool) (int, error) {
 	return n, nil
 }
 
-func (s *awaitProbe) await() error {
+func (s *awaitProbe) Await() error {
 	s.awaited, s.held = true, s.in.buf != nil
 	return nil
 }
@@ -229,12 +230,12 @@ func TestInboxLeanWaitHoldsNoBuffer(t *testing.T) {
 // must never pass for a whole one).
 func TestInboxLeanWaitSeesReset(t *testing.T) {
 	a, b := tcpPair(t)
-	var src sockReader
-	src.init(a.SyscallConn())
+	var src sysdep.Reader
+	src.Init(a.SyscallConn())
 	require.NoError(t, b.SetLinger(0))
 	require.NoError(t, b.Close()) // an RST
 	// The wait meets the reset, whether it came before the peek or while
 	// it waited, and reports it: once taken, a read would find only the
 	// end.
-	require.ErrorIs(t, src.await(), syscall.ECONNRESET)
+	require.ErrorIs(t, src.Await(), syscall.ECONNRESET)
 }

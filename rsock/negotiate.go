@@ -15,10 +15,6 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// errNotBuiltIn is the reason for a configured transport whose provider
-// is not compiled into the binary.
-var errNotBuiltIn = errors.New("not built into this binary")
-
 // errNotSameHost is the reason a same-host transport was not offered.
 var errNotSameHost = errors.New("the peer is not on this host")
 
@@ -69,7 +65,7 @@ func (s *settings) openOptions(raw net.Conn) verbs.OpenOptions {
 func (s *settings) newEndpoint(name string, raw net.Conn, p peerRing) (*stream.Endpoint, error) {
 	prov, ok := transport.Lookup(name)
 	if !ok {
-		return nil, errNotBuiltIn
+		return nil, transport.Absent(name)
 	}
 	return stream.NewEndpoint(prov, s.openOptions(raw), s.streamOptions(p))
 }
@@ -242,7 +238,7 @@ func (s *settings) offerable(raw *net.TCPConn) ([]string, reasons) {
 	for _, name := range s.transports {
 		switch _, ok := transport.Lookup(name); {
 		case !ok:
-			why.add(name, errNotBuiltIn)
+			why.add(name, transport.Absent(name))
 		case hostLocal[name] && !maybeSameHost(raw):
 			why.add(name, errNotSameHost)
 		default:

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/stream"
+	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
 // SyscallConn returns a syscall.RawConn for code written for
@@ -80,7 +80,7 @@ func (r *rawConn) Read(f func(fd uintptr) bool) error {
 	if r.c.closed.Load() {
 		return r.c.opError("raw-read", net.ErrClosed)
 	}
-	fd, release, err := readinessFD(r.c.poll())
+	fd, release, err := sysdep.ReadinessFD(r.c.poll())
 	if err != nil {
 		return r.c.opError("raw-read", err)
 	}
@@ -102,13 +102,9 @@ func (r *rawConn) Write(f func(fd uintptr) bool) error {
 }
 
 // readiness is what a Read of a Conn would find now.
-type readiness uint8
+type readiness = sysdep.Readiness
 
-const (
-	readWaits readiness = iota // nothing to read: a Read would block
-	readData                   // bytes wait to be read
-	readEnd                    // a Read would return io.EOF or an error at once
-)
+const readWaits, readData, readEnd = sysdep.Waits, sysdep.Data, sysdep.End
 
 // readinessOf turns stream.Conn.Poll's answer into a readiness.
 func readinessOf(readable bool, err error) readiness {
@@ -232,76 +228,3 @@ func (w *swConn) pollSocket() (took, data bool) {
 
 // testHookPollSocket runs before each frame pollSocket reads.
 var testHookPollSocket hook
-
-// The descriptors readinessFD hands out, made once per process and never
-// closed: reads of waitFD fail with EAGAIN, reads of endFD return 0. Both
-// refuse writes (EPIPE).
-var (
-	waitFD, endFD int
-	fdsErr        error
-	fdsOnce       sync.Once
-)
-
-// readinessFD returns a descriptor that reads as st, and what to call
-// once done with it: for readData a new socket holding one byte, which
-// release closes.
-func readinessFD(st readiness) (fd int, release func(), err error) {
-	fdsOnce.Do(func() {
-		var wp, ep [2]int
-		if wp, fdsErr = socketPair(); fdsErr != nil {
-			return
-		}
-		if ep, fdsErr = socketPair(); fdsErr != nil {
-			syscall.Close(wp[0])
-			syscall.Close(wp[1])
-			return
-		}
-		syscall.Close(ep[1])
-		_ = syscall.Shutdown(wp[0], syscall.SHUT_WR)
-		_ = syscall.Shutdown(ep[0], syscall.SHUT_WR)
-		waitFD, endFD = wp[0], ep[0] // wp[1] stays open, silent
-	})
-	if fdsErr != nil {
-		return -1, nil, fdsErr
-	}
-	switch st {
-	case readWaits:
-		return waitFD, func() {}, nil
-	case readEnd:
-		return endFD, func() {}, nil
-	}
-	p, err := socketPair()
-	if err != nil {
-		return -1, nil, err
-	}
-	defer syscall.Close(p[1])
-	if _, err := syscall.Write(p[1], []byte{0}); err != nil {
-		syscall.Close(p[0])
-		return -1, nil, os.NewSyscallError("write", err)
-	}
-	_ = syscall.Shutdown(p[0], syscall.SHUT_WR)
-	return p[0], func() { syscall.Close(p[0]) }, nil
-}
-
-// socketPair makes a pair of connected Unix sockets, non-blocking and
-// closed on exec.
-func socketPair() ([2]int, error) {
-	syscall.ForkLock.RLock()
-	p, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
-	if err == nil {
-		syscall.CloseOnExec(p[0])
-		syscall.CloseOnExec(p[1])
-	}
-	syscall.ForkLock.RUnlock()
-	if err != nil {
-		return p, os.NewSyscallError("socketpair", err)
-	}
-	for _, fd := range p {
-		if err := syscall.SetNonblock(fd, true); err != nil {
-			syscall.Close(p[0])
-			syscall.Close(p[1])
-			return p, os.NewSyscallError("setnonblock", err)
-		}
-	}
-	return p, nil
-}

@@ -6,13 +6,12 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
 	pool "github.com/libp2p/go-buffer-pool"
-	"golang.org/x/sys/unix"
 
 	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/handshake"
+	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
 // sendQueue bounds the bytes queued for the bootstrap socket beyond what
@@ -25,18 +24,9 @@ const sendQueue = 256 << 10
 // framing for good. Deadlines bound only the wait for queue room.
 type sender struct {
 	raw *net.TCPConn
-	rc  syscall.RawConn // raw's, for writeNow, delivered and quiet (init)
-
-	// writeNow's call, guarded by mu: its function is bound once (init),
-	// so that a write allocates nothing.
-	iov   [3]unix.Iovec
-	iovN  int
-	nowN  int
-	nowFn func(fd uintptr) bool
-	hdr   [handshake.HeaderLen]byte // data's frame header, guarded by mu
-
-	mem   [unix.SK_MEMINFO_VARS]uint32 // quiet's, guarded by mu
-	memOK bool
+	rc  syscall.RawConn           // raw's (init)
+	sys sysdep.Writer             // rc's calls: writeNow, delivered and quiet, guarded by mu
+	hdr [handshake.HeaderLen]byte // data's frame header, guarded by mu
 
 	mu      sync.Mutex
 	q       net.Buffers // frames not yet written, in order (pooled)
@@ -119,39 +109,13 @@ func (s *sender) flushLocked() {
 // and delivered fail).
 func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
 	s.raw, s.rc = raw, rc
-	s.nowFn = s.writeFD
+	s.sys.Init(rc)
 }
 
 // writeNow writes what of parts the socket takes without blocking and
 // returns how much (0 on any error, which the goroutine's write meets
 // again and reports). mu is held.
-func (s *sender) writeNow(parts ...[]byte) int {
-	if s.rc == nil {
-		return 0
-	}
-	s.iovN, s.nowN = 0, 0
-	for _, p := range parts {
-		if len(p) > 0 {
-			s.iov[s.iovN].Base = &p[0]
-			s.iov[s.iovN].SetLen(len(p))
-			s.iovN++
-		}
-	}
-	if s.iovN > 0 {
-		_ = s.rc.Write(s.nowFn)
-	}
-	clear(s.iov[:s.iovN])
-	return s.nowN
-}
-
-// writeFD is writeNow's write.
-func (s *sender) writeFD(fd uintptr) bool {
-	k, _, errno := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(s.iovN))
-	if errno == 0 {
-		s.nowN = int(k)
-	}
-	return true // never wait: the rest is queued
-}
+func (s *sender) writeNow(parts ...[]byte) int { return s.sys.WriteNow(parts...) }
 
 // run writes queued frames until the queue is empty or the socket fails.
 func (s *sender) run() {
@@ -349,22 +313,13 @@ func (s *sender) readerDone() {
 }
 
 // delivered reports whether every frame queued so far has been written
-// and acknowledged by the peer's TCP (SIOCOUTQ): a reset that meets the
+// and acknowledged by the peer's TCP (SIOCOUTQ; false where the system does not tell): a reset that meets the
 // socket now can destroy none of our bytes.
 func (s *sender) delivered() bool {
 	s.mu.Lock()
 	idle := s.idleLocked()
 	s.mu.Unlock()
-	if !idle {
-		return false
-	}
-	left := -1
-	_ = s.rc.Control(func(fd uintptr) {
-		if n, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ); err == nil {
-			left = n
-		}
-	})
-	return left == 0
+	return idle && s.sys.Delivered()
 }
 
 // quiet is delivered, and in the same system call (SO_MEMINFO) that the
@@ -373,21 +328,7 @@ func (s *sender) delivered() bool {
 func (s *sender) quiet() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.idleLocked() {
-		return false
-	}
-	s.memOK = false
-	_ = s.rc.Control(s.memInfoFD)
-	mi := &s.mem
-	return s.memOK && mi[unix.SK_MEMINFO_RMEM_ALLOC] == 0 && mi[unix.SK_MEMINFO_BACKLOG] == 0 && mi[unix.SK_MEMINFO_WMEM_QUEUED] == 0
-}
-
-// memInfoFD is quiet's system call, into mem; mu is held.
-func (s *sender) memInfoFD(fd uintptr) {
-	l := uint32(len(s.mem) * 4)
-	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_MEMINFO,
-		uintptr(unsafe.Pointer(&s.mem[0])), uintptr(unsafe.Pointer(&l)), 0)
-	s.memOK = errno == 0 && l == uint32(len(s.mem)*4)
+	return s.idleLocked() && s.sys.Quiet()
 }
 
 // idleLocked reports whether s holds no frame: nothing queued, held or

@@ -1,3 +1,5 @@
+//go:build linux
+
 package rsock
 
 // Two-process tests of the shm transport (issue 3, Tests): stream
@@ -47,12 +49,11 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs/shm"
 )
 
-// extraHelperRoles are the helper roles beyond relay and echo; TestMain runs
-// them by RSOCK_TEST_HELPER.
-var extraHelperRoles = map[string]func(){
-	"shm-svc":      runShmSvc,
-	"shm-intruder": runShmIntruder,
-	"shm-dialer":   runShmDialer,
+// The helper roles of this file (extraHelperRoles).
+func init() {
+	extraHelperRoles["shm-svc"] = runShmSvc
+	extraHelperRoles["shm-intruder"] = runShmIntruder
+	extraHelperRoles["shm-dialer"] = runShmDialer
 }
 
 // The first byte a client sends on a connection to the shm-svc helper.

@@ -16,6 +16,7 @@ import (
 	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/handshake"
 	"github.com/rdmanet/rdmanet/internal/stream"
+	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
 // recvQueue bounds the Data queued for Read (docs/protocol.md §9.3): past
@@ -34,8 +35,8 @@ type swConn struct {
 	c      *Conn
 	set    *settings
 	raw    *net.TCPConn
-	in     inbox      // the socket's frames; used by one reader at a time (reading.go)
-	sock   sockReader // in's source
+	in     inbox         // the socket's frames; used by one reader at a time (reading.go)
+	sock   sysdep.Reader // in's source
 	client bool
 	ln     *Listener // server: whose endpoint setups this counts against
 	out    sender
@@ -162,7 +163,7 @@ func (w *swConn) init(c *Conn, s *settings, raw *net.TCPConn, client bool) {
 	w.done = make(chan struct{})
 	rc, err := raw.SyscallConn()
 	w.out.init(raw, rc)
-	w.sock.init(rc, err)
+	w.sock.Init(rc, err)
 	w.in.src = &w.sock
 }
 

@@ -61,6 +61,10 @@ func TestMain(m *testing.M) {
 	}
 }
 
+// extraHelperRoles are the helper roles beyond relay and echo, by
+// RSOCK_TEST_HELPER (shmproc_test.go's, on Linux).
+var extraHelperRoles = map[string]func(){}
+
 // runHelper listens on loopback with the RSOCK_* configuration of the
 // environment, prints "ADDR host:port", and serves until stdin closes.
 func runHelper(serve func(net.Listener)) {

@@ -170,9 +170,16 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 	return c
 }
 
-// transportList names the configured accelerated transports.
+// transportList names the configured accelerated transports, with why
+// each one this binary lacks is absent ("not available on darwin").
 func (s *settings) transportList() string {
-	return "this side allows " + strings.Join(s.transports, "; ")
+	names := slices.Clone(s.transports)
+	for i, n := range names {
+		if _, ok := transport.Lookup(n); !ok {
+			names[i] += " (" + transport.Absent(n).Error() + ")"
+		}
+	}
+	return "this side allows " + strings.Join(names, "; ")
 }
 
 // stayOnTCP records an upgrade that did not happen: the connection goes on

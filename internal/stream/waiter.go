@@ -6,9 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rdmanet/rdmanet/internal/deadline"
+	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
 // Waiting: one mechanism for every blocked call on every provider
@@ -278,9 +277,7 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 		if i%64 != 0 { // the clock and the deadline cost more than a poll
 			continue
 		}
-		// Give this core to another runnable thread, often the peer we wait
-		// for. (Not runtime.Gosched: it moves the spinner between threads.)
-		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		sysdep.Yield() // this core to another thread, often the peer we wait for
 		if dl.Expired() {
 			return true, os.ErrDeadlineExceeded
 		}

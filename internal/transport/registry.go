@@ -1,10 +1,11 @@
 // Package transport maps rsock's transport names to the verbs providers
-// built into the binary. Providers register themselves from their own
-// packages (or, for the in-process sim provider, from tests), so the rsock
-// package never imports cgo or test code.
+// built into the binary. It registers the providers of this platform
+// itself (shm and verbs on Linux: builtin_linux.go); tests register the
+// in-process sim provider. The rsock package imports no provider.
 package transport
 
 import (
+	"errors"
 	"sync"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
@@ -14,6 +15,10 @@ var (
 	mu        sync.RWMutex
 	providers = map[string]verbs.Provider{}
 )
+
+// errNotBuiltIn is Absent's answer for a transport of this platform that
+// is not registered (sim, outside tests).
+var errNotBuiltIn = errors.New("not built into this binary")
 
 // Register makes p available under name ("verbs", "shm" or "sim"),
 // replacing any earlier registration.
@@ -36,4 +41,14 @@ func Lookup(name string) (verbs.Provider, bool) {
 	defer mu.RUnlock()
 	p, ok := providers[name]
 	return p, ok
+}
+
+// Absent says why no provider is registered under name: one this
+// platform does not have (shm and verbs off Linux: "not available on
+// darwin"), or one not built into this binary.
+func Absent(name string) error {
+	if err := offPlatform[name]; err != nil {
+		return err
+	}
+	return errNotBuiltIn
 }

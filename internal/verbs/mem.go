@@ -2,9 +2,8 @@ package verbs
 
 import (
 	"fmt"
+	"os"
 	"sync/atomic"
-
-	"golang.org/x/sys/unix"
 )
 
 // liveMem counts the mappings AllocMem made and FreeMem has not yet
@@ -16,22 +15,17 @@ var liveMem atomic.Int64
 func LiveMem() int { return int(liveMem.Load()) }
 
 // AllocMem maps size bytes of zeroed anonymous memory outside the Go heap,
-// rounded up to whole pages. The memory is marked MADV_DONTFORK so that a
-// child started by os/exec never shares pages a NIC or a peer writes into.
-// Free it with FreeMem.
+// rounded up to whole pages (mapMem: on Linux marked MADV_DONTFORK, so
+// that a child started by os/exec never shares pages a NIC or a peer
+// writes into). Free it with FreeMem.
 func AllocMem(size int) ([]byte, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("verbs: allocation of %d bytes", size)
 	}
-	page := unix.Getpagesize()
-	n := (size + page - 1) &^ (page - 1)
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	page := os.Getpagesize()
+	b, err := mapMem((size + page - 1) &^ (page - 1))
 	if err != nil {
-		return nil, fmt.Errorf("verbs: mmap %d bytes: %w", n, err)
-	}
-	if err := unix.Madvise(b, unix.MADV_DONTFORK); err != nil {
-		_ = unix.Munmap(b)
-		return nil, fmt.Errorf("verbs: madvise DONTFORK: %w", err)
+		return nil, err
 	}
 	liveMem.Add(1)
 	// The capacity stays the mapped length: FreeMem needs it.
@@ -43,7 +37,7 @@ func FreeMem(b []byte) error {
 	if cap(b) == 0 {
 		return nil
 	}
-	if err := unix.Munmap(b[:cap(b)]); err != nil {
+	if err := unmapMem(b[:cap(b)]); err != nil {
 		return err
 	}
 	liveMem.Add(-1)

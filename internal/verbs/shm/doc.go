@@ -203,4 +203,7 @@
 //     peer's WRITEs to it complete with StatusRemoteAccess. Create a
 //     device's QPs before connecting them (rsock opens a device per
 //     connection), or register regions after creating the QP.
+//
+// It is Linux's (memfd, SCM_RIGHTS, SO_PEERCRED, eventfd): elsewhere the
+// package is empty, and rsock has no shm transport.
 package shm

@@ -1,7 +1,8 @@
-package rsock
+//go:build linux && !rsock_tcponly
+
+package transport
 
 import (
-	"github.com/rdmanet/rdmanet/internal/transport"
 	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
 	"github.com/rdmanet/rdmanet/internal/verbs/shm"
 )
@@ -11,6 +12,9 @@ import (
 // libibverbs or an RDMA device, reports verbs unavailable with the reason
 // (ConnInfo.Reason) and uses the next transport.
 func init() {
-	transport.Register("shm", shm.New())
-	transport.Register("verbs", ibverbs.New())
+	Register("shm", shm.New())
+	Register("verbs", ibverbs.New())
 }
+
+// offPlatform is empty: Linux has every transport.
+var offPlatform map[string]error
