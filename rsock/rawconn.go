@@ -31,7 +31,8 @@ import (
 //     would return io.EOF or an error. Nothing of the stream is taken. If
 //     f returns false, asking to wait, Read returns an error wrapping
 //     errors.ErrUnsupported rather than wait on a descriptor no data will
-//     reach.
+//     reach. (Such descriptors are Unix socket pairs: elsewhere Read fails
+//     so, at once.)
 //   - Write fails with an error wrapping errors.ErrUnsupported: bytes
 //     written to a descriptor would bypass the stream.
 //

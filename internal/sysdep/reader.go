@@ -27,7 +27,6 @@ type Reader struct {
 	rcErr   error                 // SyscallConn's
 	fn      func(fd uintptr) bool // readFD, bound once
 	peekFn  func(fd uintptr) bool // peekFD, bound once
-	one     [1]byte               // peekFD's
 	peekErr error                 // peekFD's: the socket's error, which a peek takes
 	p       []byte
 	n       int

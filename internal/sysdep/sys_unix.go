@@ -12,9 +12,11 @@ import (
 
 // Unix sockets under Go's poller are non-blocking: a read that finds
 // nothing fails with EAGAIN, and RawConn's Read then waits.
-type readerSys struct{}
+type readerSys struct {
+	one [1]byte // peekFD's
+}
 
-func (readerSys) begin() {}
+func (*readerSys) begin() {}
 
 func (r *Reader) readFD(fd uintptr) bool {
 	r.n, r.err = unix.Read(int(fd), r.p)
@@ -33,7 +35,7 @@ func (r *Reader) readFD(fd uintptr) bool {
 // not block (bytes, the end, or an error, which it keeps in peekErr).
 func (r *Reader) peekFD(fd uintptr) bool {
 	for {
-		switch errno := peek(fd, &r.one); errno {
+		switch errno := peek(fd, &r.sys.one); errno {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:

@@ -11,9 +11,9 @@ import (
 // SCM_RIGHTS, SO_PEERCRED and eventfds, verbs of Linux's libibverbs. rsock
 // runs on TCP, and every connection's reason names the platform. The
 // rsock_tcponly build tag makes a Linux binary the same, for tests.
-var offPlatform = map[string]error{"shm": notHere, "verbs": notHere}
+var offPlatform = map[string]error{"shm": errNotHere, "verbs": errNotHere}
 
-var notHere = fmt.Errorf("not available on %s", platform())
+var errNotHere = fmt.Errorf("not available on %s", platform())
 
 func platform() string {
 	if runtime.GOOS == "linux" {
