@@ -3,6 +3,7 @@ package rsock
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -477,7 +478,7 @@ func parseSize(s string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if n < 0 || n > (1<<40)/mult {
+	if n < 0 || n > min(1<<40, math.MaxInt)/mult {
 		return 0, fmt.Errorf("out of range")
 	}
 	return n * mult, nil

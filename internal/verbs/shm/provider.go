@@ -124,7 +124,7 @@ func probeHost() (hostID, error) {
 	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
 		return unavailable("network namespace: %v", err)
 	}
-	id.nsDev, id.nsIno = st.Dev, st.Ino
+	id.nsDev, id.nsIno = uint64(st.Dev), st.Ino // Dev: uint32 on mips
 	fd, err := unix.MemfdCreate("rsock-shm-probe", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return unavailable("memfd_create: %v", err)
@@ -179,8 +179,8 @@ func (d *Device) Provider() string { return Name }
 // mapped, with a remote key (see Memory in the package documentation); one
 // without is Go memory. It fails with verbs.ErrClosed after Close.
 func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
-	if size <= 0 || size > MaxMRSize {
-		return nil, fmt.Errorf("shm: memory region of %d bytes (allowed 1..%d)", size, MaxMRSize)
+	if size <= 0 || int64(size) > MaxMRSize {
+		return nil, fmt.Errorf("shm: memory region of %d bytes (allowed 1..%d)", size, int64(MaxMRSize))
 	}
 	if access&^(verbs.AccessLocalWrite|verbs.AccessRemoteWrite) != 0 {
 		return nil, fmt.Errorf("shm: unknown access flags %#x", uint32(access))
