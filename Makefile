@@ -6,6 +6,11 @@
 #   make bench   rsockperf compare: rsock against plain TCP, two processes, every transport here;
 #                rewrites BENCHMARKS.md's generated region and docs/bench/
 #   make fuzz    each fuzz target for FUZZTIME (default 30s)
+#
+# Two modules: the library (this directory: rsock and what it needs) and
+# tools/ (rsockperf, the examples and the end-to-end suites, with gRPC,
+# plotting and the third-party clients), which uses the library through a
+# replace. Each target covers both.
 
 GO        ?= go
 FUZZTIME  ?= 30s
@@ -28,7 +33,7 @@ FUZZ_TARGETS = \
 all: lint test
 
 demo:
-	$(GO) run ./examples/httpserver -demo
+	cd tools && $(GO) run ./examples/httpserver -demo
 
 # The seed corpora under testdata/fuzz run as ordinary tests here. The
 # Soft-RoCE VM run comes last: its final line is the "N passed, M failed"
@@ -54,19 +59,24 @@ OFFLINUX = darwin/amd64 darwin/arm64 windows/amd64 freebsd/amd64
 test-unit: deps
 	$(GO) version
 	$(GO) vet ./...
+	cd tools && $(GO) vet ./...
 	CGO_ENABLED=0 $(GO) build ./...
+	cd tools && CGO_ENABLED=0 $(GO) build ./...
+	@extra=$$($(GO) list -m -f '{{if not (or .Main .Indirect)}}{{.Path}}{{end}}' all | grep -vxE 'golang.org/x/(sys|net)|github.com/libp2p/go-buffer-pool|github.com/stretchr/testify'); \
+	test -z "$$extra" || { echo "the library module requires more than x/sys, the buffer pool, x/net and testify: $$extra"; exit 1; }
 	@for p in $(OFFLINUX); do echo "GOOS=$${p%/*} GOARCH=$${p#*/}: build, vet"; \
-		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build ./rsock/... ./cmd/... && \
+		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build ./rsock/... && \
+		(cd tools && GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -o /dev/null ./cmd/rsockperf) && \
 		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet ./rsock/... ./internal/sysdep ./internal/transport ./internal/doctor || exit 1; done
 	$(GO) test -race -count=1 -tags rsock_tcponly -run '^TestTCPOnlyPlatform$$' ./rsock/
 	$(GO) vet -tags ibverbs_abicheck ./internal/verbs/ibverbs
 	RSOCK_ARTIFACTS=$(CURDIR)/.artifacts $(GO) test -race -count=1 -timeout 30m ./...
-	cd examples/prometheus && $(GO) vet ./... && $(GO) test -race -count=1 ./...
-	cd e2e/clients && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
+	cd tools && RSOCK_ARTIFACTS=$(CURDIR)/.artifacts $(GO) test -race -count=1 -timeout 30m ./...
 
 lint:
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	cd tools && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 
 # rsockperf compare over every transport (verbs only where a connection
@@ -78,7 +88,7 @@ lint:
 BENCH_TRANSPORTS ?= all
 BENCH_FLAGS ?=
 bench:
-	$(GO) build -o bin/rsockperf ./cmd/rsockperf
+	cd tools && $(GO) build -o ../bin/rsockperf ./cmd/rsockperf
 	./bin/rsockperf compare --transports $(BENCH_TRANSPORTS) $(BENCH_FLAGS) \
 		--plot docs/bench --json-file docs/bench/results.json --markdown BENCHMARKS.md
 

@@ -11,7 +11,7 @@ wl=${1:-http} conc=${2:-1} secs=${3:-3}
 cd "$(dirname "$0")/../.."
 out=${PROFILE_DIR:-$(mktemp -d)}
 bin=$out/rsockperf
-go build -o "$bin" ./cmd/rsockperf
+(cd tools && go build -o "$bin" ./cmd/rsockperf)
 port=7495
 args=""
 for mode in shm plain; do

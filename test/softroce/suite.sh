@@ -25,7 +25,7 @@ cd "$(dirname "$0")/../.." || exit 1
 GO=${GO:-go}
 cache=${SOFTROCE_CACHE:-.cache/softroce}
 bin=$cache/bin
-mkdir -p "$bin"
+mkdir -p "$bin" && bin=$(cd "$bin" && pwd) || exit 1
 
 t0=$(date +%s)
 stage() { printf 'softroce-suite: == %s: %ss\n' "$1" "$(($(date +%s) - $2))"; }
@@ -35,10 +35,12 @@ stage() { printf 'softroce-suite: == %s: %ss\n' "$1" "$(($(date +%s) - $2))"; }
 bash test/softroce/run.sh --install-only || exit 1
 
 ts=$(date +%s)
-for p in ibverbs:./internal/verbs/ibverbs rsock:./rsock e2e:./e2e; do
-	CGO_ENABLED=1 "$GO" test -c -race -o "$bin/${p%%:*}.test" "${p#*:}" || { echo "softroce-suite: building ${p#*:} failed"; echo "0 passed, 1 failed"; exit 1; }
+# e2e and rsockperf are in the tools module (tools/go.mod).
+for p in ibverbs:.:./internal/verbs/ibverbs rsock:.:./rsock e2e:tools:./e2e; do
+	name=${p%%:*} dir=${p#*:} pkg=${p##*:} dir=${dir%%:*}
+	(cd "$dir" && CGO_ENABLED=1 "$GO" test -c -race -o "$bin/$name.test" "$pkg") || { echo "softroce-suite: building $pkg failed"; echo "0 passed, 1 failed"; exit 1; }
 done
-CGO_ENABLED=1 "$GO" build -o "$bin/rsockperf" ./cmd/rsockperf || { echo "softroce-suite: building rsockperf failed"; echo "0 passed, 1 failed"; exit 1; }
+(cd tools && CGO_ENABLED=1 "$GO" build -o "$bin/rsockperf" ./cmd/rsockperf) || { echo "softroce-suite: building rsockperf failed"; echo "0 passed, 1 failed"; exit 1; }
 stage "build test binaries" "$ts"
 
 # Every verbs test runs on both devices of the guest: rxe0 (Soft-RoCE, the

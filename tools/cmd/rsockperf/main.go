@@ -6,13 +6,13 @@
 //	rsockperf server --transport shm          serve the workloads
 //	rsockperf client --transport shm --connect 127.0.0.1:7470
 //
-// The workloads, statistics and reports are in internal/perf.
+// The workloads, statistics and reports are in tools/internal/perf.
 package main
 
 import (
 	"os"
 
-	"github.com/rdmanet/rdmanet/internal/perf"
+	"github.com/rdmanet/rdmanet/tools/internal/perf"
 )
 
 func main() {

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/rdmanet/rdmanet/examples/grpc/service"
+	"github.com/rdmanet/rdmanet/tools/examples/grpc/service"
 )
 
 // runCalls makes one call of each kind on cc, then shows a deadline and a

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/rdmanet/rdmanet/examples/grpc/service"
+	"github.com/rdmanet/rdmanet/tools/examples/grpc/service"
 )
 
 // checkedListener counts the connections it accepts and records those

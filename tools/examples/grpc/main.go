@@ -30,9 +30,9 @@ import (
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/rdmanet/rdmanet/examples/grpc/service"
 	"github.com/rdmanet/rdmanet/rsock"
 	"github.com/rdmanet/rdmanet/rsock/rsockdebug"
+	"github.com/rdmanet/rdmanet/tools/examples/grpc/service"
 )
 
 func main() {

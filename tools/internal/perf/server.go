@@ -16,7 +16,7 @@ import (
 	pool "github.com/libp2p/go-buffer-pool"
 	"google.golang.org/grpc"
 
-	"github.com/rdmanet/rdmanet/examples/grpc/service"
+	"github.com/rdmanet/rdmanet/tools/examples/grpc/service"
 )
 
 // Server is the far end of every workload: the perf protocol (proto.go)

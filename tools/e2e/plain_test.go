@@ -21,7 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 
-	"github.com/rdmanet/rdmanet/examples/grpc/service"
+	"github.com/rdmanet/rdmanet/tools/examples/grpc/service"
 )
 
 // Plain clients, which know nothing of rsock, against rsock servers: the
@@ -226,7 +226,7 @@ var httpserverBinary = sync.OnceValues(func() (string, error) {
 	}
 	buildDir = dir
 	bin := filepath.Join(dir, "httpserver")
-	cmd := exec.Command(goTool, "build", "-o", bin, "github.com/rdmanet/rdmanet/examples/httpserver")
+	cmd := exec.Command(goTool, "build", "-o", bin, "github.com/rdmanet/rdmanet/tools/examples/httpserver")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build examples/httpserver: %v: %s", err, out)
 	}
