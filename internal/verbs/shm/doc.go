@@ -189,21 +189,13 @@
 //   - A region registered after a QP connected is not the QP's peer's to
 //     WRITE (its key completes with StatusRemoteAccess there): RC hardware
 //     allows it, verbs.MR does not promise it.
-//   - Deregistering a region revokes nothing: a peer that mapped it (in the
-//     exchange, or through MapRemote) keeps it mapped until its QP closes,
-//     and its WRITEs to it succeed, into memory only that peer still maps.
-//     A remote key is never reused by the device, so such a WRITE cannot
-//     reach a newer region. rsock registers one region per device, for the
-//     connection's lifetime.
+//   - Deregistering a region revokes nothing: a peer that mapped it keeps
+//     it, and its WRITEs succeed, until its QP closes. Remote keys are never
+//     reused, so such a WRITE cannot reach a newer region.
 //   - A peer process that dies without closing its QP is noticed when the
-//     link ends: sends posted before that succeed into memory nobody reads
-//     (rsock learns of the death from its TCP bootstrap).
-//   - A remote-writable region whose memfd was closed (see Memory) cannot
-//     be passed to the peer of a QP the device creates afterwards: that
-//     peer's WRITEs to it complete with StatusRemoteAccess. Create a
-//     device's QPs before connecting them (rsock opens a device per
-//     connection), or register regions after creating the QP.
+//     link ends; sends posted before that succeed into memory nobody reads.
+//   - A remote-writable region whose memfd was closed (see Memory) is not
+//     writable by the peer of a QP created later: create the QPs first.
 //
-// It is Linux's (memfd, SCM_RIGHTS, SO_PEERCRED, eventfd): elsewhere the
-// package is empty, and rsock has no shm transport.
+// The package is Linux's (memfd, SCM_RIGHTS, SO_PEERCRED, eventfd), empty elsewhere.
 package shm
