@@ -10,6 +10,7 @@ set -eu
 wl=${1:-http} conc=${2:-1} secs=${3:-3}
 cd "$(dirname "$0")/../.."
 out=${PROFILE_DIR:-$(mktemp -d)}
+mkdir -p "$out" && out=$(cd "$out" && pwd) # absolute: rsockperf is built from tools/
 bin=$out/rsockperf
 (cd tools && go build -o "$bin" ./cmd/rsockperf)
 port=7495
