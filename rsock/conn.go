@@ -1,6 +1,7 @@
 package rsock
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -218,6 +219,24 @@ func Settled(c net.Conn) <-chan struct{} {
 		return rc.w.settledChan()
 	}
 	return closedChan
+}
+
+// WaitSettled waits until c's transport has settled (Settled) or ctx is
+// done, and returns TransportOf(c) then. The error is nil once c has
+// settled, even if ctx is done too; otherwise it is ctx.Err(), with the
+// transport c is on meanwhile. A connection that cannot change transport
+// returns at once: plain TCP, a fallback, or one rsock did not make ("").
+func WaitSettled(ctx context.Context, c net.Conn) (transport string, err error) {
+	select {
+	case <-Settled(c):
+	case <-ctx.Done():
+		select {
+		case <-Settled(c):
+		default:
+			err = ctx.Err()
+		}
+	}
+	return TransportOf(c), err
 }
 
 // closedChan is a closed channel.

@@ -16,6 +16,22 @@
 // an error wrapping os.ErrDeadlineExceeded, Close unblocks every call, and
 // errors are *net.OpError (a peer's abort or death matches
 // syscall.ECONNRESET). Where a connection runs is never hidden: TransportOf,
-// InfoOf and Settled report it, Connections and Totals report the process.
+// InfoOf and Settled (WaitSettled) report it, Connections and Totals report
+// the process.
 // The wire protocol is in the repository's docs/protocol.md.
+//
+// A grpc-go server serves a Listener as it is, and a client dials through
+// a Dialer ("passthrough" hands the address to the dialer unresolved; the
+// repository's examples/grpc does the same):
+//
+//	ln, err := rsock.Listen("tcp", ":50051")
+//	srv := grpc.NewServer() // then register the services
+//	go srv.Serve(ln)
+//
+//	d := &rsock.Dialer{}
+//	cc, err := grpc.NewClient("passthrough:///"+addr,
+//		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+//			return d.DialContext(ctx, "tcp", a)
+//		}),
+//		grpc.WithTransportCredentials(insecure.NewCredentials()))
 package rsock

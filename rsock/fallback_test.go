@@ -82,14 +82,16 @@ func awaitSettled(t testing.TB, c, s *Conn) {
 // settled (a plain one has nothing to wait for).
 func awaitSettledEnd(t testing.TB, x *Conn) {
 	t.Helper()
-	if x.w == nil {
-		return
-	}
-	select {
-	case <-x.w.settledChan():
-	case <-time.After(time.Minute):
+	if _, err := settleWithin(x, time.Minute); err != nil {
 		t.Fatalf("the upgrade did not settle within a minute: %+v", x.Info())
 	}
+}
+
+// settleWithin is WaitSettled for at most d.
+func settleWithin(c net.Conn, d time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return WaitSettled(ctx, c)
 }
 
 func TestNettestTCPFallback(t *testing.T) {

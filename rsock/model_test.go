@@ -659,10 +659,7 @@ func (m *model) program() {
 		case modelOpSync:
 			e.send(modelCmd{kind: cmdSync}, true)
 		case modelOpSettled:
-			select {
-			case <-Settled(e.c):
-			case <-time.After(modelRingFor):
-			}
+			_, _ = settleWithin(e.c, modelRingFor)
 		default:
 			if !e.finQ {
 				e.send(modelCmd{kind: cmdWrite, n: modelSize(op.arg), wait: modelWrite}, !op.async)

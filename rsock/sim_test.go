@@ -454,11 +454,8 @@ func TestHostileHellosDoNotHurtListener(t *testing.T) {
 	c, err := d.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
 	defer c.Close()
-	select {
-	case <-Settled(c):
-	case <-time.After(time.Second):
-	}
-	assert.Equal(t, "sim", TransportOf(c), c.(*Conn).Info().Reason)
+	tr, _ := settleWithin(c, time.Second)
+	assert.Equal(t, "sim", tr, c.(*Conn).Info().Reason)
 	assert.Less(t, time.Since(start), time.Second, "a good client waited behind hostile ones")
 	wg.Wait()
 	// Accept never failed, and is still serving.

@@ -2,6 +2,7 @@ package rsock
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"io"
@@ -245,9 +246,7 @@ func TestDialWaitsForUpgrade(t *testing.T) {
 	require.Len(t, info.Switches, 2, "both directions moved")
 	go func() { _, _ = io.Copy(s, s) }()
 	echoTrip(t, c, "over the ring")
-	select {
-	case <-Settled(s):
-	case <-time.After(10 * time.Second):
+	if _, err := settleWithin(s, 10*time.Second); err != nil {
 		t.Fatal("the server's end did not settle")
 	}
 	assert.Equal(t, "sim", TransportOf(s))
@@ -957,12 +956,9 @@ func TestSettled(t *testing.T) {
 	cc, err := d.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
 	defer cc.Close()
-	select {
-	case <-Settled(cc):
-	case <-time.After(time.Minute):
-		t.Fatalf("no upgrade within a minute: %+v", cc.(*Conn).Info())
-	}
-	assert.Equal(t, "sim", TransportOf(cc))
+	tr, err := settleWithin(cc, time.Minute)
+	require.NoError(t, err, "no upgrade within a minute: %+v", cc.(*Conn).Info())
+	assert.Equal(t, "sim", tr)
 
 	later := swCfg("sim", time.Hour)
 	later.UpgradeBytes = 1 << 30
@@ -973,6 +969,41 @@ func TestSettled(t *testing.T) {
 	assert.False(t, closed(Settled(lc)), "on TCP until an upgrade an hour away")
 	lc.Close()
 	assert.True(t, closed(Settled(lc)), "the connection ended")
+}
+
+// TestWaitSettled: WaitSettled returns at once for a connection that
+// cannot change transport, with nil even for a context already done; for
+// one that has settled likewise, with its transport; and for one still
+// upgrading, ctx's error once ctx is done, with the transport it is on.
+func TestWaitSettled(t *testing.T) {
+	registerSim(t)
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	tr, err := WaitSettled(done, a)
+	assert.Equal(t, "", tr)
+	assert.NoError(t, err)
+
+	v1 := swCfg("sim", -1)
+	c, s := pipe(t, listen(t, v1), v1)
+	defer c.Close()
+	defer s.Close()
+	tr, err = WaitSettled(done, c)
+	assert.Equal(t, "sim", tr)
+	assert.NoError(t, err)
+
+	later := swCfg("sim", time.Hour)
+	later.UpgradeBytes = 1 << 30
+	ln := listen(t, later)
+	d := Dialer{Config: later, Timeout: 10 * time.Second}
+	lc, err := d.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer lc.Close()
+	tr, err = settleWithin(lc, 10*time.Millisecond)
+	assert.Equal(t, "tcp", tr)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
 // serveByHand plays a switching server by hand for one connection: it

@@ -4,8 +4,8 @@ package rsock_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
-	"errors"
 	"io"
 	"net"
 	"runtime"
@@ -36,7 +36,7 @@ func TestTCPOnlyPlatform(t *testing.T) {
 	}
 	absent := "not available on " + runtime.GOOS
 	t.Run("dial", func(t *testing.T) {
-		addr, accepted := echoServer(t)
+		addr, accepted := serveEcho(t)
 		c, err := rsock.Dial("tcp", addr)
 		require.NoError(t, err)
 		defer c.Close()
@@ -57,7 +57,7 @@ func TestTCPOnlyPlatform(t *testing.T) {
 	})
 
 	t.Run("no-tcp", func(t *testing.T) {
-		addr, _ := echoServer(t)
+		addr, _ := serveEcho(t)
 		d := rsock.Dialer{Config: &rsock.Config{Transports: []string{"shm"}}}
 		c, err := d.Dial("tcp", addr)
 		if c != nil {
@@ -79,7 +79,7 @@ func TestTCPOnlyPlatform(t *testing.T) {
 				transport.Unregister("sim")
 			}
 		})
-		addr, accepted := echoServer(t)
+		addr, accepted := serveEcho(t)
 		d := rsock.Dialer{Config: &rsock.Config{Transports: []string{"sim", "tcp"}, UpgradeAfter: time.Nanosecond}}
 		c, err := d.Dial("tcp", addr)
 		require.NoError(t, err)
@@ -100,9 +100,9 @@ func TestTCPOnlyPlatform(t *testing.T) {
 	})
 }
 
-// echoServer serves an echo on an rsock listener (default configuration)
+// serveEcho serves an echo on an rsock listener (default configuration)
 // and sends each connection it accepts on accepted.
-func echoServer(t *testing.T) (addr string, accepted <-chan net.Conn) {
+func serveEcho(t *testing.T) (addr string, accepted <-chan net.Conn) {
 	ln, err := rsock.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
@@ -141,9 +141,8 @@ func roundTrip(t *testing.T, c net.Conn) {
 
 func assertSettled(t *testing.T, c net.Conn) {
 	t.Helper()
-	select {
-	case <-rsock.Settled(c):
-	case <-time.After(time.Minute):
-		t.Fatal(errors.New("not settled after a minute"))
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := rsock.WaitSettled(ctx, c)
+	require.NoError(t, err, "not settled after a minute")
 }

@@ -63,11 +63,11 @@ func Run(w io.Writer, o Options) int {
 			// A switching connection starts on TCP and takes its ring in
 			// the background: report where it settles.
 			at := rsock.TransportOf(c)
-			select {
-			case <-rsock.Settled(c):
-			case <-time.After(o.Timeout):
+			ctx, cancel := context.WithTimeout(context.Background(), o.Timeout)
+			if _, err := rsock.WaitSettled(ctx, c); err != nil {
 				fmt.Fprintf(w, "  still upgrading after %v\n", o.Timeout)
 			}
+			cancel()
 			info, _ := rsock.InfoOf(c)
 			if at != info.Transport {
 				fmt.Fprintf(w, "  transport %s at Dial, upgraded\n", at)

@@ -204,13 +204,13 @@ func forEachTransport(t *testing.T, fn func(t *testing.T, tc transportCase)) {
 // a connection on the switching protocol starts on TCP and upgrades by
 // its policy).
 func checkTransport(c net.Conn, want string) error {
-	select {
-	case <-rsock.Settled(c):
-	case <-time.After(settleTimeout):
+	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	defer cancel()
+	got, err := rsock.WaitSettled(ctx, c)
+	if err != nil {
 		info, _ := rsock.InfoOf(c)
 		return fmt.Errorf("connection %s -> %s: the transport did not settle within %v (on %q, reason %q)", c.LocalAddr(), c.RemoteAddr(), settleTimeout, info.Transport, info.Reason)
 	}
-	got := rsock.TransportOf(c)
 	if got == want {
 		return nil
 	}

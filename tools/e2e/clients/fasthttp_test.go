@@ -96,12 +96,13 @@ func requireSettledOn(t *testing.T, tr, side string, conns []net.Conn) {
 	t.Helper()
 	require.NotEmpty(t, conns, "%s: no connections", side)
 	for _, c := range conns {
-		select {
-		case <-rsock.Settled(c):
-		case <-time.After(30 * time.Second):
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		got, err := rsock.WaitSettled(ctx, c)
+		cancel()
+		if err != nil {
 			t.Fatalf("%s: a connection's upgrade did not settle in 30 s: %+v", side, mustInfo(c))
 		}
-		assert.Equal(t, tr, rsock.TransportOf(c), "%s: %+v", side, mustInfo(c))
+		assert.Equal(t, tr, got, "%s: %+v", side, mustInfo(c))
 	}
 }
 

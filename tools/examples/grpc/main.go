@@ -131,10 +131,8 @@ func awaitUpgrade(ctx context.Context, cc *grpc.ClientConn, dialed <-chan net.Co
 	case <-cctx.Done():
 		return fmt.Errorf("no connection: %w", cctx.Err())
 	}
-	select {
-	case <-rsock.Settled(c):
-	case <-cctx.Done():
-		return fmt.Errorf("the connection's transport did not settle: %w", cctx.Err())
+	if _, err := rsock.WaitSettled(cctx, c); err != nil {
+		return fmt.Errorf("the connection's transport did not settle: %w", err)
 	}
 	info, _ := rsock.InfoOf(c)
 	fmt.Fprintf(out, "%-17s %s, the connection now over %s (%s)\n", "health:", resp.GetStatus(), info.Transport, info.Reason)

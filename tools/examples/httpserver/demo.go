@@ -189,12 +189,12 @@ func runDemo(out io.Writer, logger *log.Logger, cmd *exec.Cmd) error {
 // awaitSettled waits until c's transport has settled (rsock.Settled), for
 // at most d.
 func awaitSettled(c net.Conn, d time.Duration) error {
-	select {
-	case <-rsock.Settled(c):
-		return nil
-	case <-time.After(d):
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if _, err := rsock.WaitSettled(ctx, c); err != nil {
 		return fmt.Errorf("the connection's transport did not settle in %v", d)
 	}
+	return nil
 }
 
 // upgradeOf describes the upgrade in info's switch history: when (after

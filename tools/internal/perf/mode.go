@@ -173,17 +173,16 @@ func (d Dialer) Dial(addr string) (net.Conn, error) {
 // background), for at most until deadline (none if zero) or ctx's end, and
 // then returns a *MismatchError unless c is carried by m's transport.
 func AwaitTransport(ctx context.Context, c net.Conn, m Mode, deadline time.Time) error {
-	var timeout <-chan time.Time
+	wctx := ctx
 	if !deadline.IsZero() {
-		tm := time.NewTimer(time.Until(deadline))
-		defer tm.Stop()
-		timeout = tm.C
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
 	}
-	select {
-	case <-rsock.Settled(c):
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timeout:
+	if _, err := rsock.WaitSettled(wctx, c); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return fmt.Errorf("the connection's transport did not settle by its deadline: %w", os.ErrDeadlineExceeded)
 	}
 	return checkTransport(c, m, false)
