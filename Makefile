@@ -54,7 +54,8 @@ deps:
 # Besides the tests: the module builds without cgo (verbs then reports
 # itself unavailable), and shim.h matches the real libibverbs and librdmacm ABIs.
 # rsock and rsockperf build (and rsock vets) off Linux, where rsock is TCP
-# only; TestTCPOnlyPlatform runs that build's behaviour here (rsock_tcponly).
+# only; TestTCPOnlyPlatform and the Examples run that build's behaviour here
+# (rsock_tcponly).
 OFFLINUX = darwin/amd64 darwin/arm64 windows/amd64 freebsd/amd64
 test-unit: deps
 	$(GO) version
@@ -68,7 +69,7 @@ test-unit: deps
 		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build ./rsock/... && \
 		(cd tools && GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -o /dev/null ./cmd/rsockperf) && \
 		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet ./rsock/... ./internal/sysdep ./internal/transport ./internal/doctor || exit 1; done
-	$(GO) test -race -count=1 -tags rsock_tcponly -run '^TestTCPOnlyPlatform$$' ./rsock/
+	$(GO) test -race -count=1 -tags rsock_tcponly -run '^(TestTCPOnlyPlatform|Example.*)$$' ./rsock/...
 	$(GO) vet -tags ibverbs_abicheck ./internal/verbs/ibverbs
 	RSOCK_ARTIFACTS=$(CURDIR)/.artifacts $(GO) test -race -count=1 -timeout 30m ./...
 	cd tools && RSOCK_ARTIFACTS=$(CURDIR)/.artifacts $(GO) test -race -count=1 -timeout 30m ./...
