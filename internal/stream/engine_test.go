@@ -286,6 +286,8 @@ func TestBackstopLostWakes(t *testing.T) {
 		_, err := w.Write(msg)
 		require.NoError(t, err)
 		require.NoError(t, <-read)
-		require.Positive(t, w.Stats().Backstops.Load(), "the writer kicked the reader")
+		// The backstop counts its kick once Kick returns, and the kick's
+		// notification may wake the Read before that: wait for the count.
+		require.Eventually(t, func() bool { return w.Stats().Backstops.Load() > 0 }, hangGuard, time.Millisecond, "the writer kicked the reader")
 	}
 }
