@@ -100,6 +100,19 @@ type Config struct {
 	// records) instead of the GID table entry of the local IP. Set it on
 	// the dialing side; a server follows its client. Env RSOCK_VERBS_CM=1.
 	ConnectionManager bool
+	// TrafficClass is the traffic class of the verbs transport's packets:
+	// on RoCE, the IP header's DS field (DSCP << 2 | ECN, e.g. 106 for
+	// DSCP 26 with ECN), 0-255. By default (0 in Config) it is the port's
+	// rdma_cm default_roce_tos where the administrator set one
+	// (/sys/kernel/config/rdma_cm/<device>/ports/<port>/default_roce_tos),
+	// else 0; RSOCK_TRAFFIC_CLASS=0 selects 0. Each side sets its own
+	// packets' class, except through rdma_cm, where the accepting side
+	// takes the dialing side's. Env RSOCK_TRAFFIC_CLASS.
+	TrafficClass int
+	// ServiceLevel is the InfiniBand service level, 0-15 (on RoCE, the
+	// priority some devices put in the VLAN tag). By default (0) it is 0,
+	// or, through rdma_cm, the path's. Env RSOCK_SERVICE_LEVEL.
+	ServiceLevel int
 
 	// EndpointPool is how many closed verbs endpoints (a protection domain
 	// with its registered buffers) each RDMA device keeps, so that the next
@@ -221,6 +234,7 @@ type settings struct {
 	device        string
 	port          int
 	gidIndex      int // -1: automatic
+	tclass, sl    int // -1: automatic
 	viaCM         bool
 	pool          int // 0: no endpoint pool
 	poolIdle      time.Duration
@@ -407,6 +421,18 @@ func (s *settings) resolveDevice(cfg *Config) error {
 	}
 	if s.gidIndex < -1 || s.gidIndex > 255 {
 		return &ConfigError{Field: "GIDIndex", Env: from, Value: strconv.Itoa(s.gidIndex), Err: fmt.Errorf("not in [0, 255]")}
+	}
+	if s.tclass, from, err = intField("TrafficClass", cfg.TrafficClass, "RSOCK_TRAFFIC_CLASS", -1, strconv.Atoi); err != nil {
+		return err
+	}
+	if s.tclass < -1 || s.tclass > 255 {
+		return &ConfigError{Field: "TrafficClass", Env: from, Value: strconv.Itoa(s.tclass), Err: fmt.Errorf("not in [0, 255]")}
+	}
+	if s.sl, from, err = intField("ServiceLevel", cfg.ServiceLevel, "RSOCK_SERVICE_LEVEL", -1, strconv.Atoi); err != nil {
+		return err
+	}
+	if s.sl < -1 || s.sl > 15 {
+		return &ConfigError{Field: "ServiceLevel", Env: from, Value: strconv.Itoa(s.sl), Err: fmt.Errorf("not in [0, 15]")}
 	}
 	return nil
 }

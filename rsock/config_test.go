@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmanet/rdmanet/internal/rsockenv"
@@ -146,6 +147,10 @@ func TestConfigErrorOrigin(t *testing.T) {
 		{"RSOCK_UPGRADE_BYTES", "-5", Config{}, `rsock: bad RSOCK_UPGRADE_BYTES "-5"`},
 		{"RSOCK_GID_INDEX", "300", Config{}, `rsock: bad RSOCK_GID_INDEX "300": not in`},
 		{"RSOCK_PORT", "", Config{Port: 256}, `rsock: bad Config.Port "256"`},
+		{"RSOCK_TRAFFIC_CLASS", "256", Config{}, `rsock: bad RSOCK_TRAFFIC_CLASS "256": not in [0, 255]`},
+		{"RSOCK_TRAFFIC_CLASS", "", Config{TrafficClass: -2}, `rsock: bad Config.TrafficClass "-2"`},
+		{"RSOCK_SERVICE_LEVEL", "16", Config{}, `rsock: bad RSOCK_SERVICE_LEVEL "16": not in [0, 15]`},
+		{"RSOCK_SERVICE_LEVEL", "", Config{ServiceLevel: 99}, `rsock: bad Config.ServiceLevel "99"`},
 	} {
 		rsockenv.Setenv(t, tc.env, tc.value)
 		err := CheckConfig(&tc.cfg)
@@ -153,5 +158,31 @@ func TestConfigErrorOrigin(t *testing.T) {
 		require.True(t, errors.As(err, &ce), "%s=%q %+v: %v", tc.env, tc.value, tc.cfg, err)
 		require.Contains(t, err.Error(), tc.want)
 		rsockenv.Setenv(t, tc.env, "")
+	}
+}
+
+// TrafficClass and ServiceLevel reach the verbs provider's options: -1
+// (the port's default) unless Config or the environment names one, and
+// RSOCK_TRAFFIC_CLASS=0 selects 0 where Config's zero means the default.
+func TestTrafficClassReachesVerbs(t *testing.T) {
+	raw, peer := net.Pipe()
+	defer raw.Close()
+	defer peer.Close()
+	for _, tc := range []struct {
+		env        string
+		cfg        Config
+		tclass, sl int
+	}{
+		{"", Config{}, -1, -1},
+		{"0", Config{}, 0, -1},
+		{"72", Config{}, 72, -1},
+		{"72", Config{TrafficClass: 106, ServiceLevel: 3}, 106, 3},
+	} {
+		rsockenv.Setenv(t, "RSOCK_TRAFFIC_CLASS", tc.env)
+		s, err := tc.cfg.resolve()
+		require.NoError(t, err)
+		o := s.openOptions(raw)
+		assert.Equal(t, tc.tclass, o.TrafficClass, "env %q, %+v", tc.env, tc.cfg)
+		assert.Equal(t, tc.sl, o.ServiceLevel, "env %q, %+v", tc.env, tc.cfg)
 	}
 }

@@ -364,6 +364,17 @@ type OpenOptions struct {
 	// follow the kernel's routes (VLANs, bonds, InfiniBand path records).
 	// The passive side follows the active side's choice.
 	ConnectionManager bool
+	// TrafficClass is the traffic class of the queue pair's packets
+	// (ibverbs): on RoCE, the IP header's DS field (DSCP << 2 | ECN),
+	// 0-255. -1 takes the port's default: rdma_cm's default_roce_tos for
+	// the device and port where the administrator set one, else 0; through
+	// rdma_cm, rdma_cm applies it. Through rdma_cm the passive side's
+	// packets take the active side's class.
+	TrafficClass int
+	// ServiceLevel is the InfiniBand service level (0-15; on RoCE, the
+	// priority some devices put in the VLAN tag). -1 means 0, or, through
+	// rdma_cm, the path's.
+	ServiceLevel int
 	// Pool and PoolIdle bound the provider's pool of closed devices kept
 	// for reuse with the memory they registered (ibverbs: protection
 	// domains and their regions), per RDMA device: at most Pool of them,

@@ -38,6 +38,24 @@ func (s sysfs) read(parts ...string) (string, error) {
 	return strings.TrimSpace(string(b)), err
 }
 
+// defaultTOS is the type of service the administrator set for RoCE
+// connections of dev's port through rdma_cm's configfs
+// (kernel/config/rdma_cm/<dev>/ports/<port>/default_roce_tos, the tree
+// that exists once someone made the device's directory), or 0 where none
+// is set. rdma_cm applies it to its own connections; QPs connected by GID
+// take it from here.
+func (s sysfs) defaultTOS(dev string, port int) uint8 {
+	v, err := s.read("kernel", "config", "rdma_cm", dev, "ports", strconv.Itoa(port), "default_roce_tos")
+	if err != nil {
+		return 0
+	}
+	tos, err := strconv.ParseUint(v, 10, 8)
+	if err != nil {
+		return 0
+	}
+	return uint8(tos)
+}
+
 // devices lists the RDMA devices, sorted.
 func (s sysfs) devices() ([]string, error) {
 	ents, err := os.ReadDir(filepath.Join(s.root, "class", "infiniband"))

@@ -211,3 +211,28 @@ func forgetGIDTables() {
 	gidTables.m = nil
 	gidTables.mu.Unlock()
 }
+
+// defaultTOS reads the administrator's default_roce_tos from rdma_cm's
+// configfs tree, per device and port; without it (or with nonsense) the
+// class is 0.
+func TestDefaultTOS(t *testing.T) {
+	s := fakeSysfs(t, map[string]string{
+		"kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_tos": "106",
+		"kernel/config/rdma_cm/mlx5_0/ports/2/default_roce_tos": "300",
+		"kernel/config/rdma_cm/mlx5_1/ports/1/default_roce_tos": "",
+	})
+	for _, tc := range []struct {
+		dev  string
+		port int
+		want uint8
+	}{
+		{"mlx5_0", 1, 106},
+		{"mlx5_0", 2, 0},
+		{"mlx5_1", 1, 0},
+		{"rxe0", 1, 0},
+	} {
+		if got := s.defaultTOS(tc.dev, tc.port); got != tc.want {
+			t.Errorf("%s port %d: default TOS %d, want %d", tc.dev, tc.port, got, tc.want)
+		}
+	}
+}

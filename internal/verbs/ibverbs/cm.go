@@ -408,6 +408,11 @@ func (s *cmState) connectOnce(ctx context.Context, q *QP, port uint16, pdata []b
 		var src, dst C.struct_sockaddr_storage
 		putSockaddr(&src, q.dev.local, 0)
 		putSockaddr(&dst, q.dev.remote, port)
+		if q.dev.tclass >= 0 {
+			if e := C.rs_cm_set_tos(id, C.uint8_t(q.dev.tclass)); e != 0 {
+				return errnoErr("rdma_cm set type of service", e)
+			}
+		}
 		if e := C.rs_cm_resolve_addr(id, (*C.struct_sockaddr)(unsafe.Pointer(&src)), (*C.struct_sockaddr)(unsafe.Pointer(&dst)), cmResolveMS); e != 0 {
 			return fmt.Errorf("%w: rdma_cm resolve %v: %v", verbs.ErrPeerInfo, q.dev.remote, syscall.Errno(e))
 		}

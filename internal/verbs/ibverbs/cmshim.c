@@ -21,6 +21,7 @@ struct cm_table {
 	uint16_t (*get_src_port)(struct rs_cm_id *id);
 	int (*resolve_addr)(struct rs_cm_id *id, const struct sockaddr *src, const struct sockaddr *dst, int timeout_ms);
 	int (*resolve_route)(struct rs_cm_id *id, int timeout_ms);
+	int (*set_option)(struct rs_cm_id *id, int level, int optname, void *optval, size_t optlen);
 	int (*connect)(struct rs_cm_id *id, struct rs_conn_param *param);
 	int (*accept)(struct rs_cm_id *id, struct rs_conn_param *param);
 	int (*reject)(struct rs_cm_id *id, const void *pdata, uint8_t len);
@@ -62,6 +63,7 @@ int rs_cm_load(const char *name, char *err, size_t errlen)
 	CMSYM(get_src_port, "rdma_get_src_port");
 	CMSYM(resolve_addr, "rdma_resolve_addr");
 	CMSYM(resolve_route, "rdma_resolve_route");
+	CMSYM(set_option, "rdma_set_option");
 	CMSYM(connect, "rdma_connect");
 	CMSYM(accept, "rdma_accept");
 	CMSYM(reject, "rdma_reject");
@@ -131,6 +133,14 @@ int rs_cm_resolve_route(struct rs_cm_id *id, int timeout_ms)
 {
 	errno = 0;
 	return cm_ret(cm.resolve_route(id, timeout_ms));
+}
+
+// rs_cm_set_tos sets the identifier's IP type of service (RDMA_OPTION_ID,
+// RDMA_OPTION_ID_TOS), which replaces the port's default_roce_tos.
+int rs_cm_set_tos(struct rs_cm_id *id, uint8_t tos)
+{
+	errno = 0;
+	return cm_ret(cm.set_option(id, 0, 0, &tos, sizeof(tos)));
 }
 
 // Both ends ask for one outstanding RDMA READ each way (rsock posts none)

@@ -203,6 +203,11 @@ type Device struct {
 	lid    uint16
 	mtu    uint8 // the port's active MTU (enum ibv_mtu)
 	closed atomic.Bool
+	// tclass and sl go into the address vector of QPs connected by GID or
+	// LID; through rdma_cm, a tclass of -1 leaves it to rdma_cm
+	// (OpenOptions.TrafficClass), and the path gives the SL.
+	tclass int
+	sl     uint8
 
 	pool      int           // OpenOptions.Pool (pool.go)
 	poolIdle  time.Duration // OpenOptions.PoolIdle
@@ -227,6 +232,9 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 		return nil, fmt.Errorf("%w: ibverbs: %v", verbs.ErrUnavailable, err)
 	}
 	t.cm = t.iwarp || o.ConnectionManager
+	if o.TrafficClass > 255 || o.ServiceLevel > 15 {
+		return nil, fmt.Errorf("ibverbs: traffic class %d (0-255) or service level %d (0-15) out of range", o.TrafficClass, o.ServiceLevel)
+	}
 	if t.cm {
 		if _, err := cmLoad(); err != nil {
 			return nil, err
@@ -244,7 +252,8 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if attr.state != C.RS_PORT_ACTIVE {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d is not active (state %d)", verbs.ErrUnavailable, t.dev, t.port, attr.state)
 	}
-	d := &Device{dc: dc, t: t, lid: uint16(attr.lid), mtu: uint8(attr.active_mtu), local: addrIP(o.LocalAddr), remote: addrIP(o.RemoteAddr)}
+	d := &Device{dc: dc, t: t, lid: uint16(attr.lid), mtu: uint8(attr.active_mtu), local: addrIP(o.LocalAddr), remote: addrIP(o.RemoteAddr),
+		tclass: o.TrafficClass, sl: uint8(max(o.ServiceLevel, 0))}
 	if d.mtu < mtu256 || d.mtu > mtu4096 {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d reports MTU code %d", verbs.ErrUnavailable, t.dev, t.port, d.mtu)
 	}
@@ -253,6 +262,12 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 		d.t.roce = !t.iwarp
 	case C.RS_LINK_LAYER_INFINIBAND:
 		d.t.roce = false
+	}
+	if d.tclass < 0 && !t.cm {
+		d.tclass = 0
+		if d.t.roce {
+			d.tclass = int(p.sys.defaultTOS(t.dev, t.port))
+		}
 	}
 	if e := C.rs_query_gid(dc.ctx, C.uint8_t(t.port), C.int(t.gidIndex), (*C.uint8_t)(unsafe.Pointer(&d.gid[0]))); e != 0 {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d GID %d: %v", verbs.ErrUnavailable, t.dev, t.port, t.gidIndex, syscall.Errno(e))

@@ -226,7 +226,8 @@ func (q *QP) Connect(ctx context.Context, peer []byte, active bool) error {
 	}
 	mtu := min(d.mtu, in.mtu)
 	if e := C.rs_qp_rtr(q.qp, C.uint8_t(d.t.port), C.uint32_t(mtu), C.uint32_t(in.qpn), C.uint32_t(in.psn),
-		(*C.uint8_t)(unsafe.Pointer(&in.gid[0])), global, C.uint8_t(d.t.gidIndex), C.uint16_t(in.lid), minRNRTimer); e != 0 {
+		(*C.uint8_t)(unsafe.Pointer(&in.gid[0])), global, C.uint8_t(d.t.gidIndex), C.uint16_t(in.lid), minRNRTimer,
+		C.uint8_t(d.tclass), C.uint8_t(d.sl)); e != 0 {
 		return fmt.Errorf("%w: QP to RTR (peer QPN %#x, MTU %d): %v", verbs.ErrPeerInfo, in.qpn, mtuBytes(mtu), syscall.Errno(e))
 	}
 	if e := C.rs_qp_rts(q.qp, C.uint32_t(q.psn), qpTimeout, retryCount, rnrRetry); e != 0 {

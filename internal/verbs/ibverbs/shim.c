@@ -238,7 +238,8 @@ int rs_qp_init(struct rs_qp *qp, uint8_t port, unsigned int access)
 }
 
 int rs_qp_rtr(struct rs_qp *qp, uint8_t port, uint32_t mtu, uint32_t dest_qpn, uint32_t rq_psn,
-	      const uint8_t dgid[16], int is_global, uint8_t sgid_index, uint16_t dlid, uint8_t min_rnr_timer)
+	      const uint8_t dgid[16], int is_global, uint8_t sgid_index, uint16_t dlid, uint8_t min_rnr_timer,
+	      uint8_t traffic_class, uint8_t sl)
 {
 	struct rs_qp_attr a;
 	memset(&a, 0, sizeof(a));
@@ -250,11 +251,13 @@ int rs_qp_rtr(struct rs_qp *qp, uint8_t port, uint32_t mtu, uint32_t dest_qpn, u
 	a.min_rnr_timer = min_rnr_timer;
 	a.ah_attr.port_num = port;
 	a.ah_attr.dlid = dlid;
+	a.ah_attr.sl = sl;
 	if (is_global) {
 		a.ah_attr.is_global = 1;
 		memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
 		a.ah_attr.grh.sgid_index = sgid_index;
 		a.ah_attr.grh.hop_limit = 64;
+		a.ah_attr.grh.traffic_class = traffic_class; // RoCE v2: the IP header's DS field
 	}
 	return ibv.modify_qp(qp, &a,
 			     RS_QP_STATE | RS_QP_AV | RS_QP_PATH_MTU | RS_QP_DEST_QPN | RS_QP_RQ_PSN |

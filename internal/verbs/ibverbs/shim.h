@@ -345,7 +345,8 @@ struct rs_qp *rs_create_qp(struct rs_pd *pd, struct rs_cq *cq, struct rs_qp_cap 
 int rs_destroy_qp(struct rs_qp *qp);
 int rs_qp_init(struct rs_qp *qp, uint8_t port, unsigned int access);
 int rs_qp_rtr(struct rs_qp *qp, uint8_t port, uint32_t mtu, uint32_t dest_qpn, uint32_t rq_psn,
-	      const uint8_t dgid[16], int is_global, uint8_t sgid_index, uint16_t dlid, uint8_t min_rnr_timer);
+	      const uint8_t dgid[16], int is_global, uint8_t sgid_index, uint16_t dlid, uint8_t min_rnr_timer,
+	      uint8_t traffic_class, uint8_t sl);
 int rs_qp_rts(struct rs_qp *qp, uint32_t sq_psn, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry);
 int rs_qp_err(struct rs_qp *qp);
 int rs_post_send(struct rs_qp *qp, uint64_t wr_id, uint32_t opcode, uint32_t flags, uint32_t imm,
@@ -442,6 +443,7 @@ int rs_cm_listen(struct rs_cm_id *id, int backlog);
 uint16_t rs_cm_src_port(struct rs_cm_id *id);
 int rs_cm_resolve_addr(struct rs_cm_id *id, const struct sockaddr *src, const struct sockaddr *dst, int timeout_ms);
 int rs_cm_resolve_route(struct rs_cm_id *id, int timeout_ms);
+int rs_cm_set_tos(struct rs_cm_id *id, uint8_t tos);
 int rs_cm_connect(struct rs_cm_id *id, uint32_t qpn, const void *pdata, uint8_t len);
 int rs_cm_accept(struct rs_cm_id *id, uint32_t qpn);
 int rs_cm_reject(struct rs_cm_id *id);
