@@ -25,15 +25,19 @@ import (
 // Traffic classes of TestVerbsTwoHostsTrafficClass: the server's comes
 // from its Config, the client's from its port's default_roce_tos.
 const (
-	serverTClass = 72  // DSCP 18
-	clientTClass = 104 // DSCP 26
+	serverTClass   = 72  // DSCP 18
+	clientTClass   = 104 // DSCP 26
+	clientCMTClass = 40  // DSCP 10
 )
 
 // TestVerbsTwoHostsTrafficClass: on RoCE, the packets of a verbs
 // connection carry each side's traffic class in their IP header, as
 // captured on the guest's netdev (UDP 4791): the server's from
 // Config.TrafficClass, the client's, which sets none, from the port's
-// rdma_cm default_roce_tos (configfs). Each guest checks both directions.
+// rdma_cm default_roce_tos (configfs). Through rdma_cm (RSOCK_VERBS_CM=1)
+// the client sets its Config.TrafficClass, which wins over the port's
+// default, and the server's packets take the client's class, as rdma_cm's
+// accepting side does. Each guest checks both directions.
 func TestVerbsTwoHostsTrafficClass(t *testing.T) {
 	role := os.Getenv("SOFTROCE_ROLE")
 	if role != "server" && role != "client" {
@@ -49,9 +53,14 @@ func TestVerbsTwoHostsTrafficClass(t *testing.T) {
 	require.NoError(t, err)
 	peerIP, err := netip.ParseAddr(os.Getenv("SOFTROCE_PEER_IP"))
 	require.NoError(t, err)
-	want := map[netip.Addr]uint8{self: serverTClass, peerIP: clientTClass}
+	viaCM, _ := strconv.ParseBool(os.Getenv("RSOCK_VERBS_CM"))
+	server, client := uint8(serverTClass), uint8(clientTClass)
+	if viaCM {
+		server, client = clientCMTClass, clientCMTClass
+	}
+	want := map[netip.Addr]uint8{self: server, peerIP: client}
 	if role == "client" {
-		want = map[netip.Addr]uint8{self: clientTClass, peerIP: serverTClass}
+		want = map[netip.Addr]uint8{self: client, peerIP: server}
 		setDefaultROCETOS(t, dev, clientTClass)
 	}
 	cap := captureRoCE(t, os.Getenv("SOFTROCE_NETDEV"))
@@ -71,8 +80,12 @@ func TestVerbsTwoHostsTrafficClass(t *testing.T) {
 		c.Close()
 	} else {
 		peer := net.JoinHostPort(peerIP.String(), port)
+		cfg := verbsCfg()
+		if viaCM {
+			cfg.TrafficClass = clientCMTClass
+		}
 		dial := func() (net.Conn, error) {
-			return (&Dialer{Config: verbsCfg(), Timeout: 10 * time.Second}).Dial("tcp", peer)
+			return (&Dialer{Config: cfg, Timeout: 10 * time.Second}).Dial("tcp", peer)
 		}
 		c, err := dial() // the server guest may still be in the test before
 		for end := time.Now().Add(90 * time.Second); err != nil && time.Now().Before(end); {

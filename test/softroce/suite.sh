@@ -91,6 +91,8 @@ for dev in rxe0 siw0; do
 	[ "$dev" = siw0 ] && env="$siw "
 	two+=(--test "rsock_two_hosts.$dev=${env}rsock.test -test.count=1 -test.timeout 120s -test.v -test.run TwoHosts")
 done
+# rxe0 once more through rdma_cm (the traffic class takes another path).
+two+=(--test "rsock_two_hosts_cm.rxe0=RSOCK_VERBS_CM=1 rsock.test -test.count=1 -test.timeout 120s -test.v -test.run TwoHosts")
 
 passed=0
 failed=0
