@@ -151,6 +151,10 @@ func TestConfigErrorOrigin(t *testing.T) {
 		{"RSOCK_TRAFFIC_CLASS", "", Config{TrafficClass: -2}, `rsock: bad Config.TrafficClass "-2"`},
 		{"RSOCK_SERVICE_LEVEL", "16", Config{}, `rsock: bad RSOCK_SERVICE_LEVEL "16": not in [0, 15]`},
 		{"RSOCK_SERVICE_LEVEL", "", Config{ServiceLevel: 99}, `rsock: bad Config.ServiceLevel "99"`},
+		{"RSOCK_ACK_TIMEOUT", "2h", Config{}, `rsock: bad RSOCK_ACK_TIMEOUT "2h0m0s": not in (0, 1h]`},
+		{"RSOCK_ACK_TIMEOUT", "", Config{AckTimeout: -time.Second}, `rsock: bad Config.AckTimeout "-1s"`},
+		{"RSOCK_RETRY_COUNT", "0", Config{}, `rsock: bad RSOCK_RETRY_COUNT "0": not in [1, 6]`},
+		{"RSOCK_RETRY_COUNT", "", Config{RetryCount: 7}, `rsock: bad Config.RetryCount "7"`},
 	} {
 		rsockenv.Setenv(t, tc.env, tc.value)
 		err := CheckConfig(&tc.cfg)
@@ -161,10 +165,11 @@ func TestConfigErrorOrigin(t *testing.T) {
 	}
 }
 
-// TrafficClass and ServiceLevel reach the verbs provider's options: -1
+// TrafficClass, ServiceLevel, AckTimeout and RetryCount reach the verbs
+// provider's options; the class and level are -1
 // (the port's default) unless Config or the environment names one, and
 // RSOCK_TRAFFIC_CLASS=0 selects 0 where Config's zero means the default.
-func TestTrafficClassReachesVerbs(t *testing.T) {
+func TestVerbsOptionsFromConfig(t *testing.T) {
 	raw, peer := net.Pipe()
 	defer raw.Close()
 	defer peer.Close()
@@ -185,4 +190,11 @@ func TestTrafficClassReachesVerbs(t *testing.T) {
 		assert.Equal(t, tc.tclass, o.TrafficClass, "env %q, %+v", tc.env, tc.cfg)
 		assert.Equal(t, tc.sl, o.ServiceLevel, "env %q, %+v", tc.env, tc.cfg)
 	}
+	rsockenv.Setenv(t, "RSOCK_TRAFFIC_CLASS", "")
+	rsockenv.Setenv(t, "RSOCK_ACK_TIMEOUT", "100ms")
+	s, err := (&Config{RetryCount: 3}).resolve()
+	require.NoError(t, err)
+	o := s.openOptions(raw)
+	assert.Equal(t, 100*time.Millisecond, o.AckTimeout)
+	assert.Equal(t, 3, o.RetryCount)
 }

@@ -58,7 +58,7 @@ func (s *settings) streamOptions(p peerRing) stream.Options {
 
 func (s *settings) openOptions(raw net.Conn) verbs.OpenOptions {
 	return verbs.OpenOptions{LocalAddr: raw.LocalAddr(), RemoteAddr: raw.RemoteAddr(), Device: s.device, Port: s.port, GIDIndex: s.gidIndex, ConnectionManager: s.viaCM,
-		TrafficClass: s.tclass, ServiceLevel: s.sl, Pool: s.pool, PoolIdle: s.poolIdle}
+		TrafficClass: s.tclass, ServiceLevel: s.sl, AckTimeout: s.ackTimeout, RetryCount: s.retries, Pool: s.pool, PoolIdle: s.poolIdle}
 }
 
 // newEndpoint prepares an endpoint of the named transport for raw, with

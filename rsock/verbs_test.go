@@ -642,3 +642,89 @@ func TestVerbsThousandConnections(t *testing.T) {
 		goroutines, runtime.NumGoroutine(), float64(runtime.NumGoroutine()-goroutines)/n, pinned/(2*n)>>10)
 	assert.Less(t, after["threads"], 100, "parked connections hold no OS thread")
 }
+
+// TestVerbsPortDown: the ring's netdev taken down while the bootstrap
+// connections stay up (they are local, on the loopback route) fails every
+// connection on the port over to TCP once the port error's grace has
+// passed, with the bytes exact both ways and the reason naming the port.
+// A connection dialled while the port is down settles on TCP and says
+// why; once the port is up, new connections take verbs again.
+func TestVerbsPortDown(t *testing.T) {
+	netdev := os.Getenv("SOFTROCE_NETDEV")
+	if netdev == "" {
+		verbstest.Unavailable(t, "no netdev to take down (SOFTROCE_NETDEV: make test runs this in the Soft-RoCE VM)")
+	}
+	link := func(state string) error {
+		out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ip link set %s %s: %v: %s", netdev, state, err, out)
+		}
+		return nil
+	}
+	noReupgrade(t)
+	cfg := verbsRing(64<<10, 0)
+	cfg.UpgradeAfter = time.Nanosecond
+	cfg.Transports = []string{"verbs", "tcp"} // failover needs tcp
+	ln := listenVerbs(t, cfg)
+	const conns, size = 16, 2 << 20
+	var ends []*Conn
+	for range conns {
+		c, s := onRing(t, ln, cfg)
+		ends = append(ends, c, s)
+	}
+	t.Cleanup(func() { assert.NoError(t, link("up")) })
+
+	midway := make(chan struct{})
+	errs := make(chan error, 2*len(ends))
+	for i := 0; i < len(ends); i += 2 {
+		for dir, p := range [][2]*Conn{{ends[i], ends[i+1]}, {ends[i+1], ends[i]}} {
+			w := net.Conn(p[0])
+			if i == 0 && dir == 0 {
+				w = &triggerConn{Conn: p[0], at: size / 4, fire: func() { close(midway) }}
+			}
+			seed := uint64(i + dir)
+			go func() { errs <- hashedWrite(w, size, seed) }()
+			go func() { errs <- hashedRead(p[1], size, seed) }()
+		}
+	}
+	<-midway
+	require.NoError(t, link("down"))
+	down := time.Now()
+	for _, x := range ends {
+		for x.Info().Transport != "tcp" {
+			require.Less(t, time.Since(down), time.Minute, "still on %s a minute after the port went down: %+v", x.Info().Transport, x.Info())
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	t.Logf("every connection on TCP %v after the port went down", time.Since(down).Round(time.Millisecond))
+	for range cap(errs) {
+		require.NoError(t, <-errs)
+	}
+	for _, x := range ends {
+		assertFailedOver(t, x, "verbs")
+		assert.Contains(t, x.Info().Reason, "down", "the reason names the port")
+	}
+	t.Logf("reason: %s", ends[0].Info().Reason)
+
+	c, s := dialAccept(t, ln, cfg)
+	awaitSettled(t, c, s)
+	assert.Equal(t, "tcp", TransportOf(c), "dialled while the port is down: %s", c.Info().Reason)
+	t.Logf("dialled while down: %s", c.Info().Reason)
+	c.Close()
+	s.Close()
+
+	require.NoError(t, link("up"))
+	for try := 1; ; try++ {
+		c, s := dialAccept(t, ln, cfg)
+		awaitSettled(t, c, s)
+		tr, why := TransportOf(c), c.Info().Reason
+		c.Close()
+		s.Close()
+		if tr == "verbs" {
+			t.Logf("verbs again at the %d. connection after the port came up", try)
+			break
+		}
+		require.Less(t, try, 300, "no connection on verbs after the port came up: %s", why)
+		time.Sleep(100 * time.Millisecond)
+	}
+}

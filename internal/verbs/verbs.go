@@ -168,9 +168,13 @@ func LocalLimit(err error) bool {
 type CompletionError struct {
 	Op     Opcode
 	Status Status
+	Why    string // Completion.Why
 }
 
 func (e *CompletionError) Error() string {
+	if e.Why != "" {
+		return fmt.Sprintf("verbs: %v completed with %v (%s)", e.Op, e.Status, e.Why)
+	}
 	return fmt.Sprintf("verbs: %v completed with %v", e.Op, e.Status)
 }
 
@@ -215,6 +219,10 @@ type Completion struct {
 	Status Status
 	// Len is the number of bytes received (OpRecv).
 	Len int
+	// Why, on a failed completion, is what the provider knows of the
+	// cause beyond Status (the event that moved the QP to the error
+	// state), or empty.
+	Why string
 }
 
 // Err returns nil for a successful completion and a *CompletionError
@@ -223,7 +231,7 @@ func (c *Completion) Err() error {
 	if c.Status == StatusSuccess {
 		return nil
 	}
-	return &CompletionError{Op: c.Op, Status: c.Status}
+	return &CompletionError{Op: c.Op, Status: c.Status, Why: c.Why}
 }
 
 // MR is a registered memory region. Its memory stays valid until Close.
@@ -375,6 +383,14 @@ type OpenOptions struct {
 	// priority some devices put in the VLAN tag). -1 means 0, or, through
 	// rdma_cm, the path's.
 	ServiceLevel int
+	// AckTimeout is the local ACK timeout of reliable-connected QPs
+	// (ibverbs), rounded up to the device's encoding (4.096 us << n); 0
+	// means 537 ms. RetryCount (1-6; 0 means 6) is how many times a
+	// request that was not acknowledged in time is sent again before the
+	// QP fails: a dead path fails a QP after about AckTimeout *
+	// (RetryCount+1).
+	AckTimeout time.Duration
+	RetryCount int
 	// Pool and PoolIdle bound the provider's pool of closed devices kept
 	// for reuse with the memory they registered (ibverbs: protection
 	// domains and their regions), per RDMA device: at most Pool of them,

@@ -48,7 +48,7 @@ stage "build test binaries" "$ts"
 # rdma_cm; the same variables pointed at it). The guest sets
 # RSOCK_REQUIRE_VERBS=rxe0,siw0, so a test that finds no device fails.
 # shellcheck disable=SC2016
-siw='SOFTROCE_DEV=$SOFTROCE_SIW_DEV SOFTROCE_IP=$SOFTROCE_SIW_IP SOFTROCE_PEER_IP=$SOFTROCE_SIW_PEER_IP SOFTROCE_GID_INDEX=0'
+siw='SOFTROCE_DEV=$SOFTROCE_SIW_DEV SOFTROCE_NETDEV=$SOFTROCE_SIW_NETDEV SOFTROCE_IP=$SOFTROCE_SIW_IP SOFTROCE_PEER_IP=$SOFTROCE_SIW_PEER_IP SOFTROCE_GID_INDEX=0'
 
 # rsockperf reports a failed unit run and carries on (exit 0): here any
 # failure fails the test. It runs with rsock's default timeouts: a dial

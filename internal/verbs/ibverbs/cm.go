@@ -526,8 +526,8 @@ func destroyID(id *C.struct_rs_cm_id) { C.rs_cm_destroy_id(id) }
 // cmReady takes q through RTR to RTS with the attributes rdma_cm derived
 // for id (InfiniBand and RoCE; an iWARP driver does this itself).
 func (q *QP) cmReady(id *C.struct_rs_cm_id) C.int {
-	if e := C.rs_cm_qp_to(id, q.qp, C.RS_QPS_RTR, qpTimeout, retryCount, rnrRetry); e != 0 {
+	if e := C.rs_cm_qp_to(id, q.qp, C.RS_QPS_RTR, C.uint8_t(q.dev.ackTimeout), C.uint8_t(q.dev.retries), rnrRetry); e != 0 {
 		return e
 	}
-	return C.rs_cm_qp_to(id, q.qp, C.RS_QPS_RTS, qpTimeout, retryCount, rnrRetry)
+	return C.rs_cm_qp_to(id, q.qp, C.RS_QPS_RTS, C.uint8_t(q.dev.ackTimeout), C.uint8_t(q.dev.retries), rnrRetry)
 }

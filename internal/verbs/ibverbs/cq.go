@@ -128,17 +128,18 @@ func (q *CQ) flushDead(wc []verbs.Completion) int {
 		if !qp.isDead() {
 			continue
 		}
+		why := *qp.asyncErr.Load()
 		qp.smu.Lock()
 		for seq := qp.sqTail.Load(); seq < qp.sqHead && n < len(wc); seq++ {
 			id, op := qp.retireSend(seq)
-			wc[n] = verbs.Completion{ID: id, Op: op, Status: verbs.StatusFlushed}
+			wc[n] = verbs.Completion{ID: id, Op: op, Status: verbs.StatusFlushed, Why: why}
 			n++
 		}
 		qp.smu.Unlock()
 		qp.rmu.Lock()
 		for seq := qp.rqTail.Load(); seq < qp.rqHead && n < len(wc); seq++ {
 			id, op := qp.retireRecv(seq)
-			wc[n] = verbs.Completion{ID: id, Op: op, Status: verbs.StatusFlushed}
+			wc[n] = verbs.Completion{ID: id, Op: op, Status: verbs.StatusFlushed, Why: why}
 			n++
 		}
 		qp.rmu.Unlock()
@@ -170,6 +171,9 @@ func (q *CQ) translate(w *C.struct_rs_wc, c *verbs.Completion) bool {
 	}
 	id := uint64(w.wr_id)
 	*c = verbs.Completion{Status: status(w.status)}
+	if why := qp.asyncErr.Load(); why != nil && c.Status != verbs.StatusSuccess {
+		c.Why = *why
+	}
 	if id&wrRecv != 0 {
 		if id&^wrRecv < qp.rqTail.Load() {
 			return false // completed already (flushDead)

@@ -9,6 +9,7 @@ package ibverbs
 import "C"
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -73,7 +74,20 @@ type devCtx struct {
 
 	chans    []*compChannel // completion channels shared by CQs (channel.go)
 	nextChan int
+
+	// downPorts holds, per port that reported PORT_ERR and not yet
+	// PORT_ACTIVE, the timer that fails its QPs after portGrace.
+	downPorts map[int]*portTimer
 }
+
+// portTimer is a down port's pending failure (devCtx.portEvent).
+type portTimer struct{ t *time.Timer }
+
+// portGrace is how long a port may be down before its QPs are failed:
+// long enough to ride out a flap (an InfiniBand subnet manager's sweep, a
+// link renegotiating), short against the 3.8 s that RC retries take to
+// give up on their own.
+var portGrace = 250 * time.Millisecond
 
 // openContext returns the process's opened context of dev, opening it on
 // first use.
@@ -150,6 +164,7 @@ var asyncName = map[C.uint32_t]string{
 	C.RS_EVENT_CQ_ERR:        "CQ overrun",
 	C.RS_EVENT_DEVICE_FATAL:  "device fatal error",
 	C.RS_EVENT_PORT_ERR:      "port error",
+	C.RS_EVENT_PORT_ACTIVE:   "port active",
 }
 
 // handle records an asynchronous event. On a QP error the device has
@@ -179,6 +194,9 @@ func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 		if cq != nil {
 			cq.fail(fmt.Errorf("ibverbs: %s", name))
 		}
+	case C.RS_EVENT_PORT_ERR, C.RS_EVENT_PORT_ACTIVE:
+		port := int(*(*C.int)(unsafe.Pointer(&ev.element)))
+		dc.portEvent(port, ev.event_type == C.RS_EVENT_PORT_ACTIVE)
 	case C.RS_EVENT_DEVICE_FATAL:
 		dc.mu.Lock()
 		dc.dead = fmt.Errorf("%w: ibverbs: device %s: %s", verbs.ErrUnavailable, dc.name, name)
@@ -188,6 +206,52 @@ func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 			qp.markDead(name)
 		}
 		dc.drainPool()
+	}
+}
+
+// portEvent handles a port's state change. A port that went down fails
+// every QP on it after portGrace, unless it is active again by then: each
+// is marked dead with the reason and moved to the error state, so that its
+// work completes as flushed and its connection fails over at once, instead
+// of when its retries run out. New connections need the port ACTIVE
+// (Open), so they use it again once it is.
+func (dc *devCtx) portEvent(port int, active bool) {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	pt := dc.downPorts[port]
+	switch {
+	case active && pt != nil:
+		pt.t.Stop()
+		delete(dc.downPorts, port)
+	case !active && pt == nil:
+		if dc.downPorts == nil {
+			dc.downPorts = map[int]*portTimer{}
+		}
+		pt = &portTimer{}
+		pt.t = time.AfterFunc(portGrace, func() { dc.portDown(port, pt) })
+		dc.downPorts[port] = pt
+	}
+}
+
+// portDown fails the QPs on port if t is still its pending failure.
+func (dc *devCtx) portDown(port int, t *portTimer) {
+	dc.mu.Lock()
+	if dc.downPorts[port] != t {
+		dc.mu.Unlock()
+		return // active again meanwhile
+	}
+	delete(dc.downPorts, port)
+	var qps []*QP
+	for _, q := range dc.qps {
+		if q.dev.t.port == port {
+			qps = append(qps, q)
+		}
+	}
+	dc.mu.Unlock()
+	why := fmt.Sprintf("%s port %d down (port error event)", dc.name, port)
+	for _, q := range qps {
+		q.markDead(why)
+		_ = q.ForceError() // the device stops; a QP closed meanwhile is fine
 	}
 }
 
@@ -208,6 +272,9 @@ type Device struct {
 	// (OpenOptions.TrafficClass), and the path gives the SL.
 	tclass int
 	sl     uint8
+	// ackTimeout and retries are the QPs' local ACK timeout (encoded) and
+	// retry count (OpenOptions.AckTimeout, RetryCount).
+	ackTimeout, retries uint8
 
 	pool      int           // OpenOptions.Pool (pool.go)
 	poolIdle  time.Duration // OpenOptions.PoolIdle
@@ -232,8 +299,12 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 		return nil, fmt.Errorf("%w: ibverbs: %v", verbs.ErrUnavailable, err)
 	}
 	t.cm = t.iwarp || o.ConnectionManager
-	if o.TrafficClass > 255 || o.ServiceLevel > 15 {
-		return nil, fmt.Errorf("ibverbs: traffic class %d (0-255) or service level %d (0-15) out of range", o.TrafficClass, o.ServiceLevel)
+	if o.TrafficClass > 255 || o.ServiceLevel > 15 || o.RetryCount < 0 || o.RetryCount > 6 {
+		return nil, fmt.Errorf("ibverbs: traffic class %d (0-255), service level %d (0-15) or retry count %d (0-6) out of range", o.TrafficClass, o.ServiceLevel, o.RetryCount)
+	}
+	ack, err := ackTimeoutCode(o.AckTimeout)
+	if err != nil {
+		return nil, err
 	}
 	if t.cm {
 		if _, err := cmLoad(); err != nil {
@@ -253,7 +324,7 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d is not active (state %d)", verbs.ErrUnavailable, t.dev, t.port, attr.state)
 	}
 	d := &Device{dc: dc, t: t, lid: uint16(attr.lid), mtu: uint8(attr.active_mtu), local: addrIP(o.LocalAddr), remote: addrIP(o.RemoteAddr),
-		tclass: o.TrafficClass, sl: uint8(max(o.ServiceLevel, 0))}
+		tclass: o.TrafficClass, sl: uint8(max(o.ServiceLevel, 0)), ackTimeout: ack, retries: uint8(cmp.Or(o.RetryCount, defaultRetries))}
 	if d.mtu < mtu256 || d.mtu > mtu4096 {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d reports MTU code %d", verbs.ErrUnavailable, t.dev, t.port, d.mtu)
 	}

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
@@ -22,21 +23,37 @@ import (
 // Queue pair settings (IB spec encodings). The retry limits are finite:
 // a peer that stops answering fails the connection, never hangs it.
 const (
-	// qpTimeout is the local ACK timeout, 4.096 us << 17 = 537 ms, as
-	// production RDMA stacks use (UCX and NCCL: 2^18; 2^14 proved too
-	// short on congested fabrics). With retryCount retries a dead path
-	// fails in about 3.8 s; rsock's bootstrap connection usually notices
-	// a dead peer sooner.
-	qpTimeout = 17
-	// retryCount is 6, not the field's maximum 7: Soft-RoCE (rxe) treats
-	// 7 as "retry forever", as the spec does only for the RNR retry.
-	retryCount = 6
+	// defaultAckTimeout is the local ACK timeout, 4.096 us << 17 = 537
+	// ms, as production RDMA stacks use (UCX and NCCL: 2^18; 2^14 proved
+	// too short on congested fabrics). With defaultRetries retries a dead
+	// path fails in about 3.8 s; rsock's bootstrap connection usually
+	// notices a dead peer sooner (OpenOptions.AckTimeout, RetryCount).
+	defaultAckTimeout = 17
+	// defaultRetries is 6, the field's largest finite value: Soft-RoCE
+	// (rxe) treats 7 as "retry forever", as the spec does only for the
+	// RNR retry.
+	defaultRetries = 6
 	// rnrRetry 6 (7 would mean "forever") with minRNRTimer 12 (0.64 ms)
 	// between tries. The ring protocol never sends without a posted RECV,
 	// so RNR means a broken peer.
 	rnrRetry    = 6
 	minRNRTimer = 12
 )
+
+// ackTimeoutCode encodes d as the QP's local ACK timeout, 4.096 us << n,
+// rounded up; 0 gives the default. It fails past the largest, 2^31 (2.4
+// hours).
+func ackTimeoutCode(d time.Duration) (uint8, error) {
+	if d <= 0 {
+		return defaultAckTimeout, nil
+	}
+	for n := uint8(1); n <= 31; n++ {
+		if d <= 4096*time.Nanosecond<<n {
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("ibverbs: ACK timeout %v is longer than the largest, %v", d, 4096*time.Nanosecond<<31)
+}
 
 // QP state.
 const (
@@ -230,7 +247,7 @@ func (q *QP) Connect(ctx context.Context, peer []byte, active bool) error {
 		C.uint8_t(d.tclass), C.uint8_t(d.sl)); e != 0 {
 		return fmt.Errorf("%w: QP to RTR (peer QPN %#x, MTU %d): %v", verbs.ErrPeerInfo, in.qpn, mtuBytes(mtu), syscall.Errno(e))
 	}
-	if e := C.rs_qp_rts(q.qp, C.uint32_t(q.psn), qpTimeout, retryCount, rnrRetry); e != 0 {
+	if e := C.rs_qp_rts(q.qp, C.uint32_t(q.psn), C.uint8_t(d.ackTimeout), C.uint8_t(d.retries), rnrRetry); e != 0 {
 		return errnoErr("QP to RTS", e)
 	}
 	q.state.Store(qpConnected)
