@@ -49,3 +49,41 @@ func TestFailedChannelIsReleased(t *testing.T) {
 	require.NoError(t, q.Close())
 	assert.Equal(t, before, ibverbs.OpenFDs(t), "the failed channel's descriptors are closed with its last CQ")
 }
+
+// TestCompVectorsRoundRobin: consecutive CQs of a device context are
+// created on consecutive completion vectors, wrapping at the device's
+// num_comp_vectors, so that every vector (every interrupt, and with it
+// every CPU the device's interrupts go to) takes its share of CQs.
+func TestCompVectorsRoundRobin(t *testing.T) {
+	d, err := ibverbs.New().Open(deviceOptions())
+	if err != nil {
+		verbstest.Unavailable(t, err.Error())
+	}
+	defer d.Close()
+	n := ibverbs.CompVectors(d)
+	t.Logf("%v: num_comp_vectors %d", d, n)
+	require.GreaterOrEqual(t, n, 1)
+	var qs []verbs.CQ
+	defer func() {
+		for _, q := range qs {
+			q.Close()
+		}
+	}()
+	seen := map[int]int{}
+	for i := range 2*n + 1 {
+		q, err := d.NewCQ(16, func() {})
+		require.NoError(t, err)
+		qs = append(qs, q)
+		v := ibverbs.CompVector(q)
+		require.True(t, v >= 0 && v < n, "CQ %d on vector %d of %d", i, v, n)
+		if i > 0 {
+			prev := ibverbs.CompVector(qs[i-1])
+			assert.Equal(t, (prev+1)%n, v, "CQ %d follows CQ %d (vector %d)", i, i-1, prev)
+		}
+		seen[v]++
+	}
+	assert.Len(t, seen, n, "every vector takes CQs: %v", seen)
+	for v, c := range seen {
+		assert.GreaterOrEqual(t, c, 2, "vector %d took %d of %d CQs", v, c, 2*n+1)
+	}
+}

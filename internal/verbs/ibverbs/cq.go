@@ -30,6 +30,7 @@ type CQ struct {
 	dev    *Device
 	cq     *C.struct_rs_cq
 	cc     *compChannel
+	vector int // completion vector (devCtx.channel)
 	notify func()
 	armed  atomic.Bool // an Arm in effect: the next event calls notify
 	closed atomic.Bool
@@ -55,20 +56,20 @@ func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	if depth <= 0 {
 		return nil, fmt.Errorf("ibverbs: CQ depth %d", depth)
 	}
-	cc, err := d.dc.channel()
+	cc, vector, err := d.dc.channel()
 	if err != nil {
 		return nil, err
 	}
-	q := &CQ{dev: d, cc: cc, notify: notify, qps: map[uint32]*QP{}}
+	q := &CQ{dev: d, cc: cc, vector: vector, notify: notify, qps: map[uint32]*QP{}}
 	var e C.int
-	q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, &e)
+	q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, C.int(vector), &e)
 	if q.cq == nil && outOfMemory(e) {
 		DrainPools() // pooled regions count against RLIMIT_MEMLOCK
-		q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, &e)
+		q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, C.int(vector), &e)
 	}
 	if q.cq == nil {
 		cc.done()
-		return nil, errnoErr(fmt.Sprintf("create CQ of %d entries", depth), e)
+		return nil, errnoErr(fmt.Sprintf("create CQ of %d entries on completion vector %d", depth, vector), e)
 	}
 	if err := cc.add(q); err != nil {
 		if C.rs_destroy_cq(q.cq) == 0 {

@@ -11,3 +11,10 @@ func FailChannel(q verbs.CQ, err error) { q.(*CQ).cc.fail(err) }
 
 // OpenFDs counts the process's open descriptors (tests).
 var OpenFDs = openFDs
+
+// CompVector is the completion vector q was created on (tests).
+func CompVector(q verbs.CQ) int { return q.(*CQ).vector }
+
+// CompVectors is the number of completion vectors of d's device context
+// (its num_comp_vectors; tests).
+func CompVectors(d verbs.Device) int { return d.(*Device).dc.vectors }

@@ -72,7 +72,8 @@ type devCtx struct {
 	pool pdPool                  // closed Devices kept for reuse (pool.go)
 
 	chans    []*compChannel // completion channels shared by CQs (channel.go)
-	nextChan int
+	nextChan int            // CQs made: picks each one's channel and vector
+	vectors  int            // the context's completion vectors (num_comp_vectors, at least 1)
 }
 
 // openContext returns the process's opened context of dev, opening it on
@@ -93,7 +94,8 @@ func openContext(dev string) (*devCtx, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: ibverbs: open device %s: %v", verbs.ErrUnavailable, dev, syscall.Errno(e))
 	}
-	dc := &devCtx{name: dev, ctx: ctx, qps: map[*C.struct_rs_qp]*QP{}, cqs: map[*C.struct_rs_cq]*CQ{}}
+	dc := &devCtx{name: dev, ctx: ctx, qps: map[*C.struct_rs_qp]*QP{}, cqs: map[*C.struct_rs_cq]*CQ{},
+		vectors: max(int(ctx.num_comp_vectors), 1)}
 	if err := dc.startChannels(); err != nil {
 		dc.stopChannels()
 		C.rs_close(ctx)

@@ -172,10 +172,10 @@ struct rs_comp_channel *rs_create_channel(struct rs_context *ctx, int *err)
 
 int rs_destroy_channel(struct rs_comp_channel *ch) { return ibv.destroy_comp_channel(ch); }
 
-struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_channel *ch, int *err)
+struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_channel *ch, int vector, int *err)
 {
 	errno = 0;
-	struct rs_cq *cq = ibv.create_cq(ctx, cqe, NULL, ch, 0);
+	struct rs_cq *cq = ibv.create_cq(ctx, cqe, NULL, ch, vector);
 	*err = cq ? 0 : errno_or(ENOMEM);
 	return cq;
 }

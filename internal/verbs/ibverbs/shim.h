@@ -335,7 +335,7 @@ struct rs_mr *rs_reg_mr(struct rs_pd *pd, void *addr, size_t len, int access, in
 int rs_dereg_mr(struct rs_mr *mr);
 struct rs_comp_channel *rs_create_channel(struct rs_context *ctx, int *err);
 int rs_destroy_channel(struct rs_comp_channel *ch);
-struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_channel *ch, int *err);
+struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_channel *ch, int vector, int *err);
 int rs_destroy_cq(struct rs_cq *cq);
 int rs_get_cq_event(struct rs_comp_channel *ch, struct rs_cq **cq);
 void rs_ack_cq_events(struct rs_cq *cq, unsigned int n);
