@@ -168,10 +168,21 @@ func LocalLimit(err error) bool {
 type CompletionError struct {
 	Op     Opcode
 	Status Status
+	Vendor uint32 // Completion.Vendor
 }
 
 func (e *CompletionError) Error() string {
-	return fmt.Sprintf("verbs: %v completed with %v", e.Op, e.Status)
+	return "verbs: " + e.Op.String() + " completed with " + e.Status.String() + vendorSuffix(e.Vendor)
+}
+
+// vendorSuffix is how an error names a device's vendor syndrome: nothing
+// for 0 (none reported), else " (vendor error 0x..)", in hex as vendors'
+// documentation lists them.
+func vendorSuffix(v uint32) string {
+	if v == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (vendor error %#x)", v)
 }
 
 // SGE names Length bytes at Offset inside a memory region.
@@ -215,6 +226,11 @@ type Completion struct {
 	Status Status
 	// Len is the number of bytes received (OpRecv).
 	Len int
+	// Vendor is the device's own code for a failure (ibverbs: the work
+	// completion's vendor_err, the NIC's syndrome), 0 when there is none;
+	// it means something only to the device's vendor, and only in the
+	// error text.
+	Vendor uint32
 }
 
 // Err returns nil for a successful completion and a *CompletionError
@@ -223,7 +239,7 @@ func (c *Completion) Err() error {
 	if c.Status == StatusSuccess {
 		return nil
 	}
-	return &CompletionError{Op: c.Op, Status: c.Status}
+	return &CompletionError{Op: c.Op, Status: c.Status, Vendor: c.Vendor}
 }
 
 // MR is a registered memory region. Its memory stays valid until Close.

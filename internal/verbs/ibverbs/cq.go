@@ -171,6 +171,11 @@ func (q *CQ) translate(w *C.struct_rs_wc, c *verbs.Completion) bool {
 	}
 	id := uint64(w.wr_id)
 	*c = verbs.Completion{Status: status(w.status)}
+	if c.Status != verbs.StatusSuccess {
+		// The NIC's syndrome, for the error text (Completion.Err): on
+		// hardware it tells apart the causes one status lumps together.
+		c.Vendor = uint32(w.vendor_err)
+	}
 	if id&wrRecv != 0 {
 		if id&^wrRecv < qp.rqTail.Load() {
 			return false // completed already (flushDead)
