@@ -48,13 +48,17 @@ type CQ struct {
 }
 
 // NewCQ creates a completion queue of at least depth entries whose
-// notifications call notify (verbs.CQ).
+// notifications call notify (verbs.CQ). A depth beyond the device's
+// max_cqe is refused, not shrunk (devLimits says why).
 func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
 	if depth <= 0 {
 		return nil, fmt.Errorf("ibverbs: CQ depth %d", depth)
+	}
+	if err := d.dc.limits.checkCQ(d.t.dev, depth); err != nil {
+		return nil, err
 	}
 	cc, vector, err := d.dc.channel()
 	if err != nil {
