@@ -168,14 +168,26 @@ func LocalLimit(err error) bool {
 type CompletionError struct {
 	Op     Opcode
 	Status Status
+	Vendor uint32 // Completion.Vendor
 	Why    string // Completion.Why
 }
 
 func (e *CompletionError) Error() string {
+	msg := "verbs: " + e.Op.String() + " completed with " + e.Status.String() + vendorSuffix(e.Vendor)
 	if e.Why != "" {
-		return fmt.Sprintf("verbs: %v completed with %v (%s)", e.Op, e.Status, e.Why)
+		msg += " (" + e.Why + ")"
 	}
-	return fmt.Sprintf("verbs: %v completed with %v", e.Op, e.Status)
+	return msg
+}
+
+// vendorSuffix is how an error names a device's vendor syndrome: nothing
+// for 0 (none reported), else " (vendor error 0x..)", in hex as vendors'
+// documentation lists them.
+func vendorSuffix(v uint32) string {
+	if v == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (vendor error %#x)", v)
 }
 
 // SGE names Length bytes at Offset inside a memory region.
@@ -219,6 +231,11 @@ type Completion struct {
 	Status Status
 	// Len is the number of bytes received (OpRecv).
 	Len int
+	// Vendor is the device's own code for a failure (ibverbs: the work
+	// completion's vendor_err, the NIC's syndrome), 0 when there is none;
+	// it means something only to the device's vendor, and only in the
+	// error text.
+	Vendor uint32
 	// Why, on a failed completion, is what the provider knows of the
 	// cause beyond Status (the event that moved the QP to the error
 	// state), or empty.
@@ -231,7 +248,7 @@ func (c *Completion) Err() error {
 	if c.Status == StatusSuccess {
 		return nil
 	}
-	return &CompletionError{Op: c.Op, Status: c.Status, Why: c.Why}
+	return &CompletionError{Op: c.Op, Status: c.Status, Vendor: c.Vendor, Why: c.Why}
 }
 
 // MR is a registered memory region. Its memory stays valid until Close.

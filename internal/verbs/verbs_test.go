@@ -32,3 +32,28 @@ func TestPeerFault(t *testing.T) {
 		}
 	}
 }
+
+// TestCompletionErrorVendor: a failed completion's error names the
+// device's vendor syndrome, in hex, when the device reported one, and
+// says nothing of it when it did not.
+func TestCompletionErrorVendor(t *testing.T) {
+	for _, tc := range []struct {
+		c    Completion
+		want string
+	}{
+		{Completion{Op: OpWrite, Status: StatusRetryExceeded}, "verbs: WRITE completed with transport retry exceeded"},
+		{Completion{Op: OpWrite, Status: StatusRetryExceeded, Vendor: 0x81}, "verbs: WRITE completed with transport retry exceeded (vendor error 0x81)"},
+		{Completion{Op: OpRecv, Status: StatusFlushed, Vendor: 0xf9}, "verbs: RECV completed with flushed (vendor error 0xf9)"},
+		{Completion{Op: OpSend, Status: StatusFatal, Vendor: 0xdeadbeef}, "verbs: SEND completed with fatal error (vendor error 0xdeadbeef)"},
+	} {
+		err := tc.c.Err()
+		if assert.Error(t, err) {
+			assert.Equal(t, tc.want, err.Error())
+			var ce *CompletionError
+			if assert.True(t, errors.As(err, &ce)) {
+				assert.Equal(t, tc.c.Vendor, ce.Vendor)
+			}
+		}
+	}
+	assert.NoError(t, (&Completion{Op: OpSend, Vendor: 0x12}).Err(), "a successful completion is no error")
+}

@@ -64,15 +64,21 @@ func (dc *devCtx) stopChannels() {
 	dc.chans = nil
 }
 
-// channel returns a completion channel of the context for a new CQ, round
-// robin, held for it: the caller calls done once the CQ is destroyed, or
-// was not made. One that failed is replaced, and destroyed once the last
-// CQ that holds it is.
-func (dc *devCtx) channel() (*compChannel, error) {
+// channel returns a completion channel of the context for a new CQ, held
+// for it, and the completion vector (the interrupt, and so the CPU, that
+// signals it) to create the CQ on: the caller calls done once the CQ is
+// destroyed, or was not made. One rule spreads both: the context's i-th CQ
+// gets channel i mod len(chans) and vector i mod vectors, so that one CPU
+// does not take every completion interrupt of the device. A channel that
+// failed is replaced (in its place in the rotation), and destroyed once
+// the last CQ that holds it is.
+func (dc *devCtx) channel() (*compChannel, int, error) {
 	dc.mu.Lock()
 	defer dc.mu.Unlock()
-	i := dc.nextChan % len(dc.chans)
+	n := dc.nextChan
 	dc.nextChan++
+	i := n % len(dc.chans)
+	vector := n % max(dc.vectors, 1)
 	cc := dc.chans[i]
 	cc.mu.Lock()
 	failed := cc.err != nil
@@ -81,11 +87,11 @@ func (dc *devCtx) channel() (*compChannel, error) {
 	}
 	cc.mu.Unlock()
 	if !failed {
-		return cc, nil
+		return cc, vector, nil
 	}
 	nc, err := dc.newChannel()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	dc.chans[i] = nc
 	nc.live++ // not shared yet
@@ -93,7 +99,7 @@ func (dc *devCtx) channel() (*compChannel, error) {
 	cc.retired = true
 	cc.mu.Unlock()
 	cc.release()
-	return nc, nil
+	return nc, vector, nil
 }
 
 // done gives back a hold that channel took, once its CQ is destroyed or

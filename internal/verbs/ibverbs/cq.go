@@ -30,6 +30,7 @@ type CQ struct {
 	dev    *Device
 	cq     *C.struct_rs_cq
 	cc     *compChannel
+	vector int // completion vector (devCtx.channel)
 	notify func()
 	armed  atomic.Bool // an Arm in effect: the next event calls notify
 	closed atomic.Bool
@@ -47,7 +48,8 @@ type CQ struct {
 }
 
 // NewCQ creates a completion queue of at least depth entries whose
-// notifications call notify (verbs.CQ).
+// notifications call notify (verbs.CQ). A depth beyond the device's
+// max_cqe is refused, not shrunk (devLimits says why).
 func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	if err := d.check(); err != nil {
 		return nil, err
@@ -55,20 +57,23 @@ func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	if depth <= 0 {
 		return nil, fmt.Errorf("ibverbs: CQ depth %d", depth)
 	}
-	cc, err := d.dc.channel()
+	if err := d.dc.limits.checkCQ(d.t.dev, depth); err != nil {
+		return nil, err
+	}
+	cc, vector, err := d.dc.channel()
 	if err != nil {
 		return nil, err
 	}
-	q := &CQ{dev: d, cc: cc, notify: notify, qps: map[uint32]*QP{}}
+	q := &CQ{dev: d, cc: cc, vector: vector, notify: notify, qps: map[uint32]*QP{}}
 	var e C.int
-	q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, &e)
+	q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, C.int(vector), &e)
 	if q.cq == nil && outOfMemory(e) {
 		DrainPools() // pooled regions count against RLIMIT_MEMLOCK
-		q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, &e)
+		q.cq = C.rs_create_cq(d.dc.ctx, C.int(depth), cc.ch, C.int(vector), &e)
 	}
 	if q.cq == nil {
 		cc.done()
-		return nil, errnoErr(fmt.Sprintf("create CQ of %d entries", depth), e)
+		return nil, errnoErr(fmt.Sprintf("create CQ of %d entries on completion vector %d", depth, vector), e)
 	}
 	if err := cc.add(q); err != nil {
 		if C.rs_destroy_cq(q.cq) == 0 {
@@ -171,8 +176,13 @@ func (q *CQ) translate(w *C.struct_rs_wc, c *verbs.Completion) bool {
 	}
 	id := uint64(w.wr_id)
 	*c = verbs.Completion{Status: status(w.status)}
-	if why := qp.asyncErr.Load(); why != nil && c.Status != verbs.StatusSuccess {
-		c.Why = *why
+	if c.Status != verbs.StatusSuccess {
+		// The NIC's syndrome, for the error text (Completion.Err): on
+		// hardware it tells apart the causes one status lumps together.
+		c.Vendor = uint32(w.vendor_err)
+		if why := qp.asyncErr.Load(); why != nil {
+			c.Why = *why
+		}
 	}
 	if id&wrRecv != 0 {
 		if id&^wrRecv < qp.rqTail.Load() {

@@ -11,3 +11,29 @@ func FailChannel(q verbs.CQ, err error) { q.(*CQ).cc.fail(err) }
 
 // OpenFDs counts the process's open descriptors (tests).
 var OpenFDs = openFDs
+
+// CompVector is the completion vector q was created on (tests).
+func CompVector(q verbs.CQ) int { return q.(*CQ).vector }
+
+// CompVectors is the number of completion vectors of d's device context
+// (its num_comp_vectors; tests).
+func CompVectors(d verbs.Device) int { return d.(*Device).dc.vectors }
+
+// DeviceLimits are the limits of d's device as its context read them
+// (tests).
+func DeviceLimits(d verbs.Device) string { return d.(*Device).dc.limits.String() }
+
+// MaxQPWR and MaxCQE are d's device's max_qp_wr and max_cqe (tests).
+func MaxQPWR(d verbs.Device) int { return d.(*Device).dc.limits.maxQPWR }
+func MaxCQE(d verbs.Device) int  { return d.(*Device).dc.limits.maxCQE }
+
+// NewQPUnchecked creates a QP as NewQP does, without checking its depths
+// against the device's limits first, so that the device's own refusal
+// shows (tests).
+func NewQPUnchecked(d verbs.Device, attr verbs.QPAttr) (verbs.QP, error) {
+	q, err := d.(*Device).createQP(attr.CQ.(*CQ), attr)
+	if err != nil {
+		return nil, err
+	}
+	return q, nil
+}

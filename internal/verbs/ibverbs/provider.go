@@ -72,8 +72,11 @@ type devCtx struct {
 	dead error                   // set on IBV_EVENT_DEVICE_FATAL
 	pool pdPool                  // closed Devices kept for reuse (pool.go)
 
+	limits devLimits // the device's limits on queue sizes (limits.go)
+
 	chans    []*compChannel // completion channels shared by CQs (channel.go)
-	nextChan int
+	nextChan int            // CQs made: picks each one's channel and vector
+	vectors  int            // the context's completion vectors (num_comp_vectors, at least 1)
 
 	// downPorts holds, per port that reported PORT_ERR and not yet
 	// PORT_ACTIVE, the timer that fails its QPs after portGrace.
@@ -107,7 +110,18 @@ func openContext(dev string) (*devCtx, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("%w: ibverbs: open device %s: %v", verbs.ErrUnavailable, dev, syscall.Errno(e))
 	}
-	dc := &devCtx{name: dev, ctx: ctx, qps: map[*C.struct_rs_qp]*QP{}, cqs: map[*C.struct_rs_cq]*CQ{}}
+	dc := &devCtx{name: dev, ctx: ctx, qps: map[*C.struct_rs_qp]*QP{}, cqs: map[*C.struct_rs_cq]*CQ{},
+		vectors: max(int(ctx.num_comp_vectors), 1)}
+	var da C.union_rs_device_buf
+	if e := C.rs_query_device(ctx, &da); e != 0 {
+		// A device that cannot say its limits is not one to trust with
+		// connections.
+		C.rs_close(ctx)
+		return nil, fmt.Errorf("%w: ibverbs: query device %s: %v", verbs.ErrUnavailable, dev, syscall.Errno(e))
+	}
+	attr := (*C.struct_rs_device_attr)(unsafe.Pointer(&da))
+	dc.limits = devLimits{maxQP: int(attr.max_qp), maxQPWR: int(attr.max_qp_wr), maxSGE: int(attr.max_sge),
+		maxCQ: int(attr.max_cq), maxCQE: int(attr.max_cqe)}
 	if err := dc.startChannels(); err != nil {
 		dc.stopChannels()
 		C.rs_close(ctx)

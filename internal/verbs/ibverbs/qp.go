@@ -110,7 +110,11 @@ type QP struct {
 }
 
 // NewQP creates an RC queue pair in the INIT state: receives can be posted
-// at once, sends after Connect.
+// at once, sends after Connect. Depths beyond the device's max_qp_wr are
+// refused, not shrunk (devLimits says why). A device that refuses the
+// inline size asked for is asked again for none (inline data then goes
+// through registered bounce slots); if that fails too, the error names
+// the first request's capabilities and errno, and the retry's.
 func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 	if err := d.check(); err != nil {
 		return nil, err
@@ -125,6 +129,18 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 	if attr.SendDepth <= 0 || attr.RecvDepth <= 0 || attr.MaxInline < 0 {
 		return nil, fmt.Errorf("ibverbs: QP depths %d/%d, inline %d", attr.SendDepth, attr.RecvDepth, attr.MaxInline)
 	}
+	if err := d.dc.limits.checkQP(d.t.dev, attr.SendDepth, attr.RecvDepth); err != nil {
+		return nil, err
+	}
+	q, err := d.createQP(cq, attr)
+	if err != nil {
+		return nil, err // not a nil *QP in the interface
+	}
+	return q, nil
+}
+
+// createQP is NewQP once the request is checked: it asks the device.
+func (d *Device) createQP(cq *CQ, attr verbs.QPAttr) (*QP, error) {
 	cap := C.struct_rs_qp_cap{
 		max_send_wr:     C.uint32_t(attr.SendDepth),
 		max_recv_wr:     C.uint32_t(attr.RecvDepth),
@@ -141,15 +157,19 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 		DrainPools() // pooled regions count against RLIMIT_MEMLOCK
 		qpp = C.rs_create_qp(d.pd, cq.cq, &cap, &e)
 	}
+	first, retried := e, false
 	if qpp == nil && attr.MaxInline > 0 {
 		// Some devices refuse any inline size they cannot do: ask for
 		// none and carry inline data through registered bounce slots.
+		// If this works, the refusal was the inline size: nothing is
+		// wrong.
 		cap.max_inline_data = 0
 		qpp = C.rs_create_qp(d.pd, cq.cq, &cap, &e)
+		retried = true
 	}
 	if qpp == nil {
 		d.dropLive()
-		return nil, errnoErr(fmt.Sprintf("create RC QP (send %d, recv %d)", attr.SendDepth, attr.RecvDepth), e)
+		return nil, qpRefused(d.t.dev, qpCaps{attr.SendDepth, attr.RecvDepth, attr.MaxInline}, syscall.Errno(first), retried, syscall.Errno(e))
 	}
 	q := &QP{
 		dev: d, cq: cq, qp: qpp, qpn: uint32(qpp.qp_num), psn: rand.Uint32N(1 << 24),

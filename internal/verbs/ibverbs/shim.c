@@ -20,6 +20,7 @@ struct ibv_table {
 	struct rs_context *(*open_device)(struct rs_device *dev);
 	int (*close_device)(struct rs_context *ctx);
 	int (*query_port)(struct rs_context *ctx, uint8_t port, void *attr);
+	int (*query_device)(struct rs_context *ctx, void *attr);
 	int (*query_gid)(struct rs_context *ctx, uint8_t port, int index, void *gid);
 	struct rs_pd *(*alloc_pd)(struct rs_context *ctx);
 	int (*dealloc_pd)(struct rs_pd *pd);
@@ -71,6 +72,7 @@ int rs_load(const char *name, char *err, size_t errlen)
 	SYM(open_device, "ibv_open_device", 1);
 	SYM(close_device, "ibv_close_device", 1);
 	SYM(query_port, "ibv_query_port", 1);
+	SYM(query_device, "ibv_query_device", 1);
 	SYM(query_gid, "ibv_query_gid", 1);
 	SYM(alloc_pd, "ibv_alloc_pd", 1);
 	SYM(dealloc_pd, "ibv_dealloc_pd", 1);
@@ -136,6 +138,14 @@ int rs_query_port(struct rs_context *ctx, uint8_t port, union rs_port_buf *out)
 	return ibv.query_port(ctx, port, out);
 }
 
+int rs_query_device(struct rs_context *ctx, union rs_device_buf *out)
+{
+	memset(out, 0, sizeof(*out));
+	errno = 0;
+	int r = ibv.query_device(ctx, out);
+	return r == 0 ? 0 : (r > 0 ? r : errno_or(EIO));
+}
+
 int rs_query_gid(struct rs_context *ctx, uint8_t port, int index, uint8_t gid[16])
 {
 	errno = 0;
@@ -172,10 +182,10 @@ struct rs_comp_channel *rs_create_channel(struct rs_context *ctx, int *err)
 
 int rs_destroy_channel(struct rs_comp_channel *ch) { return ibv.destroy_comp_channel(ch); }
 
-struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_channel *ch, int *err)
+struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_channel *ch, int vector, int *err)
 {
 	errno = 0;
-	struct rs_cq *cq = ibv.create_cq(ctx, cqe, NULL, ch, 0);
+	struct rs_cq *cq = ibv.create_cq(ctx, cqe, NULL, ch, vector);
 	*err = cq ? 0 : errno_or(ENOMEM);
 	return cq;
 }

@@ -246,6 +246,34 @@ union rs_port_buf {
 	uint8_t room[256];
 };
 
+// struct ibv_device_attr, up to max_cqe: the limits rsock checks its
+// queue depths against. ibv_query_device writes the whole struct, so it
+// is given a zeroed buffer larger than the real one (rs_device_buf), as
+// ibv_query_port is.
+struct rs_device_attr {
+	char fw_ver[64];
+	uint64_t node_guid;      // __be64
+	uint64_t sys_image_guid; // __be64
+	uint64_t max_mr_size;
+	uint64_t page_size_cap;
+	uint32_t vendor_id;
+	uint32_t vendor_part_id;
+	uint32_t hw_ver;
+	int max_qp;
+	int max_qp_wr;
+	unsigned int device_cap_flags;
+	int max_sge;
+	int max_sge_rd;
+	int max_cq;
+	int max_cqe;
+	// (more limits follow; never touched)
+};
+
+union rs_device_buf {
+	struct rs_device_attr attr;
+	uint8_t room[512];
+};
+
 // struct ibv_async_event.
 struct rs_async_event {
 	union {
@@ -329,6 +357,7 @@ int rs_load(const char *name, char *err, size_t errlen);
 struct rs_context *rs_open(const char *name, int *err);
 int rs_close(struct rs_context *ctx);
 int rs_query_port(struct rs_context *ctx, uint8_t port, union rs_port_buf *out);
+int rs_query_device(struct rs_context *ctx, union rs_device_buf *out);
 int rs_query_gid(struct rs_context *ctx, uint8_t port, int index, uint8_t gid[16]);
 struct rs_pd *rs_alloc_pd(struct rs_context *ctx, int *err);
 int rs_dealloc_pd(struct rs_pd *pd);
@@ -336,7 +365,7 @@ struct rs_mr *rs_reg_mr(struct rs_pd *pd, void *addr, size_t len, int access, in
 int rs_dereg_mr(struct rs_mr *mr);
 struct rs_comp_channel *rs_create_channel(struct rs_context *ctx, int *err);
 int rs_destroy_channel(struct rs_comp_channel *ch);
-struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_channel *ch, int *err);
+struct rs_cq *rs_create_cq(struct rs_context *ctx, int cqe, struct rs_comp_channel *ch, int vector, int *err);
 int rs_destroy_cq(struct rs_cq *cq);
 int rs_get_cq_event(struct rs_comp_channel *ch, struct rs_cq **cq);
 void rs_ack_cq_events(struct rs_cq *cq, unsigned int n);
