@@ -87,18 +87,19 @@ type Config struct {
 	// table entry the verbs transport uses. By default (zero values) it
 	// finds them from the bootstrap connection's local IP, as rdma_cm does:
 	// on RoCE, the port whose GID table holds that IP (RoCE v2 preferred);
-	// on InfiniBand, the device under the IPoIB interface holding it, GID
-	// 0. A GIDIndex of 0 in Config means automatic; RSOCK_GID_INDEX=0
-	// selects entry 0. Env RSOCK_DEVICE (e.g. mlx5_0, rxe0), RSOCK_PORT,
+	// on InfiniBand, the device under the IPoIB interface holding it. A
+	// GIDIndex of 0 in Config means automatic; RSOCK_GID_INDEX=0 selects
+	// entry 0. Env RSOCK_DEVICE (e.g. mlx5_0, rxe0), RSOCK_PORT,
 	// RSOCK_GID_INDEX.
 	Device   string
 	Port     int
 	GIDIndex int
-	// ConnectionManager connects verbs queue pairs through rdma_cm on
-	// InfiniBand and RoCE too (iWARP always uses it): addresses and paths
-	// then follow the kernel's routes (VLANs, bonds, InfiniBand path
-	// records) instead of the GID table entry of the local IP. Set it on
-	// the dialing side; a server follows its client. Env RSOCK_VERBS_CM=1.
+	// ConnectionManager connects verbs queue pairs through rdma_cm on RoCE
+	// too (iWARP and InfiniBand always use it; on InfiniBand the path
+	// record gives the partition, the SL and a GRH): addresses and paths
+	// then follow the kernel's routes (VLANs, bonds) instead of the GID
+	// table entry of the local IP. Set it on the dialing side; a server
+	// follows its client. Env RSOCK_VERBS_CM=1.
 	ConnectionManager bool
 	// TrafficClass is the traffic class of the verbs transport's packets:
 	// on RoCE, the IP header's DS field (DSCP << 2 | ECN, e.g. 106 for

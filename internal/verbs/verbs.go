@@ -384,10 +384,10 @@ type OpenOptions struct {
 	Device   string
 	Port     int
 	GIDIndex int // -1 for automatic
-	// ConnectionManager connects ibverbs QPs through rdma_cm on every
-	// device, not only on those that need it (iWARP): addressing and path
-	// follow the kernel's routes (VLANs, bonds, InfiniBand path records).
-	// The passive side follows the active side's choice.
+	// ConnectionManager connects ibverbs QPs through rdma_cm on RoCE too
+	// (iWARP and InfiniBand always use it): addressing and path follow the
+	// kernel's routes (VLANs, bonds). The passive side follows the active
+	// side's choice.
 	ConnectionManager bool
 	// TrafficClass is the traffic class of the queue pair's packets
 	// (ibverbs): on RoCE, the IP header's DS field (DSCP << 2 | ECN),

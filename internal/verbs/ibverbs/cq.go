@@ -133,7 +133,7 @@ func (q *CQ) flushDead(wc []verbs.Completion) int {
 		if !qp.isDead() {
 			continue
 		}
-		why := *qp.asyncErr.Load()
+		why := qp.why()
 		qp.smu.Lock()
 		for seq := qp.sqTail.Load(); seq < qp.sqHead && n < len(wc); seq++ {
 			id, op := qp.retireSend(seq)
@@ -180,9 +180,7 @@ func (q *CQ) translate(w *C.struct_rs_wc, c *verbs.Completion) bool {
 		// The NIC's syndrome, for the error text (Completion.Err): on
 		// hardware it tells apart the causes one status lumps together.
 		c.Vendor = uint32(w.vendor_err)
-		if why := qp.asyncErr.Load(); why != nil {
-			c.Why = *why
-		}
+		c.Why = qp.why()
 	}
 	if id&wrRecv != 0 {
 		if id&^wrRecv < qp.rqTail.Load() {

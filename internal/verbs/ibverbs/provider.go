@@ -247,6 +247,21 @@ func (dc *devCtx) portEvent(port int, active bool) {
 	}
 }
 
+// portWhy is the reason a QP on port fails while the port is down, or ""
+// while it is up.
+func (dc *devCtx) portWhy(port int) string {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	if dc.downPorts[port] == nil {
+		return ""
+	}
+	return portDownWhy(dc.name, port)
+}
+
+func portDownWhy(dev string, port int) string {
+	return fmt.Sprintf("%s port %d down (port error event)", dev, port)
+}
+
 // portDown fails the QPs on port if t is still its pending failure.
 func (dc *devCtx) portDown(port int, t *portTimer) {
 	dc.mu.Lock()
@@ -262,7 +277,7 @@ func (dc *devCtx) portDown(port int, t *portTimer) {
 		}
 	}
 	dc.mu.Unlock()
-	why := fmt.Sprintf("%s port %d down (port error event)", dc.name, port)
+	why := portDownWhy(dc.name, port)
 	for _, q := range qps {
 		q.markDead(why)
 		_ = q.ForceError() // the device stops; a QP closed meanwhile is fine
@@ -312,18 +327,12 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: ibverbs: %v", verbs.ErrUnavailable, err)
 	}
-	t.cm = t.iwarp || o.ConnectionManager
 	if o.TrafficClass > 255 || o.ServiceLevel > 15 || o.RetryCount < 0 || o.RetryCount > 6 {
 		return nil, fmt.Errorf("ibverbs: traffic class %d (0-255), service level %d (0-15) or retry count %d (0-6) out of range", o.TrafficClass, o.ServiceLevel, o.RetryCount)
 	}
 	ack, err := ackTimeoutCode(o.AckTimeout)
 	if err != nil {
 		return nil, err
-	}
-	if t.cm {
-		if _, err := cmLoad(); err != nil {
-			return nil, err
-		}
 	}
 	dc, err := openContext(t.dev)
 	if err != nil {
@@ -342,13 +351,23 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if d.mtu < mtu256 || d.mtu > mtu4096 {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d reports MTU code %d", verbs.ErrUnavailable, t.dev, t.port, d.mtu)
 	}
+	ib := false
 	switch uint8(attr.link_layer) {
 	case C.RS_LINK_LAYER_ETHERNET:
 		d.t.roce = !t.iwarp
 	case C.RS_LINK_LAYER_INFINIBAND:
-		d.t.roce = false
+		d.t.roce, ib = false, true
 	}
-	if d.tclass < 0 && !t.cm {
+	// rdma_cm connects iWARP (nothing else can), InfiniBand (its path
+	// record gives the partition, the SL and a GRH where routers need
+	// one), and RoCE when asked.
+	d.t.cm = t.iwarp || ib || o.ConnectionManager
+	if d.t.cm {
+		if _, err := cmLoad(); err != nil {
+			return nil, err
+		}
+	}
+	if d.tclass < 0 && !d.t.cm {
 		d.tclass = 0
 		if d.t.roce {
 			d.tclass = int(p.sys.defaultTOS(t.dev, t.port))
@@ -373,6 +392,15 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 
 // Provider is "ibverbs".
 func (*Device) Provider() string { return "ibverbs" }
+
+// portActive reports whether d's port is ACTIVE now.
+func (d *Device) portActive() bool {
+	var pa C.union_rs_port_buf
+	if C.rs_query_port(d.dc.ctx, C.uint8_t(d.t.port), &pa) != 0 {
+		return false
+	}
+	return (*C.struct_rs_port_attr)(unsafe.Pointer(&pa)).state == C.RS_PORT_ACTIVE
+}
 
 // String names the device, port and GID index.
 func (d *Device) String() string {

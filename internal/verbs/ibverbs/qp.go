@@ -100,6 +100,10 @@ type QP struct {
 	rqTail atomic.Uint64
 
 	asyncErr atomic.Pointer[string]
+	// portErr is set (by why) when a failure found the port down;
+	// portAsked once why has asked.
+	portErr   atomic.Pointer[string]
+	portAsked atomic.Bool
 
 	// Connected through rdma_cm (cm.go): viaCM, the QP's connection
 	// manager state (set by Connect), and on the passive side the
@@ -464,6 +468,29 @@ func (q *QP) markDead(why string) {
 }
 
 func (q *QP) isDead() bool { return q.asyncErr.Load() != nil }
+
+// why says what is known of the cause of q's failed work: its port is
+// down, or the event that marked it dead; else "". A device fails the
+// work of a port that went down on its own, often before the port's
+// event is read here, so the first failure with no known cause asks the
+// device for the port's state (once per QP: the rest are flushes).
+func (q *QP) why() string {
+	if why := q.dev.dc.portWhy(q.dev.t.port); why != "" {
+		return why
+	}
+	if why := q.portErr.Load(); why != nil {
+		return *why
+	}
+	if why := q.asyncErr.Load(); why != nil {
+		return *why
+	}
+	if q.portAsked.CompareAndSwap(false, true) && !q.dev.portActive() {
+		why := portDownWhy(q.dev.dc.name, q.dev.t.port)
+		q.portErr.Store(&why)
+		return why
+	}
+	return ""
+}
 
 // retireSend returns the ID and opcode of send seq and retires it and
 // every earlier send (completions of a send queue come in order). Called
