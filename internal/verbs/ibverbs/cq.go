@@ -83,6 +83,7 @@ func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	}
 	d.dc.mu.Lock()
 	d.dc.cqs[q.cq] = q
+	d.dc.ncq++
 	d.dc.mu.Unlock()
 	return q, nil
 }
@@ -291,6 +292,10 @@ func (q *CQ) Close() error {
 		return errnoErr("destroy CQ", e) // it keeps its hold on the channel
 	}
 	q.cc.done()
+	q.dev.dc.mu.Lock()
+	q.dev.dc.ncq--
+	q.dev.dc.mu.Unlock()
+	q.dev.dc.releaseIfDead()
 	return nil
 }
 

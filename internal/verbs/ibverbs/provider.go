@@ -78,6 +78,11 @@ type devCtx struct {
 	nextChan int            // CQs made: picks each one's channel and vector
 	vectors  int            // the context's completion vectors (num_comp_vectors, at least 1)
 
+	pds       int           // protection domains allocated, pooled ones too (allocPD, freePD)
+	ncq       int           // CQs created and not destroyed
+	shut      bool          // failed and shut down (releaseIfDead)
+	asyncDone chan struct{} // closed when the event reader returns
+
 	// downPorts holds, per port that reported PORT_ERR and not yet
 	// PORT_ACTIVE, the timer that fails its QPs after portGrace.
 	downPorts map[int]*portTimer
@@ -150,11 +155,13 @@ func (dc *devCtx) startAsync() error {
 	if dc.async, rc, err = pollable(dc.ctx.async_fd, "async fd of "+dc.name); err != nil {
 		return err
 	}
+	dc.asyncDone = make(chan struct{})
 	go dc.asyncLoop(rc)
 	return nil
 }
 
 func (dc *devCtx) asyncLoop(rc syscall.RawConn) {
+	defer close(dc.asyncDone)
 	var ev C.struct_rs_async_event
 	for {
 		var e C.int
@@ -212,15 +219,53 @@ func (dc *devCtx) handle(ev *C.struct_rs_async_event) {
 		port := int(*(*C.int)(unsafe.Pointer(&ev.element)))
 		dc.portEvent(port, ev.event_type == C.RS_EVENT_PORT_ACTIVE)
 	case C.RS_EVENT_DEVICE_FATAL:
-		dc.mu.Lock()
-		dc.dead = fmt.Errorf("%w: ibverbs: device %s: %s", verbs.ErrUnavailable, dc.name, name)
-		qps := slices.Collect(maps.Values(dc.qps))
-		dc.mu.Unlock()
-		for _, qp := range qps {
-			qp.markDead(name)
-		}
-		dc.drainPool()
+		dc.deviceFatal(name)
 	}
+}
+
+// deviceFatal handles the device's failure: new Opens get a new context
+// (or fail, if the device is gone), every QP is marked dead (its
+// connection fails over), the pool is drained, and the context shuts down
+// once the last of its protection domains and CQs is freed.
+func (dc *devCtx) deviceFatal(why string) {
+	dc.mu.Lock()
+	dc.dead = fmt.Errorf("%w: ibverbs: device %s: %s", verbs.ErrUnavailable, dc.name, why)
+	qps := slices.Collect(maps.Values(dc.qps))
+	dc.mu.Unlock()
+	for _, qp := range qps {
+		qp.markDead(why)
+	}
+	dc.drainPool()
+	dc.releaseIfDead()
+}
+
+// releaseIfDead shuts a failed context down once nothing uses it: no
+// protection domain (pooled ones included) and no CQ. Called where those
+// are freed.
+func (dc *devCtx) releaseIfDead() {
+	dc.mu.Lock()
+	last := dc.dead != nil && !dc.shut && dc.pds == 0 && dc.ncq == 0
+	dc.shut = dc.shut || last
+	dc.mu.Unlock()
+	if last {
+		// Not on the caller's goroutine: it may be the event reader,
+		// which shutdown waits for.
+		go dc.shutdown()
+	}
+}
+
+// shutdown closes a failed, unused context: its completion channels, its
+// event reader and the device context, whose descriptors go with it.
+func (dc *devCtx) shutdown() {
+	contexts.mu.Lock()
+	if contexts.ctxs[dc.name] == dc {
+		delete(contexts.ctxs, dc.name)
+	}
+	contexts.mu.Unlock()
+	dc.stopChannels()
+	_ = dc.async.Close() // the reader's next wait fails: it returns
+	<-dc.asyncDone
+	C.rs_close(dc.ctx)
 }
 
 // portEvent handles a port's state change. A port that went down fails
@@ -383,11 +428,24 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if d.pd, d.inherited = dc.takePD(); d.pd != nil {
 		return d, nil
 	}
-	var e C.int
-	if d.pd = C.rs_alloc_pd(dc.ctx, &e); d.pd == nil {
-		return nil, errnoErr("alloc PD on "+t.dev, e)
+	var err2 error
+	if d.pd, err2 = dc.allocPD(); err2 != nil {
+		return nil, err2
 	}
 	return d, nil
+}
+
+// allocPD allocates a protection domain, counted until freePD.
+func (dc *devCtx) allocPD() (*C.struct_rs_pd, error) {
+	var e C.int
+	pd := C.rs_alloc_pd(dc.ctx, &e)
+	if pd == nil {
+		return nil, errnoErr("alloc PD on "+dc.name, e)
+	}
+	dc.mu.Lock()
+	dc.pds++
+	dc.mu.Unlock()
+	return pd, nil
 }
 
 // Provider is "ibverbs".
