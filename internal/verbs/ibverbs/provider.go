@@ -207,9 +207,10 @@ type Device struct {
 	pool      int           // OpenOptions.Pool (pool.go)
 	poolIdle  time.Duration // OpenOptions.PoolIdle
 	mu        sync.Mutex
-	spare     []*MR // regions closed in this Device's life, kept for reuse, zeroed
+	spare     []*MR // regions closed in this Device's life, kept for reuse (MR.Close)
 	inherited []*MR // spares of the pooled PD's earlier life, not (yet) reused
 	live      int   // open regions and QPs: the PD is pooled only at 0
+	qps       int   // QPs made, or being made, and not destroyed: a peer may write
 	orphan    bool  // closed with live > 0: the last dropLive frees the PD
 }
 

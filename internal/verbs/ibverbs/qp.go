@@ -131,7 +131,7 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 		qpp = C.rs_create_qp(d.pd, cq.cq, &cap, &e)
 	}
 	if qpp == nil {
-		d.dropLive()
+		d.dropQP()
 		return nil, errnoErr(fmt.Sprintf("create RC QP (send %d, recv %d)", attr.SendDepth, attr.RecvDepth), e)
 	}
 	q := &QP{
@@ -149,7 +149,7 @@ func (d *Device) NewQP(attr verbs.QPAttr) (verbs.QP, error) {
 		m, err := d.AllocMR(q.slot*attr.SendDepth, verbs.AccessLocalWrite)
 		if err != nil {
 			if C.rs_destroy_qp(qpp) == 0 {
-				d.dropLive()
+				d.dropQP()
 			}
 			return nil, fmt.Errorf("ibverbs: inline bounce buffer: %w", err)
 		}
@@ -499,7 +499,7 @@ func (q *QP) destroy() error {
 	if e := C.rs_destroy_qp(q.qp); e != 0 {
 		err = errnoErr("destroy QP", e)
 	} else {
-		q.dev.dropLive()
+		q.dev.dropQP()
 	}
 	if q.bounce != nil && err == nil {
 		err = q.bounce.Close()
