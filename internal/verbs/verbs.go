@@ -267,7 +267,8 @@ type MR interface {
 	// regions in its connection exchange).
 	RKey() uint32
 	// Close deregisters the region and frees its memory, or keeps it
-	// for a later AllocMR of the same device (ibverbs pools them, zeroed).
+	// for a later AllocMR of the same device (ibverbs pools them, and
+	// zeroes one when it hands it out).
 	// Nothing may use the region, its Bytes or its keys once Close has
 	// started: the memory may belong to another region by then.
 	Close() error

@@ -37,3 +37,20 @@ func NewQPUnchecked(d verbs.Device, attr verbs.QPAttr) (verbs.QP, error) {
 	}
 	return q, nil
 }
+
+// Spare finds the spare region of d at addr (closed, kept by the pool, not
+// handed out again): its memory, and whether it is still registered
+// (tests).
+func Spare(d verbs.Device, addr uint64) (mem []byte, registered, ok bool) {
+	dev := d.(*Device)
+	dev.mu.Lock()
+	defer dev.mu.Unlock()
+	for _, list := range [][]*MR{dev.spare, dev.inherited} {
+		for _, m := range list {
+			if m.Addr() == addr {
+				return m.buf, m.mr != nil, true
+			}
+		}
+	}
+	return nil, false, false
+}

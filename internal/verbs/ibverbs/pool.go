@@ -30,9 +30,14 @@ import (
 // size and access instead of registering one.
 //
 // What keeps connections apart:
-//   - A region is zeroed when it is closed into its Device's spares, before
-//     anything else can see it: a new connection never receives bytes of an
-//     earlier one.
+//   - A region is zeroed when AllocMR hands it out again, not when it is
+//     closed: a new owner never receives bytes of an earlier one, even
+//     bytes that reached the region while it was spare.
+//   - A remote-writable region closed while a QP of its Device exists (a
+//     ring retired by growth: the peer still holds its rkey) is
+//     deregistered at Close and kept as memory only; AllocMR registers it
+//     again when it hands it out. A peer's WRITE with the old rkey fails at
+//     the device (MR.Close says why not ibv_rereg_mr).
 //   - A protection domain is pooled only once its QPs are destroyed, and a
 //     QP is always made fresh: no peer of an earlier connection holds a QP
 //     that can reach the regions.
@@ -62,7 +67,7 @@ type pdPool struct {
 // PoolStats describes the pools of every opened device context.
 type PoolStats struct {
 	Idle      int    // pooled protection domains
-	IdleBytes int64  // bytes registered (pinned) in their spare regions
+	IdleBytes int64  // bytes of their spare regions (pinned, unless retired: MR.Close)
 	Reused    uint64 // Opens that took a pooled protection domain
 	Fresh     uint64 // Opens that allocated one
 	Freed     uint64 // pooled ones freed: idle too long, over the bound, or for memory
@@ -145,7 +150,7 @@ func (dc *devCtx) putPD(pd *C.struct_rs_pd, spare []*MR, max int, idle time.Dura
 	}
 	dc.scheduleLocked()
 	dc.mu.Unlock()
-	freeEntries(over)
+	dc.freeEntries(over)
 	return true
 }
 
@@ -187,7 +192,7 @@ func (dc *devCtx) expire() {
 	poolCount.freed.Add(uint64(len(gone)))
 	dc.scheduleLocked()
 	dc.mu.Unlock()
-	freeEntries(gone)
+	dc.freeEntries(gone)
 }
 
 // drainPool frees every pooled entry of the context.
@@ -197,31 +202,37 @@ func (dc *devCtx) drainPool() {
 	dc.pool.idle = nil
 	poolCount.freed.Add(uint64(len(gone)))
 	dc.mu.Unlock()
-	freeEntries(gone)
+	dc.freeEntries(gone)
 }
 
-func freeEntries(es []pdEntry) {
+func (dc *devCtx) freeEntries(es []pdEntry) {
 	for _, e := range es {
-		_ = freePD(e.pd, e.spare)
+		_ = dc.freePD(e.pd, e.spare)
 	}
 }
 
-// freePD deregisters spare regions and deallocates pd.
-func freePD(pd *C.struct_rs_pd, spare []*MR) error {
+// freePD deregisters spare regions and deallocates pd; a failed context
+// shuts down once its last is freed (releaseIfDead).
+func (dc *devCtx) freePD(pd *C.struct_rs_pd, spare []*MR) error {
 	var err error
 	for _, m := range spare {
 		err = errors.Join(err, m.free())
 	}
 	if e := C.rs_dealloc_pd(pd); e != 0 {
-		err = errors.Join(err, errnoErr("dealloc PD", e))
+		return errors.Join(err, errnoErr("dealloc PD", e)) // still counted: the context stays
 	}
+	dc.mu.Lock()
+	dc.pds--
+	dc.mu.Unlock()
+	dc.releaseIfDead()
 	return err
 }
 
-// spareMR takes a spare region of size bytes and flags from d, or nil. It
-// counts the region in d.live (or, when it returns nil, the one the caller
-// registers, or calls dropLive for), unless d is closed: checked under
-// d.mu, so that nothing is made in a protection domain already pooled.
+// spareMR takes a spare region of size bytes and flags from d, or nil, for
+// register to hand out. It counts the region in d.live (or, when it
+// returns nil, the one the caller registers, or calls dropLive for),
+// unless d is closed: checked under d.mu, so that nothing is made in a
+// protection domain already pooled.
 func (d *Device) spareMR(size int, flags C.int) (*MR, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -233,14 +244,14 @@ func (d *Device) spareMR(size int, flags C.int) (*MR, error) {
 		for i, m := range *list {
 			if m.size == size && m.flags == flags {
 				*list = append((*list)[:i], (*list)[i+1:]...)
-				return &MR{dev: d, mr: m.mr, buf: m.buf, size: size, flags: flags, lkey: m.lkey, rkey: m.rkey}, nil
+				return m, nil
 			}
 		}
 	}
 	return nil, nil
 }
 
-// addLive counts a QP about to be made in d (dropLive undoes it if that
+// addLive counts a QP about to be made in d (dropQP undoes it if that
 // fails), unless d is closed.
 func (d *Device) addLive() error {
 	d.mu.Lock()
@@ -249,7 +260,17 @@ func (d *Device) addLive() error {
 		return verbs.ErrClosed
 	}
 	d.live++
+	d.qps++
 	return nil
+}
+
+// dropQP counts a QP of d destroyed (or, after addLive, one that was not
+// made).
+func (d *Device) dropQP() {
+	d.mu.Lock()
+	d.qps--
+	d.mu.Unlock()
+	d.dropLive()
 }
 
 // dropLive counts a QP or region of d gone (or, after spareMR or addLive,
@@ -265,21 +286,30 @@ func (d *Device) dropLive() {
 	}
 	d.mu.Unlock()
 	if orphan {
-		_ = freePD(d.pd, spare)
+		_ = d.dc.freePD(d.pd, spare)
 	}
 }
 
-// keepMR zeroes a closed region and keeps it among d's spares, unless d
-// does not pool or is closed: it reports whether it kept it.
+// keepMR keeps a closed region among d's spares, unless d does not pool or
+// is closed: it reports whether it kept it. A remote-writable region is
+// retired first (deregistered: see MR.Close) if a QP of d exists, and not
+// kept if that fails. The region is not zeroed here: register does it
+// when it hands the region out.
 func (d *Device) keepMR(m *MR) bool {
 	if d.pool <= 0 || m.size > maxPooledRegion {
 		return false
 	}
-	clear(m.buf)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed.Load() {
 		return false
+	}
+	// Decided under the lock that NewQP's count takes (addLive): a QP
+	// made after this point finds the region deregistered, or belongs
+	// to the same Device, whose peers may write its regions anyway
+	// (verbs.Device).
+	if m.rkey != 0 && d.qps > 0 && m.retire() != nil {
+		return false // free tries again and reports it
 	}
 	d.spare = append(d.spare, m)
 	d.live--

@@ -353,9 +353,10 @@ type Device struct {
 	pool      int           // OpenOptions.Pool (pool.go)
 	poolIdle  time.Duration // OpenOptions.PoolIdle
 	mu        sync.Mutex
-	spare     []*MR // regions closed in this Device's life, kept for reuse, zeroed
+	spare     []*MR // regions closed in this Device's life, kept for reuse (MR.Close)
 	inherited []*MR // spares of the pooled PD's earlier life, not (yet) reused
 	live      int   // open regions and QPs: the PD is pooled only at 0
+	qps       int   // QPs made, or being made, and not destroyed: a peer may write
 	orphan    bool  // closed with live > 0: the last dropLive frees the PD
 }
 
@@ -495,7 +496,7 @@ func (d *Device) Close() error {
 	if d.dc.putPD(d.pd, spare, d.pool, d.poolIdle) {
 		return nil
 	}
-	return freePD(d.pd, spare)
+	return d.dc.freePD(d.pd, spare)
 }
 
 // freeSpares frees d's spare regions.

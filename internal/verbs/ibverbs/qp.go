@@ -172,7 +172,7 @@ func (d *Device) createQP(cq *CQ, attr verbs.QPAttr) (*QP, error) {
 		retried = true
 	}
 	if qpp == nil {
-		d.dropLive()
+		d.dropQP()
 		return nil, qpRefused(d.t.dev, qpCaps{attr.SendDepth, attr.RecvDepth, attr.MaxInline}, syscall.Errno(first), retried, syscall.Errno(e))
 	}
 	q := &QP{
@@ -190,7 +190,7 @@ func (d *Device) createQP(cq *CQ, attr verbs.QPAttr) (*QP, error) {
 		m, err := d.AllocMR(q.slot*attr.SendDepth, verbs.AccessLocalWrite)
 		if err != nil {
 			if C.rs_destroy_qp(qpp) == 0 {
-				d.dropLive()
+				d.dropQP()
 			}
 			return nil, fmt.Errorf("ibverbs: inline bounce buffer: %w", err)
 		}
@@ -564,7 +564,7 @@ func (q *QP) destroy() error {
 	if e := C.rs_destroy_qp(q.qp); e != 0 {
 		err = errnoErr("destroy QP", e)
 	} else {
-		q.dev.dropLive()
+		q.dev.dropQP()
 	}
 	if q.bounce != nil && err == nil {
 		err = q.bounce.Close()

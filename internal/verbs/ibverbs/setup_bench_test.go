@@ -105,6 +105,43 @@ func BenchmarkSetup(b *testing.B) {
 			}
 		})
 	}
+	// A pooled 1 MiB ring handed out again and closed, per op, by a
+	// Device that pools: kept registered (closed with no QP: a
+	// connection's end), or retired (closed while a QP exists: a ring
+	// replaced by growth), which Close deregisters and AllocMR registers
+	// again.
+	for _, retired := range []bool{false, true} {
+		b.Run(fmt.Sprintf("Reuse/retired=%v/1024KiB", retired), func(b *testing.B) {
+			o := o
+			o.Pool, o.PoolIdle = 1, time.Minute
+			d, err := p.Open(o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ibverbs.DrainPools()
+			defer d.Close()
+			if retired {
+				cq, err := d.NewCQ(16, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer cq.Close()
+				qp, err := d.NewQP(verbs.QPAttr{CQ: cq, SendDepth: 4, RecvDepth: 4})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer qp.Close()
+			}
+			b.SetBytes(1 << 20)
+			for range b.N {
+				mr, err := d.AllocMR(1<<20, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = mr.Close()
+			}
+		})
+	}
 	// One side's endpoint as rsock makes it at the default ring, made
 	// and closed per op: device, CQ, QP, ring (1 MiB, remote-writable),
 	// state-message buffers (4 KiB) and staging (1 MiB), without and with
