@@ -127,8 +127,10 @@ type Config struct {
 	// EndpointPool is how many closed verbs endpoints (a protection domain
 	// with its registered buffers) each RDMA device keeps, so that the next
 	// connection on the device skips registering memory. A pooled
-	// endpoint's memory stays registered (pinned) and is zeroed before
-	// reuse; its queue pair is never reused. A registration the host
+	// endpoint's memory stays registered (pinned) and is zeroed when
+	// reused; a ring retired by growth while its connection lived is
+	// deregistered (its peer can no longer write to it) and registered
+	// again when reused. Queue pairs are never reused. A registration the host
 	// refuses for lack of lockable memory frees the pool first. Negative:
 	// no pool. Env RSOCK_ENDPOINT_POOL. Default DefaultEndpointPool.
 	EndpointPool int

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
@@ -58,7 +60,7 @@ func pollable(fd C.int, name string) (*os.File, syscall.RawConn, error) {
 	if e := C.rs_set_nonblock(fd); e != 0 {
 		return nil, nil, errnoErr(name+" non-blocking", e)
 	}
-	dup, err := syscall.Dup(int(fd))
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ibverbs: dup %s: %w", name, err)
 	}

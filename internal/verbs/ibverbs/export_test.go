@@ -54,3 +54,7 @@ func Spare(d verbs.Device, addr uint64) (mem []byte, registered, ok bool) {
 	}
 	return nil, false, false
 }
+
+// DeviceFatal acts on d's device context as IBV_EVENT_DEVICE_FATAL does
+// (tests: the soft devices never raise it).
+func DeviceFatal(d verbs.Device) { d.(*Device).dc.deviceFatal("device fatal error") }

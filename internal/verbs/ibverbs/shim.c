@@ -340,10 +340,15 @@ const char *rs_context_name(struct rs_context *ctx) { return ibv.get_device_name
 
 int rs_modify_qp(struct rs_qp *qp, struct rs_qp_attr *attr, int mask) { return ibv.modify_qp(qp, attr, mask); }
 
+// rs_set_nonblock makes fd non-blocking and closed on exec: the event
+// descriptors of a context must not leak into the programs a process runs.
 int rs_set_nonblock(int fd)
 {
 	int fl = fcntl(fd, F_GETFL);
 	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return errno_or(EIO);
+	int fd_fl = fcntl(fd, F_GETFD);
+	if (fd_fl < 0 || fcntl(fd, F_SETFD, fd_fl | FD_CLOEXEC) < 0)
 		return errno_or(EIO);
 	return 0;
 }
