@@ -429,9 +429,8 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if d.pd, d.inherited = dc.takePD(); d.pd != nil {
 		return d, nil
 	}
-	var err2 error
-	if d.pd, err2 = dc.allocPD(); err2 != nil {
-		return nil, err2
+	if d.pd, err = dc.allocPD(); err != nil {
+		return nil, err
 	}
 	return d, nil
 }
