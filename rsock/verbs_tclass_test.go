@@ -63,7 +63,7 @@ func TestVerbsTwoHostsTrafficClass(t *testing.T) {
 		want = map[netip.Addr]uint8{self: client, peerIP: server}
 		setDefaultROCETOS(t, dev, clientTClass)
 	}
-	cap := captureRoCE(t, os.Getenv("SOFTROCE_NETDEV"))
+	capture := captureRoCE(t, os.Getenv("SOFTROCE_NETDEV"))
 
 	if role == "server" {
 		cfg := verbsCfg()
@@ -97,7 +97,7 @@ func TestVerbsTwoHostsTrafficClass(t *testing.T) {
 		echoCheck(t, c.(*Conn), 1<<20, 7)
 		c.Close()
 	}
-	seen := cap.stop()
+	seen := capture.stop()
 	for src, tos := range want {
 		assert.NotZero(t, seen[src][tos], "no RoCE v2 packet from %v with traffic class %d (seen: %v)", src, tos, seen)
 	}

@@ -21,15 +21,12 @@ import (
 // silently smaller queue breaks each of these; an error naming the limit
 // says what to configure.
 type devLimits struct {
-	maxQP   int // max_qp
 	maxQPWR int // max_qp_wr: work requests per send or receive queue
-	maxSGE  int // max_sge (reported only)
-	maxCQ   int // max_cq
 	maxCQE  int // max_cqe: entries per CQ
 }
 
 func (l devLimits) String() string {
-	return fmt.Sprintf("max_qp %d, max_qp_wr %d, max_sge %d, max_cq %d, max_cqe %d", l.maxQP, l.maxQPWR, l.maxSGE, l.maxCQ, l.maxCQE)
+	return fmt.Sprintf("max_qp_wr %d, max_cqe %d", l.maxQPWR, l.maxCQE)
 }
 
 // checkCQ reports a CQ of depth entries that dev cannot have.

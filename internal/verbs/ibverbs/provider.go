@@ -125,8 +125,7 @@ func openContext(dev string) (*devCtx, error) {
 		return nil, fmt.Errorf("%w: ibverbs: query device %s: %v", verbs.ErrUnavailable, dev, syscall.Errno(e))
 	}
 	attr := (*C.struct_rs_device_attr)(unsafe.Pointer(&da))
-	dc.limits = devLimits{maxQP: int(attr.max_qp), maxQPWR: int(attr.max_qp_wr), maxSGE: int(attr.max_sge),
-		maxCQ: int(attr.max_cq), maxCQE: int(attr.max_cqe)}
+	dc.limits = devLimits{maxQPWR: int(attr.max_qp_wr), maxCQE: int(attr.max_cqe)}
 	if err := dc.startChannels(); err != nil {
 		dc.stopChannels()
 		C.rs_close(ctx)
@@ -384,11 +383,10 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	var pa C.union_rs_port_buf
-	if e := C.rs_query_port(dc.ctx, C.uint8_t(t.port), &pa); e != 0 {
+	attr, e := dc.queryPort(t.port)
+	if e != 0 {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d: %v", verbs.ErrUnavailable, t.dev, t.port, syscall.Errno(e))
 	}
-	attr := (*C.struct_rs_port_attr)(unsafe.Pointer(&pa))
 	if attr.state != C.RS_PORT_ACTIVE {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d is not active (state %d)", verbs.ErrUnavailable, t.dev, t.port, attr.state)
 	}
@@ -451,13 +449,18 @@ func (dc *devCtx) allocPD() (*C.struct_rs_pd, error) {
 // Provider is "ibverbs".
 func (*Device) Provider() string { return "ibverbs" }
 
+// queryPort reads port's attributes (ibv_query_port); e is the errno of
+// a failed query.
+func (dc *devCtx) queryPort(port int) (attr *C.struct_rs_port_attr, e C.int) {
+	pa := new(C.union_rs_port_buf)
+	e = C.rs_query_port(dc.ctx, C.uint8_t(port), pa)
+	return (*C.struct_rs_port_attr)(unsafe.Pointer(pa)), e
+}
+
 // portActive reports whether d's port is ACTIVE now.
 func (d *Device) portActive() bool {
-	var pa C.union_rs_port_buf
-	if C.rs_query_port(d.dc.ctx, C.uint8_t(d.t.port), &pa) != 0 {
-		return false
-	}
-	return (*C.struct_rs_port_attr)(unsafe.Pointer(&pa)).state == C.RS_PORT_ACTIVE
+	attr, e := d.dc.queryPort(d.t.port)
+	return e == 0 && attr.state == C.RS_PORT_ACTIVE
 }
 
 // String names the device, port and GID index.
