@@ -374,7 +374,9 @@ func (s *cmState) listenFor(q *QP) (*cmConn, uint16, error) {
 // TCP stack already uses. Without a port mapper (iwpmd), an iWARP driver
 // (soft-iWARP) binds its TCP socket to the port rdma_cm chose, which may
 // be taken by an ordinary TCP socket: the step then fails with
-// EADDRINUSE, and a new identifier gets another port.
+// EADDRINUSE, or, on connect, with EADDRNOTAVAIL when a connection from
+// that port to the same peer address and port still exists (TIME_WAIT);
+// a new identifier gets another port.
 const cmPortTries = 8
 
 // connect connects q, the active side, to the peer's listener port with
@@ -388,7 +390,7 @@ func (s *cmState) connect(ctx context.Context, q *QP, port uint16, pdata []byte)
 	}
 	for try := 1; ; try++ {
 		c, err := s.connectOnce(ctx, q, port, pdata)
-		if !errors.Is(err, syscall.EADDRINUSE) || try == cmPortTries {
+		if !errors.Is(err, syscall.EADDRINUSE) && !errors.Is(err, syscall.EADDRNOTAVAIL) || try == cmPortTries {
 			return c, err
 		}
 	}
