@@ -107,7 +107,11 @@ type ConnInfo struct {
 	Paths        []PathBytes
 	Writes       uint64 // Write calls that moved data
 	// The following count only on accelerated transports.
-	MsgsSent     uint64 // ring state messages posted
+	MsgsSent uint64 // ring state messages posted
+	// Posts counts the send queue's posts (on verbs one ibv_post_send,
+	// one doorbell each): a state message goes out in one post with the
+	// WRITEs of the bytes it announces.
+	Posts        uint64
 	MsgsRecv     uint64 // ring state messages received
 	CreditStalls uint64 // times a Write waited for ring space or credits
 	Wakeups      uint64 // times a blocked call parked and was woken
@@ -162,6 +166,7 @@ func (c *Conn) Info() ConnInfo {
 		ci.Paths = append(ci.Paths, PathBytes{Transport: name, BytesRead: st.BytesRead.Load(), BytesWritten: st.BytesWritten.Load()})
 		ci.Writes += st.Writes.Load()
 		ci.MsgsSent = st.MsgsSent.Load()
+		ci.Posts = st.Posts.Load()
 		ci.MsgsRecv = st.MsgsRecv.Load()
 		ci.CreditStalls = st.CreditStalls.Load()
 		ci.Wakeups = st.Wakeups.Load()

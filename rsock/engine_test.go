@@ -171,3 +171,45 @@ func TestShmBusyPollHits(t *testing.T) {
 	cfg := &Config{Transports: []string{"shm"}, BusyPoll: time.Millisecond}
 	busyPollHits(t, listen(t, cfg), cfg, "shm")
 }
+
+// A state message goes out in one post (one doorbell on verbs) with the
+// WRITEs of the bytes it announces: at most one post per message, idle (a
+// ping-pong) and busy (one side streams writes of every size, through the
+// ring's wrap, while the other reads). Counted, not timed.
+func onePostPerMessage(t *testing.T, ln *Listener, cfg *Config, tr string) {
+	pairs := stressPairs(t, ln, cfg, tr, 1)
+	c, s := pairs[0][0], pairs[0][1]
+	check := func(phase string) {
+		for _, x := range pairs[0] {
+			ci := x.Info()
+			t.Logf("%s %s: %d posts for %d messages, %d bytes written", tr, phase, ci.Posts, ci.MsgsSent, ci.BytesWritten)
+			require.NotZero(t, ci.Posts, phase)
+			require.LessOrEqual(t, ci.Posts, ci.MsgsSent, "%s: more posts than state messages", phase)
+		}
+	}
+	echoRounds(t, pairs, 500, 64)
+	check("idle")
+
+	const total = 4 << 20
+	require.NoError(t, c.SetDeadline(time.Now().Add(2*time.Minute)))
+	require.NoError(t, s.SetDeadline(time.Now().Add(2*time.Minute)))
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.CopyN(io.Discard, s, total)
+		done <- err
+	}()
+	buf := make([]byte, 64<<10)
+	for n, size := 0, 1; n < total; size = size*7%(64<<10) + 1 {
+		k, err := c.Write(buf[:min(size, total-n)])
+		require.NoError(t, err)
+		n += k
+	}
+	require.NoError(t, <-done)
+	check("busy")
+}
+
+func TestSimOnePostPerMessage(t *testing.T) {
+	registerSim(t)
+	ln, cfg := onLocal("sim")(t, 0)
+	onePostPerMessage(t, ln, cfg, "sim")
+}

@@ -763,3 +763,8 @@ func TestVerbsPortDown(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+func TestVerbsOnePostPerMessage(t *testing.T) {
+	ln, cfg := onVerbs(t, 0)
+	onePostPerMessage(t, ln, cfg, "verbs")
+}

@@ -65,7 +65,8 @@ type Conn struct {
 	linger   int      // SetLinger's seconds; negative: finalAckTimeout
 	waiting  []*entry // entries of the calls waiting now
 	msgBuf   [ring.MsgLen]byte
-	swr      verbs.SendWR // reused for every post: no allocation per post
+	chain    [4]verbs.SendWR // the requests of the next post (ringLocked)
+	nchain   int
 	wcs      [32]verbs.Completion
 
 	stats Stats
@@ -77,6 +78,7 @@ type Stats struct {
 	BytesWritten atomic.Uint64
 	Writes       atomic.Uint64 // Write calls that moved data
 	MsgsSent     atomic.Uint64 // state messages posted
+	Posts        atomic.Uint64 // send-queue posts (doorbells): a message and the WRITEs it announces
 	MsgsRecv     atomic.Uint64 // state messages received
 	CreditStalls atomic.Uint64 // times a writer waited for ring space or credits
 	Wakeups      atomic.Uint64 // times a blocked call parked and was woken by its event or a notification

@@ -128,12 +128,19 @@ func (c *Conn) handleSendLocked(wc *verbs.Completion) {
 // sqFreeLocked is how many more work requests the send queue takes.
 func (c *Conn) sqFreeLocked() int { return c.opts.SendDepth - int(c.sqPosted-c.sqDone) }
 
-// postLocked posts one send work request. Every SendDepth/4-th request is
+// queueLocked adds wr to the chain that the next post (ringLocked) sends,
+// and gives it its send-queue slot. Every SendDepth/4-th request is
 // signaled, so a full send queue always holds a signaled request whose
-// completion retires the ones before it.
-func (c *Conn) postLocked(wr *verbs.SendWR, signal bool) error {
+// completion retires the ones before it. The slots of requests whose post
+// fails are not given back: the transport is then suspect.
+func (c *Conn) queueLocked(wr verbs.SendWR, signal bool) error {
 	if c.sqFreeLocked() <= 0 {
 		return verbs.ErrQueueFull
+	}
+	if c.nchain == len(c.chain) {
+		if err := c.ringLocked(); err != nil {
+			return err
+		}
 	}
 	c.sqPosted++
 	wr.ID = c.sqPosted
@@ -141,11 +148,25 @@ func (c *Conn) postLocked(wr *verbs.SendWR, signal bool) error {
 		wr.Signaled = true
 		c.lastSig = c.sqPosted
 	}
-	if err := c.ep.qp.PostSend(wr); err != nil {
-		c.sqPosted--
-		return err
-	}
+	c.chain[c.nchain] = wr
+	c.nchain++
 	return nil
+}
+
+// ringLocked posts the queued chain with one PostSend: the WRITEs of the
+// chunks a state message announces go out with it, one doorbell.
+func (c *Conn) ringLocked() error {
+	if c.nchain == 0 {
+		return nil
+	}
+	for i := range c.nchain - 1 {
+		c.chain[i].Next = &c.chain[i+1]
+	}
+	err := c.ep.qp.PostSend(&c.chain[0])
+	clear(c.chain[:c.nchain])
+	c.nchain = 0
+	c.stats.Posts.Add(1)
+	return err
 }
 
 // sendLocked posts a state message with our cursors and the extra flags,
@@ -167,17 +188,22 @@ func (c *Conn) sendLocked(extra ring.Flags, signal bool) {
 	c.postMsgLocked(&m, signal, extra&ring.FlagBlocked != 0 && !c.st.CanSendData())
 }
 
-// postMsgLocked posts m, which ring.State recorded as sent, inline.
+// postMsgLocked posts m, which ring.State recorded as sent, inline, after
+// the WRITEs queued before it, in one post.
 func (c *Conn) postMsgLocked(m *ring.Msg, signal, solicited bool) {
 	m.Marshal(c.msgBuf[:])
-	c.swr = verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:], Solicited: solicited}
-	if err := c.postLocked(&c.swr, signal); err != nil {
+	err := c.queueLocked(verbs.SendWR{Op: verbs.OpSend, Inline: c.msgBuf[:], Solicited: solicited}, signal)
+	id := c.sqPosted
+	if err == nil {
+		err = c.ringLocked()
+	}
+	if err != nil {
 		c.suspectLocked(reset("posting a state message", err))
 		return
 	}
 	c.stats.MsgsSent.Add(1)
 	if signal {
-		c.closeSig = c.swr.ID
+		c.closeSig = id
 	}
 }
 

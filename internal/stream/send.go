@@ -103,7 +103,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 				return written, err
 			}
 		}
-		if err := c.postWritesLocked(chunk, s1, s2); err != nil {
+		if err := c.queueWritesLocked(s1, s2); err != nil {
 			// The bytes did not go; whether that is the peer's orderly
 			// close or a failure is decided shortly (suspectLocked).
 			c.suspectLocked(reset("posting a write", err))
@@ -135,7 +135,7 @@ func (c *Conn) writeNow(b []byte) (int, bool) {
 	}
 	s1, s2 := c.st.WriteSegments(n)
 	c.copyChunk(b, s1, s2)
-	if c.postWritesLocked(b, s1, s2) != nil || c.wroteLocked(n) != nil {
+	if c.queueWritesLocked(s1, s2) != nil || c.wroteLocked(n) != nil {
 		return 0, false
 	}
 	c.stats.Writes.Add(1)
@@ -187,27 +187,28 @@ func (c *Conn) writeErrLocked() error {
 	return nil
 }
 
-// postWritesLocked posts the WRITEs for a chunk already copied to the peer's
-// mapping or to the staging buffer (or small enough to go inline).
-func (c *Conn) postWritesLocked(chunk []byte, s1, s2 ring.Seg) error {
+// queueWritesLocked queues the WRITEs of a chunk already copied to its
+// segments of the staging buffer (none if the peer's ring is mapped): they
+// go out with the state message that announces them (ringLocked). A chunk
+// within the QP's inline size goes inline, from the staging buffer, which
+// holds it until the peer has consumed it.
+func (c *Conn) queueWritesLocked(s1, s2 ring.Seg) error {
 	if c.direct != nil {
 		return nil
 	}
-	inline := len(chunk) <= c.inline // as Write decided when it copied
-	for _, s := range []ring.Seg{s1, s2} {
+	stage := c.ep.stage
+	inline := s1.Len+s2.Len <= uint64(c.inline)
+	for _, s := range [2]ring.Seg{s1, s2} {
 		if s.Len == 0 {
 			continue
 		}
-		c.swr = verbs.SendWR{Op: verbs.OpWrite, RemoteAddr: c.peer.Addr + s.Off, RKey: c.peer.RKey}
+		wr := verbs.SendWR{Op: verbs.OpWrite, RemoteAddr: c.peer.Addr + s.Off, RKey: c.peer.RKey}
 		if inline {
-			c.swr.Inline = chunk[:s.Len]
+			wr.Inline = stage.Bytes()[s.Off : s.Off+s.Len]
 		} else {
-			c.swr.Local = verbs.SGE{MR: c.ep.stage, Offset: int(s.Off), Length: int(s.Len)}
+			wr.Local = verbs.SGE{MR: stage, Offset: int(s.Off), Length: int(s.Len)}
 		}
-		chunk = chunk[s.Len:]
-		err := c.postLocked(&c.swr, false)
-		c.swr = verbs.SendWR{} // drop the reference to the caller's buffer
-		if err != nil {
+		if err := c.queueLocked(wr, false); err != nil {
 			return err
 		}
 	}

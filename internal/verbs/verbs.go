@@ -216,6 +216,9 @@ type SendWR struct {
 	// Solicited marks a SEND whose receive completion is solicited: it
 	// fires the peer's CQ armed by ArmSolicited (the Solicited Event bit).
 	Solicited bool
+	// Next chains another request to this one: PostSend posts the chain
+	// in order, as one post (ibverbs: one ibv_post_send, one doorbell).
+	Next *SendWR
 }
 
 // RecvWR is a receive-queue work request: a buffer for one incoming SEND.
@@ -351,6 +354,9 @@ type QP interface {
 	Established(ctx context.Context) error
 	// MaxInline is the largest SendWR.Inline this QP accepts.
 	MaxInline() int
+	// PostSend posts wr and the requests chained to it through Next, in
+	// order. If it fails, the request that failed and those after it were
+	// not posted; those before it may have been (they complete as usual).
 	PostSend(wr *SendWR) error
 	PostRecv(wr *RecvWR) error
 	// Close moves the QP to the error state, so outstanding requests

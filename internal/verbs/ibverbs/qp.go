@@ -84,15 +84,16 @@ type QP struct {
 	state atomic.Int32
 
 	inline    int    // granted by the device
-	inlBuf    []byte // staging for inline data handed to the device (under smu)
+	inlBuf    []byte // staging for inline data handed to the device, inline bytes per request of a post (under smu)
 	maxInline int    // what MaxInline reports: requested, met by bounce if need be
 	bounce    *MR    // slot per send WQE for inline data the device won't take
 	slot      int    // bounce slot size
 
 	smu    sync.Mutex
 	sends  []sendRec
-	sqHead uint64        // posted (under smu)
-	sqTail atomic.Uint64 // retired (by Poll)
+	post   [C.RS_MAX_CHAIN]C.struct_rs_post // the requests of one post (under smu)
+	sqHead uint64                           // posted (under smu)
+	sqTail atomic.Uint64                    // retired (by Poll)
 
 	rmu    sync.Mutex
 	recvs  []uint64
@@ -183,7 +184,7 @@ func (d *Device) createQP(cq *CQ, attr verbs.QPAttr) (*QP, error) {
 	}
 	q.maxInline = max(q.maxInline, q.inline)
 	if q.inline > 0 {
-		q.inlBuf = make([]byte, q.inline)
+		q.inlBuf = make([]byte, q.inline*len(q.post))
 	}
 	if q.inline < attr.MaxInline {
 		q.slot = (attr.MaxInline + 63) &^ 63
@@ -339,42 +340,10 @@ func (q *QP) Established(ctx context.Context) error {
 // MaxInline is the largest SendWR.Inline accepted.
 func (q *QP) MaxInline() int { return q.maxInline }
 
-// PostSend posts one send work request.
+// PostSend posts wr and the requests chained to it: up to RS_MAX_CHAIN of
+// them with one ibv_post_send, that is one cgo call, one provider lock and
+// one doorbell. Each is checked before any of its post goes to the device.
 func (q *QP) PostSend(wr *verbs.SendWR) error {
-	var opcode C.uint32_t
-	switch {
-	case wr.Op == verbs.OpWrite:
-		opcode = C.RS_WR_RDMA_WRITE
-	case wr.Op == verbs.OpSend:
-		opcode = C.RS_WR_SEND
-	default:
-		return fmt.Errorf("ibverbs: send opcode %v", wr.Op)
-	}
-	if wr.Inline != nil && len(wr.Inline) > q.maxInline {
-		return verbs.ErrInlineTooLong
-	}
-	var (
-		laddr uint64
-		lkey  uint32
-		n     int
-		inl   unsafe.Pointer
-		err   error
-	)
-	if wr.Inline == nil {
-		if laddr, lkey, err = q.dev.sge(wr.Local); err != nil {
-			return err
-		}
-		n = wr.Local.Length
-	} else {
-		n = len(wr.Inline)
-	}
-	flags := C.uint32_t(0)
-	if wr.Signaled {
-		flags |= C.RS_SEND_SIGNALED
-	}
-	if wr.Solicited {
-		flags |= C.RS_SEND_SOLICITED
-	}
 	q.smu.Lock()
 	defer q.smu.Unlock()
 	switch q.state.Load() {
@@ -389,31 +358,80 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 		// complete it.
 		return fmt.Errorf("%w (%s)", verbs.ErrQPState, *why)
 	}
-	seq := q.sqHead
+	for wr != nil {
+		n := 0
+		for ; wr != nil && n < len(q.post); wr, n = wr.Next, n+1 {
+			if err := q.prepareLocked(wr, n); err != nil {
+				return err
+			}
+		}
+		var posted C.int
+		e := C.rs_post_sends(q.qp, &q.post[0], C.int(n), q.inlPtr(), &posted)
+		q.sqHead += uint64(posted)
+		if e != 0 {
+			return q.postErr("post send", e)
+		}
+	}
+	return nil
+}
+
+// prepareLocked checks wr and fills q.post[i] with it, as the request
+// after the i before it in this post; smu is held.
+func (q *QP) prepareLocked(wr *verbs.SendWR, i int) error {
+	p := &q.post[i]
+	*p = C.struct_rs_post{}
+	switch wr.Op {
+	case verbs.OpWrite:
+		p.opcode = C.RS_WR_RDMA_WRITE
+	case verbs.OpSend:
+		p.opcode = C.RS_WR_SEND
+	default:
+		return fmt.Errorf("ibverbs: send opcode %v", wr.Op)
+	}
+	seq := q.sqHead + uint64(i)
 	if seq-q.sqTail.Load() >= uint64(len(q.sends)) {
 		return verbs.ErrQueueFull
 	}
-	if wr.Inline != nil && n > 0 {
-		if n <= q.inline {
-			// Copied into the QP's own pointer-free buffer: the caller's
-			// bytes may sit in a struct holding Go pointers, which cgo
-			// must not be handed.
-			flags |= C.RS_SEND_INLINE
-			copy(q.inlBuf, wr.Inline)
-			inl = unsafe.Pointer(&q.inlBuf[0])
-		} else {
-			off := int(seq%uint64(len(q.sends))) * q.slot
-			copy(q.bounce.buf[off:], wr.Inline)
-			laddr, lkey = q.bounce.Addr()+uint64(off), q.bounce.lkey
+	if wr.Signaled {
+		p.flags |= C.RS_SEND_SIGNALED
+	}
+	if wr.Solicited {
+		p.flags |= C.RS_SEND_SOLICITED
+	}
+	switch n := len(wr.Inline); {
+	case wr.Inline == nil:
+		addr, lkey, err := q.dev.sge(wr.Local)
+		if err != nil {
+			return err
 		}
+		p.laddr, p.lkey, p.len = C.uint64_t(addr), C.uint32_t(lkey), C.uint32_t(wr.Local.Length)
+	case n > q.maxInline:
+		return verbs.ErrInlineTooLong
+	case n == 0:
+	case n <= q.inline:
+		// Copied into the QP's own pointer-free buffer: the caller's
+		// bytes may sit in a struct holding Go pointers, which cgo
+		// must not be handed.
+		p.flags |= C.RS_SEND_INLINE
+		p.inl_off = C.uint32_t(i * q.inline)
+		p.len = C.uint32_t(copy(q.inlBuf[i*q.inline:], wr.Inline))
+	default:
+		off := int(seq%uint64(len(q.sends))) * q.slot
+		copy(q.bounce.buf[off:], wr.Inline)
+		p.laddr, p.lkey, p.len = C.uint64_t(q.bounce.Addr()+uint64(off)), C.uint32_t(q.bounce.lkey), C.uint32_t(n)
 	}
+	p.wr_id = C.uint64_t(seq)
+	p.raddr, p.rkey = C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey)
 	q.sends[seq%uint64(len(q.sends))] = sendRec{id: wr.ID, op: wr.Op}
-	if e := C.rs_post_send(q.qp, C.uint64_t(seq), opcode, flags, 0,
-		C.uint64_t(laddr), C.uint32_t(n), C.uint32_t(lkey), C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey), inl); e != 0 {
-		return q.postErr("post send", e)
-	}
-	q.sqHead++
 	return nil
+}
+
+// inlPtr is the inline staging buffer for rs_post_sends, or nil.
+func (q *QP) inlPtr() *C.uint8_t {
+	if len(q.inlBuf) == 0 {
+		return nil
+	}
+	return (*C.uint8_t)(unsafe.Pointer(&q.inlBuf[0]))
 }
 
 // PostRecv posts one receive buffer.

@@ -297,22 +297,33 @@ int rs_qp_err(struct rs_qp *qp)
 	return ibv.modify_qp(qp, &a, RS_QP_STATE);
 }
 
-int rs_post_send(struct rs_qp *qp, uint64_t wr_id, uint32_t opcode, uint32_t flags, uint32_t imm,
-		 uint64_t laddr, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey, const void *inl)
+int rs_post_sends(struct rs_qp *qp, const struct rs_post *p, int n, const uint8_t *inl, int *posted)
 {
-	// Inline data is read by the provider before post_send returns.
-	struct rs_sge sge = {.addr = inl ? (uint64_t)(uintptr_t)inl : laddr, .length = len, .lkey = lkey};
-	struct rs_send_wr wr, *bad = NULL;
-	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = wr_id;
-	wr.sg_list = &sge;
-	wr.num_sge = len > 0 ? 1 : 0;
-	wr.opcode = opcode;
-	wr.send_flags = flags;
-	wr.imm_data = htonl(imm);
-	wr.wr.rdma.remote_addr = raddr;
-	wr.wr.rdma.rkey = rkey;
-	return qp->context->ops.post_send(qp, &wr, &bad);
+	// One ibv_post_send for the whole chain: one lock in the provider, one
+	// doorbell. Inline data is read by the provider before it returns.
+	struct rs_sge sge[RS_MAX_CHAIN];
+	struct rs_send_wr wr[RS_MAX_CHAIN], *bad = NULL;
+	int i, e;
+	*posted = 0;
+	if (n < 1 || n > RS_MAX_CHAIN)
+		return EINVAL;
+	memset(wr, 0, sizeof(wr[0]) * n);
+	for (i = 0; i < n; i++) {
+		sge[i].addr = (p[i].flags & RS_SEND_INLINE) ? (uint64_t)(uintptr_t)(inl + p[i].inl_off) : p[i].laddr;
+		sge[i].length = p[i].len;
+		sge[i].lkey = p[i].lkey;
+		wr[i].wr_id = p[i].wr_id;
+		wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
+		wr[i].sg_list = &sge[i];
+		wr[i].num_sge = p[i].len > 0 ? 1 : 0;
+		wr[i].opcode = p[i].opcode;
+		wr[i].send_flags = p[i].flags;
+		wr[i].wr.rdma.remote_addr = p[i].raddr;
+		wr[i].wr.rdma.rkey = p[i].rkey;
+	}
+	e = qp->context->ops.post_send(qp, wr, &bad);
+	*posted = e == 0 ? n : (bad >= wr && bad < wr + n ? (int)(bad - wr) : 0);
+	return e;
 }
 
 int rs_post_recv(struct rs_qp *qp, uint64_t wr_id, uint64_t laddr, uint32_t len, uint32_t lkey)

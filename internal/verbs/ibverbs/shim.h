@@ -316,9 +316,7 @@ enum {
 	RS_QP_DEST_QPN = 1 << 20,
 
 	RS_WR_RDMA_WRITE = 0,
-	RS_WR_RDMA_WRITE_WITH_IMM = 1,
 	RS_WR_SEND = 2,
-	RS_WR_SEND_WITH_IMM = 3,
 
 	RS_SEND_SIGNALED = 1 << 1,
 	RS_SEND_SOLICITED = 1 << 2,
@@ -379,8 +377,25 @@ int rs_qp_rtr(struct rs_qp *qp, uint8_t port, uint32_t mtu, uint32_t dest_qpn, u
 	      uint8_t traffic_class, uint8_t sl);
 int rs_qp_rts(struct rs_qp *qp, uint32_t sq_psn, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry);
 int rs_qp_err(struct rs_qp *qp);
-int rs_post_send(struct rs_qp *qp, uint64_t wr_id, uint32_t opcode, uint32_t flags, uint32_t imm,
-		 uint64_t laddr, uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey, const void *inl);
+// rs_post is one send work request as Go hands it to rs_post_sends: plain
+// values, no pointers (cgo may not be given Go memory that holds pointers).
+// Inline data is at inl_off of the call's inline buffer.
+struct rs_post {
+	uint64_t wr_id;
+	uint64_t laddr;
+	uint64_t raddr;
+	uint32_t opcode;
+	uint32_t flags;
+	uint32_t len;
+	uint32_t lkey;
+	uint32_t rkey;
+	uint32_t inl_off;
+};
+
+// RS_MAX_CHAIN is the most requests one rs_post_sends posts.
+#define RS_MAX_CHAIN 8
+
+int rs_post_sends(struct rs_qp *qp, const struct rs_post *p, int n, const uint8_t *inl, int *posted);
 int rs_post_recv(struct rs_qp *qp, uint64_t wr_id, uint64_t laddr, uint32_t len, uint32_t lkey);
 int rs_get_async_event(struct rs_context *ctx, struct rs_async_event *ev);
 void rs_ack_async_event(struct rs_async_event *ev);

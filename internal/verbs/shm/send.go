@@ -8,8 +8,8 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// PostSend executes a send work request in the caller's goroutine, before
-// it returns, and generates its completion (failures always; successes when
+// PostSend executes a send work request, and those chained to it, in the
+// caller's goroutine, before it returns, and generates each completion (failures always; successes when
 // Signaled) in the local CQ:
 //   - WRITE copies the data into the peer's region named by RKey (mapped at
 //     connect time). An unknown key, one registered after the connection,
@@ -24,7 +24,7 @@ import (
 // does not allocate, but for one eventfd write when the peer's CQ is armed
 // (once per Arm) and its link's dispatcher sleeps.
 //
-// Errors (the request then has no effect): verbs.ErrClosed after Close;
+// Errors (the request then has no effect, nor have those after it): verbs.ErrClosed after Close;
 // verbs.ErrQPState before the connection is established or in the error
 // state; verbs.ErrInlineTooLong; ErrSendTooLong for a SEND from a region
 // longer than MaxSend; verbs.ErrBounds for a local SGE outside its region,
@@ -36,6 +36,16 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 	}
 	q.smu.Lock()
 	defer q.smu.Unlock()
+	for ; wr != nil; wr = wr.Next {
+		if err := q.postLocked(wr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// postLocked executes one send work request; smu is held.
+func (q *QP) postLocked(wr *verbs.SendWR) error {
 	if err := q.usable(true); err != nil {
 		return err
 	}

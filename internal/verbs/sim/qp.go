@@ -202,9 +202,9 @@ func (q *QP) Established(ctx context.Context) error {
 
 var errNilWR = errors.New("sim: nil work request")
 
-// PostSend accepts a send work request and, unless something holds the
-// wire, executes it before returning (see the package documentation). Inline
-// data is copied before it returns. It does not block. Errors: verbs.ErrClosed
+// PostSend accepts a send work request and those chained to it and, unless
+// something holds the wire, executes them before returning (see the package
+// documentation). Inline data is copied before it returns. It does not block. Errors: verbs.ErrClosed
 // after Close; verbs.ErrQPState before Connect or in the error state (unless
 // Faults.FlushPostsInError); verbs.ErrInlineTooLong; verbs.ErrBounds for a
 // local SGE outside its MR, of another device or of a closed MR;
@@ -215,6 +215,16 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 	}
 	p := q.lockWithPeer()
 	defer unlockPair(q, p)
+	for ; wr != nil; wr = wr.Next {
+		if err := q.postLocked(p, wr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// postLocked accepts one send work request; q and its peer p are locked.
+func (q *QP) postLocked(p *QP, wr *verbs.SendWR) error {
 	f := q.dev.prov.currentFaults()
 	if err := q.postableLocked(&f); err != nil {
 		return err

@@ -94,14 +94,12 @@ func (s *suite) testWriteThenSend(t *testing.T) {
 		copy(shadow[off:], data)
 
 		write := verbs.SendWR{ID: uint64(2 * i), Op: verbs.OpWrite, RemoteAddr: dst.Addr() + uint64(off), RKey: dst.RKey()}
-		if size <= maxInline && i%2 == 0 {
+		if size <= maxInline && i%3 != 2 {
 			write.Inline = data
 		} else {
 			copy(src.Bytes(), data)
 			write.Local = verbs.SGE{MR: src, Offset: 0, Length: size}
 		}
-		pr.postSend(pr.a, write)
-
 		send := verbs.SendWR{ID: uint64(2*i + 1), Op: verbs.OpSend, Signaled: true}
 		msg := binary.LittleEndian.AppendUint64(nil, uint64(i))
 		if msgSize <= maxInline && i%3 != 0 {
@@ -110,7 +108,14 @@ func (s *suite) testWriteThenSend(t *testing.T) {
 			copy(src.Bytes()[sendArea:], msg)
 			send.Local = verbs.SGE{MR: src, Offset: sendArea, Length: msgSize}
 		}
-		pr.postSend(pr.a, send)
+		if i%2 == 1 {
+			// One post for both (SendWR.Next), both inline at times.
+			write.Next = &send
+			pr.postSend(pr.a, write)
+		} else {
+			pr.postSend(pr.a, write)
+			pr.postSend(pr.a, send)
+		}
 
 		c := pr.one(pr.b.cq)
 		slot := int(c.ID)
@@ -341,6 +346,29 @@ func (s *suite) testInline(t *testing.T) {
 		t.Errorf("SEND after refused post: Len %d, want 1", c.Len)
 	}
 	expectOK(t, pr.one(pr.a.cq), verbs.OpSend, 4)
+
+	// In a chain, the refused request and those after it are not posted;
+	// the one before it may have been.
+	third := verbs.SendWR{ID: 7, Op: verbs.OpSend, Inline: []byte{7}, Signaled: true}
+	second := verbs.SendWR{ID: 6, Op: verbs.OpSend, Inline: long, Signaled: true, Next: &third}
+	err = pr.a.qp.PostSend(&verbs.SendWR{ID: 5, Op: verbs.OpSend, Inline: []byte{5}, Signaled: true, Next: &second})
+	if !errors.Is(err, verbs.ErrInlineTooLong) {
+		t.Fatalf("PostSend of a chain holding %d inline bytes (max %d): %v, want ErrInlineTooLong", len(long), maxInline, err)
+	}
+	pr.postSend(pr.a, verbs.SendWR{ID: 8, Op: verbs.OpSend, Inline: []byte{8}, Signaled: true})
+	for slot := 2; ; slot++ {
+		c := pr.one(pr.b.cq)
+		if !expectOK(t, c, verbs.OpRecv, uint64(slot)) || c.Len != 1 {
+			t.Fatalf("after a refused chain: %+v", c)
+		}
+		got := rbuf.Bytes()[slot*maxInline]
+		if got == 8 {
+			break
+		}
+		if got != 5 || slot > 2 {
+			t.Fatalf("after a chain refused at its second request, the peer received message %d", got)
+		}
+	}
 }
 
 // testSignaled: only signaled successful sends produce send completions.
