@@ -26,7 +26,9 @@ FUZZ_TARGETS = \
 	./internal/ring:FuzzUnmarshal \
 	./internal/verbs/ibverbs:FuzzParseInfo \
 	./internal/verbs/shm:FuzzDecodeInfo \
-	./internal/verbs/shm:FuzzDecodeMessage
+	./internal/verbs/shm:FuzzDecodeMessage \
+	./rsock:FuzzInbox \
+	./rsock:FuzzSwitching
 
 .PHONY: all deps demo test test-unit lint bench bench-go fuzz clean
 

@@ -94,6 +94,8 @@ type QP struct {
 	post   [C.RS_MAX_CHAIN]C.struct_rs_post // the requests of one post (under smu)
 	sqHead uint64                           // posted (under smu)
 	sqTail atomic.Uint64                    // retired (by Poll)
+	// doorbells counts the ibv_post_send calls (under smu).
+	doorbells uint64
 
 	rmu    sync.Mutex
 	recvs  []uint64
@@ -368,6 +370,7 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 		var posted C.int
 		e := C.rs_post_sends(q.qp, &q.post[0], C.int(n), q.inlPtr(), &posted)
 		q.sqHead += uint64(posted)
+		q.doorbells++
 		if e != 0 {
 			return q.postErr("post send", e)
 		}
@@ -424,6 +427,14 @@ func (q *QP) prepareLocked(wr *verbs.SendWR, i int) error {
 	p.raddr, p.rkey = C.uint64_t(wr.RemoteAddr), C.uint32_t(wr.RKey)
 	q.sends[seq%uint64(len(q.sends))] = sendRec{id: wr.ID, op: wr.Op}
 	return nil
+}
+
+// Doorbells is the number of ibv_post_send calls made for q: one per
+// PostSend of a chain of up to RS_MAX_CHAIN requests.
+func (q *QP) Doorbells() uint64 {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	return q.doorbells
 }
 
 // inlPtr is the inline staging buffer for rs_post_sends, or nil.

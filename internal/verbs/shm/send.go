@@ -37,54 +37,44 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 	q.smu.Lock()
 	defer q.smu.Unlock()
 	for ; wr != nil; wr = wr.Next {
-		if err := q.postLocked(wr); err != nil {
+		if err := q.usable(true); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// postLocked executes one send work request; smu is held.
-func (q *QP) postLocked(wr *verbs.SendWR) error {
-	if err := q.usable(true); err != nil {
-		return err
-	}
-	switch wr.Op {
-	case verbs.OpWrite, verbs.OpSend:
-	default:
-		return fmt.Errorf("shm: send work request with opcode %v", wr.Op)
-	}
-	var src []byte
-	var mr *MR
-	if wr.Inline != nil {
-		if len(wr.Inline) > q.maxInline {
-			return fmt.Errorf("%w: %d bytes, at most %d", verbs.ErrInlineTooLong, len(wr.Inline), q.maxInline)
+		switch wr.Op {
+		case verbs.OpWrite, verbs.OpSend:
+		default:
+			return fmt.Errorf("shm: send work request with opcode %v", wr.Op)
 		}
-		src = wr.Inline
-	} else {
-		var err error
-		if mr, err = q.localSGE(&wr.Local); err != nil {
-			return err
+		src, mr := wr.Inline, (*MR)(nil)
+		if src != nil {
+			if len(src) > q.maxInline {
+				return fmt.Errorf("%w: %d bytes, at most %d", verbs.ErrInlineTooLong, len(src), q.maxInline)
+			}
+		} else {
+			var err error
+			if mr, err = q.localSGE(&wr.Local); err != nil {
+				return err
+			}
+			if wr.Op == verbs.OpSend && wr.Local.Length > MaxSend {
+				return fmt.Errorf("%w: %d bytes", ErrSendTooLong, wr.Local.Length)
+			}
 		}
-		if wr.Op == verbs.OpSend && wr.Local.Length > MaxSend {
-			return fmt.Errorf("%w: %d bytes", ErrSendTooLong, wr.Local.Length)
+		if q.sqUsed.Load() >= q.sqDepth {
+			return verbs.ErrQueueFull
 		}
+		q.sqUsed.Add(1)
+		var status verbs.Status
+		switch {
+		case mr == nil:
+			status = q.executeLocked(wr, src)
+		case mr.pin():
+			status = q.executeLocked(wr, mr.buf[wr.Local.Offset:wr.Local.Offset+wr.Local.Length])
+			mr.unpin()
+		default:
+			status = verbs.StatusFatal // the region was closed under the request
+		}
+		q.completeLocked(wr, status)
 	}
-	if q.sqUsed.Load() >= q.sqDepth {
-		return verbs.ErrQueueFull
-	}
-	q.sqUsed.Add(1)
-	var status verbs.Status
-	switch {
-	case mr == nil:
-		status = q.executeLocked(wr, src)
-	case mr.pin():
-		status = q.executeLocked(wr, mr.buf[wr.Local.Offset:wr.Local.Offset+wr.Local.Length])
-		mr.unpin()
-	default:
-		status = verbs.StatusFatal // the region was closed under the request
-	}
-	q.completeLocked(wr, status)
 	return nil
 }
 

@@ -109,9 +109,18 @@ func (s *suite) testWriteThenSend(t *testing.T) {
 			send.Local = verbs.SGE{MR: src, Offset: sendArea, Length: msgSize}
 		}
 		if i%2 == 1 {
-			// One post for both (SendWR.Next), both inline at times.
+			// One post for both (SendWR.Next), both inline at times;
+			// one doorbell where the provider counts them.
 			write.Next = &send
+			bells, counted := pr.a.qp.(interface{ Doorbells() uint64 })
+			var before uint64
+			if counted {
+				before = bells.Doorbells()
+			}
 			pr.postSend(pr.a, write)
+			if counted && bells.Doorbells() != before+1 {
+				t.Fatalf("iteration %d: a WRITE and a SEND chained took %d doorbells", i, bells.Doorbells()-before)
+			}
 		} else {
 			pr.postSend(pr.a, write)
 			pr.postSend(pr.a, send)
