@@ -525,11 +525,15 @@ func (q *QP) cmFail(why string) {
 // acknowledge the identifier's events, so the loop never calls it.
 func destroyID(id *C.struct_rs_cm_id) { C.rs_cm_destroy_id(id) }
 
-// cmReady takes q through RTR to RTS with the attributes rdma_cm derived
-// for id (InfiniBand and RoCE; an iWARP driver does this itself).
+// cmReady takes q through INIT again (the path's partition: q was made
+// INIT on pkey index 0 before the path was known), RTR and RTS with the
+// attributes rdma_cm derived for id (InfiniBand and RoCE; an iWARP driver
+// does this itself).
 func (q *QP) cmReady(id *C.struct_rs_cm_id) C.int {
-	if e := C.rs_cm_qp_to(id, q.qp, C.RS_QPS_RTR, C.uint8_t(q.dev.ackTimeout), C.uint8_t(q.dev.retries), rnrRetry); e != 0 {
-		return e
+	for _, state := range []C.uint32_t{C.RS_QPS_INIT, C.RS_QPS_RTR, C.RS_QPS_RTS} {
+		if e := C.rs_cm_qp_to(id, q.qp, state, C.uint8_t(q.dev.ackTimeout), C.uint8_t(q.dev.retries), rnrRetry); e != 0 {
+			return e
+		}
 	}
-	return C.rs_cm_qp_to(id, q.qp, C.RS_QPS_RTS, C.uint8_t(q.dev.ackTimeout), C.uint8_t(q.dev.retries), rnrRetry)
+	return 0
 }
