@@ -322,8 +322,12 @@ func (dc *devCtx) portDown(port int, t *portTimer) {
 	}
 	dc.mu.Unlock()
 	why := portDownWhy(dc.name, port)
+	// Every QP is marked first, so that each connection fails over at
+	// once rather than after the modify_qp system calls of those before.
 	for _, q := range qps {
 		q.markDead(why)
+	}
+	for _, q := range qps {
 		_ = q.ForceError() // the device stops; a QP closed meanwhile is fine
 	}
 }
