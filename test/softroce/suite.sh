@@ -79,7 +79,7 @@ done
 # rxe0 once more with its queue pairs connected through rdma_cm
 # (RSOCK_VERBS_CM=1): the conformance suite, and rsock's stream over it.
 one+=(
-	--test "ibverbs_cm.rxe0=RSOCK_VERBS_CM=1 ibverbs.test -test.count=1 -test.timeout 150s -test.v -test.run TestConformance"
+	--test "ibverbs_cm.rxe0=RSOCK_VERBS_CM=1 ibverbs.test -test.count=1 -test.timeout 150s -test.v -test.run \"TestConformance|TestQPAttributes\""
 	--test "rsock_cm.rxe0=RSOCK_VERBS_CM=1 rsock.test -test.count=1 -test.timeout 150s -test.v -test.run \"TestNettestVerbs|TestVerbsStreamIntegrity\""
 )
 two=(

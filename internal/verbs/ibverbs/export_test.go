@@ -58,3 +58,18 @@ func Spare(d verbs.Device, addr uint64) (mem []byte, registered, ok bool) {
 // DeviceFatal acts on d's device context as IBV_EVENT_DEVICE_FATAL does
 // (tests: the soft devices never raise it).
 func DeviceFatal(d verbs.Device) { d.(*Device).dc.deviceFatal("device fatal error") }
+
+// QPAttrs are the attributes rsock sets on a QP, as the device reports
+// them (tests).
+type QPAttrs = qpAttrs
+
+// QueryQP asks the device for q's attributes (tests).
+func QueryQP(q verbs.QP) (QPAttrs, error) { return q.(*QP).attrs() }
+
+// AckTimeoutCode is the encoded local ACK timeout for d (tests).
+var AckTimeoutCode = ackTimeoutCode
+
+// ViaCM says whether q connects through rdma_cm, and IWARP whether its
+// device is iWARP (tests).
+func ViaCM(q verbs.QP) bool     { return q.(*QP).viaCM }
+func IWARP(d verbs.Device) bool { return d.(*Device).t.iwarp }

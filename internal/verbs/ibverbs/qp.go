@@ -437,6 +437,33 @@ func (q *QP) Doorbells() uint64 {
 	return q.doorbells
 }
 
+// qpAttrs are the attributes rsock sets on a QP, as the device reports
+// them (ibv_query_qp).
+type qpAttrs struct {
+	State, Access, PKeyIndex, Port   int
+	Global                           bool
+	TrafficClass                     int
+	Timeout, RetryCount, RNRRetry    int
+	MaxReadAtomic, MaxDestReadAtomic int
+}
+
+// attrs asks the device for q's attributes.
+func (q *QP) attrs() (qpAttrs, error) {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.state.Load() == qpClosed {
+		return qpAttrs{}, verbs.ErrClosed
+	}
+	var a C.struct_rs_qp_attr
+	if e := C.rs_query_qp(q.qp, &a); e != 0 {
+		return qpAttrs{}, fmt.Errorf("ibverbs: query QP: %v", syscall.Errno(e))
+	}
+	return qpAttrs{State: int(a.qp_state), Access: int(a.qp_access_flags), PKeyIndex: int(a.pkey_index), Port: int(a.port_num),
+		Global: a.ah_attr.is_global != 0, TrafficClass: int(a.ah_attr.grh.traffic_class),
+		Timeout: int(a.timeout), RetryCount: int(a.retry_cnt), RNRRetry: int(a.rnr_retry),
+		MaxReadAtomic: int(a.max_rd_atomic), MaxDestReadAtomic: int(a.max_dest_rd_atomic)}, nil
+}
+
 // inlPtr is the inline staging buffer for rs_post_sends, or nil.
 func (q *QP) inlPtr() *C.uint8_t {
 	if len(q.inlBuf) == 0 {

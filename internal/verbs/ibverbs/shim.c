@@ -35,6 +35,7 @@ struct ibv_table {
 	void (*ack_cq_events)(struct rs_cq *cq, unsigned int n);
 	struct rs_qp *(*create_qp)(struct rs_pd *pd, struct rs_qp_init_attr *attr);
 	int (*modify_qp)(struct rs_qp *qp, struct rs_qp_attr *attr, int mask);
+	int (*query_qp)(struct rs_qp *qp, struct rs_qp_attr *attr, int mask, struct rs_qp_init_attr *init);
 	int (*destroy_qp)(struct rs_qp *qp);
 	int (*get_async_event)(struct rs_context *ctx, struct rs_async_event *ev);
 	void (*ack_async_event)(struct rs_async_event *ev);
@@ -86,6 +87,7 @@ int rs_load(const char *name, char *err, size_t errlen)
 	SYM(ack_cq_events, "ibv_ack_cq_events", 1);
 	SYM(create_qp, "ibv_create_qp", 1);
 	SYM(modify_qp, "ibv_modify_qp", 1);
+	SYM(query_qp, "ibv_query_qp", 1);
 	SYM(destroy_qp, "ibv_destroy_qp", 1);
 	SYM(get_async_event, "ibv_get_async_event", 1);
 	SYM(ack_async_event, "ibv_ack_async_event", 1);
@@ -350,6 +352,17 @@ void rs_ack_async_event(struct rs_async_event *ev) { ibv.ack_async_event(ev); }
 const char *rs_context_name(struct rs_context *ctx) { return ibv.get_device_name(ctx->device); }
 
 int rs_modify_qp(struct rs_qp *qp, struct rs_qp_attr *attr, int mask) { return ibv.modify_qp(qp, attr, mask); }
+
+int rs_query_qp(struct rs_qp *qp, struct rs_qp_attr *attr)
+{
+	struct rs_qp_init_attr init;
+	memset(attr, 0, sizeof(*attr));
+	memset(&init, 0, sizeof(init));
+	return ibv.query_qp(qp, attr,
+			    RS_QP_STATE | RS_QP_ACCESS_FLAGS | RS_QP_PKEY_INDEX | RS_QP_PORT | RS_QP_AV | RS_QP_TIMEOUT |
+				    RS_QP_RETRY_CNT | RS_QP_RNR_RETRY | RS_QP_MAX_QP_RD_ATOMIC | RS_QP_MAX_DEST_RD_ATOMIC,
+			    &init);
+}
 
 // rs_set_nonblock makes fd non-blocking and closed on exec: the event
 // descriptors of a context must not leak into the programs a process runs.

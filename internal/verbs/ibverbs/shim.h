@@ -402,6 +402,7 @@ void rs_ack_async_event(struct rs_async_event *ev);
 int rs_set_nonblock(int fd);
 const char *rs_context_name(struct rs_context *ctx);
 int rs_modify_qp(struct rs_qp *qp, struct rs_qp_attr *attr, int mask);
+int rs_query_qp(struct rs_qp *qp, struct rs_qp_attr *attr);
 
 // ---- librdmacm (cmshim.c): the connection manager, for devices whose QPs
 // can only be connected through it (iWARP). Loaded with dlopen like
