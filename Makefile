@@ -53,8 +53,8 @@ deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 
-# Besides the tests: the module builds without cgo (verbs then reports
-# itself unavailable), and shim.h matches the real libibverbs and librdmacm ABIs.
+# Besides the tests: the module and its tests build and vet without cgo
+# (verbs then reports itself unavailable), and shim.h matches the real libibverbs and librdmacm ABIs.
 # rsock and rsockperf build (and rsock vets) off Linux, where rsock is TCP
 # only; TestTCPOnlyPlatform and the Examples run that build's behaviour here
 # (rsock_tcponly).
@@ -63,8 +63,8 @@ test-unit: deps
 	$(GO) version
 	$(GO) vet ./...
 	cd tools && $(GO) vet ./...
-	CGO_ENABLED=0 $(GO) build ./...
-	cd tools && CGO_ENABLED=0 $(GO) build ./...
+	CGO_ENABLED=0 $(GO) vet ./...
+	cd tools && CGO_ENABLED=0 $(GO) vet ./...
 	@extra=$$($(GO) list -m -f '{{if not (or .Main .Indirect)}}{{.Path}}{{end}}' all | grep -vxE 'golang.org/x/(sys|net)|github.com/libp2p/go-buffer-pool|github.com/stretchr/testify'); \
 	test -z "$$extra" || { echo "the library module requires more than x/sys, the buffer pool, x/net and testify: $$extra"; exit 1; }
 	@for p in $(OFFLINUX); do echo "GOOS=$${p%/*} GOARCH=$${p#*/}: build, vet"; \
