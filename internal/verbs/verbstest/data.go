@@ -309,6 +309,40 @@ func (s *suite) testRecvBeforeConnect(t *testing.T) {
 	}
 }
 
+// testChain: a chain longer than a provider posts at once (ibverbs: 8)
+// executes in order, each request once, with few doorbells.
+func (s *suite) testChain(t *testing.T) {
+	const n = 20
+	pr := s.newPair(t, defaultConfig)
+	rbuf := pr.alloc(pr.b, n, localWrite)
+	for i := range n {
+		pr.postRecv(pr.b, rbuf, i, 1)
+	}
+	wrs := make([]verbs.SendWR, n)
+	for i := range wrs {
+		wrs[i] = verbs.SendWR{ID: uint64(i), Op: verbs.OpSend, Inline: []byte{byte(100 + i)}, Signaled: i == n-1}
+		if i > 0 {
+			wrs[i-1].Next = &wrs[i]
+		}
+	}
+	bells, counted := pr.a.qp.(interface{ Doorbells() uint64 })
+	var before uint64
+	if counted {
+		before = bells.Doorbells()
+	}
+	pr.postSend(pr.a, wrs[0])
+	if counted && bells.Doorbells()-before > 3 {
+		t.Errorf("a chain of %d took %d doorbells", n, bells.Doorbells()-before)
+	}
+	for i := range n {
+		c := pr.one(pr.b.cq)
+		if expectOK(t, c, verbs.OpRecv, uint64(i)) && rbuf.Bytes()[i] != byte(100+i) {
+			t.Fatalf("receive %d holds message %d", i, rbuf.Bytes()[i]-100)
+		}
+	}
+	expectOK(t, pr.one(pr.a.cq), verbs.OpSend, n-1)
+}
+
 // testInline: inline data is copied by PostSend; too long is refused.
 func (s *suite) testInline(t *testing.T) {
 	pr := s.newPair(t, defaultConfig)

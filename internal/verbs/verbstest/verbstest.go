@@ -55,6 +55,7 @@ func Run(t *testing.T, p verbs.Provider, opts verbs.OpenOptions) {
 	t.Run("SendRecv", s.testSendRecv)
 	t.Run("RecvBeforeConnect", s.testRecvBeforeConnect)
 	t.Run("Inline", s.testInline)
+	t.Run("Chain", s.testChain)
 	t.Run("Signaled", s.testSignaled)
 	t.Run("RemoteAccess", s.testRemoteAccess)
 	t.Run("CloseFlushesRecvs", s.testCloseFlushesRecvs)
