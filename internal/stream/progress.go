@@ -165,7 +165,9 @@ func (c *Conn) ringLocked() error {
 	err := c.ep.qp.PostSend(&c.chain[0])
 	clear(c.chain[:c.nchain])
 	c.nchain = 0
-	c.stats.Posts.Add(1)
+	if err == nil {
+		c.stats.Posts.Add(1)
+	}
 	return err
 }
 

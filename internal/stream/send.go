@@ -26,7 +26,9 @@ type sendHalf struct {
 }
 
 // Write writes all of b unless an error stops it first; it returns how many
-// bytes were placed in the peer's ring. The bytes are copied before Write
+// bytes it took: copied to the peer's mapped ring or to the staging buffer,
+// whence their WRITEs go with the message that announces them (and a
+// failover sends them again). The bytes are copied before Write
 // returns, so b may be reused at once. A deadline that passes mid-way
 // leaves a whole prefix written and reports its length.
 func (c *Conn) Write(b []byte) (int, error) {
@@ -122,7 +124,8 @@ func (c *Conn) Write(b []byte) (int, error) {
 // writeNow writes all of b in one section of mu, without wr.mu, if it can
 // at once: b is at most lockedCopy, no other Write is in the Conn (wr.busy
 // keeps Writes whole and in order), and space, a credit and send-queue
-// room are there. If not, or if its post fails, Write goes the long way.
+// room are there. If not, or if its WRITEs cannot be queued, Write goes
+// the long way.
 func (c *Conn) writeNow(b []byte) (int, bool) {
 	n := uint64(len(b))
 	if n == 0 || n > lockedCopy {
@@ -143,8 +146,8 @@ func (c *Conn) writeNow(b []byte) (int, bool) {
 	return len(b), true
 }
 
-// wroteLocked records n bytes placed in the peer's ring (their WRITEs
-// posted) and announces them if a credit allows.
+// wroteLocked records n bytes taken (their WRITEs queued) and announces
+// them if a credit allows.
 func (c *Conn) wroteLocked(n uint64) error {
 	if err := c.st.Wrote(n); err != nil {
 		c.failLocked(err)

@@ -217,7 +217,8 @@ type SendWR struct {
 	// fires the peer's CQ armed by ArmSolicited (the Solicited Event bit).
 	Solicited bool
 	// Next chains another request to this one: PostSend posts the chain
-	// in order, as one post (ibverbs: one ibv_post_send, one doorbell).
+	// in order, with as few doorbells as the provider can (ibverbs: one
+	// ibv_post_send per 8 requests).
 	Next *SendWR
 }
 

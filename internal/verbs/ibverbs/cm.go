@@ -443,7 +443,10 @@ func (s *cmState) connectOnce(ctx context.Context, q *QP, port uint16, pdata []b
 			return err
 		}
 		if e := q.cmReady(id); e != 0 {
-			return errnoErr("QP to RTR and RTS through rdma_cm", e)
+			if syscall.Errno(e) == syscall.EXDEV {
+				return fmt.Errorf("ibverbs: rdma_cm's path to the peer is not on %s port %d", q.dev.t.dev, q.dev.t.port)
+			}
+			return errnoErr("QP to INIT, RTR and RTS through rdma_cm", e)
 		}
 		if e := C.rs_cm_establish(id); e != 0 {
 			return errnoErr("rdma_cm establish", e)
@@ -528,10 +531,11 @@ func destroyID(id *C.struct_rs_cm_id) { C.rs_cm_destroy_id(id) }
 // cmReady takes q through INIT again (the path's partition: q was made
 // INIT on pkey index 0 before the path was known), RTR and RTS with the
 // attributes rdma_cm derived for id (InfiniBand and RoCE; an iWARP driver
-// does this itself).
+// does this itself). A path on another port of the device than q's is
+// refused (EXDEV): the port's events and GID follow q's port.
 func (q *QP) cmReady(id *C.struct_rs_cm_id) C.int {
 	for _, state := range []C.uint32_t{C.RS_QPS_INIT, C.RS_QPS_RTR, C.RS_QPS_RTS} {
-		if e := C.rs_cm_qp_to(id, q.qp, state, C.uint8_t(q.dev.ackTimeout), C.uint8_t(q.dev.retries), rnrRetry); e != 0 {
+		if e := C.rs_cm_qp_to(id, q.qp, state, C.uint8_t(q.dev.t.port), C.uint8_t(q.dev.ackTimeout), C.uint8_t(q.dev.retries), rnrRetry); e != 0 {
 			return e
 		}
 	}

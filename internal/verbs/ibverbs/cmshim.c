@@ -214,11 +214,13 @@ const char *rs_cm_event_str(uint32_t event) { return cm.event_str(event); }
 
 // rs_cm_qp_to moves qp (created by rsock, not by rdma_cm) to state with the
 // attributes rdma_cm derives for id from its route and the peer's request
-// or reply: on INIT (from INIT) the path's partition (pkey index) and port,
+// or reply: on INIT (from INIT) the path's partition (pkey index), if the
+// path is on qp's port (else EXDEV),
 // with rsock's own access rights (remote write, never remote read, whatever
 // the CM would grant); on RTR the path's SL, GRH and addresses; on RTS
 // rsock's finite retry limits.
-int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry)
+int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t port, uint8_t timeout, uint8_t retry_cnt,
+		uint8_t rnr_retry)
 {
 	struct rs_qp_attr a;
 	int mask = 0;
@@ -228,6 +230,8 @@ int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t t
 	if (cm.init_qp_attr(id, &a, &mask) != 0)
 		return errno != 0 ? errno : EIO;
 	if (state == RS_QPS_INIT) {
+		if ((mask & RS_QP_PORT) && a.port_num != port)
+			return EXDEV; // a path on another port than the QP's
 		a.qp_access_flags = RS_ACCESS_LOCAL_WRITE | RS_ACCESS_REMOTE_WRITE;
 		mask |= RS_QP_ACCESS_FLAGS;
 	}

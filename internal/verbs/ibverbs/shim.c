@@ -324,6 +324,9 @@ int rs_post_sends(struct rs_qp *qp, const struct rs_post *p, int n, const uint8_
 		wr[i].wr.rdma.rkey = p[i].rkey;
 	}
 	e = qp->context->ops.post_send(qp, wr, &bad);
+	// A failure without a bad request named counts as none posted; if some
+	// were, their completions retire past sqHead, and the QP, failed
+	// anyway, then refuses posts as full.
 	*posted = e == 0 ? n : (bad >= wr && bad < wr + n ? (int)(bad - wr) : 0);
 	return e;
 }

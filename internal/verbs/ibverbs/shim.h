@@ -496,7 +496,8 @@ int rs_cm_reject(struct rs_cm_id *id);
 int rs_cm_disconnect(struct rs_cm_id *id);
 int rs_cm_get_event(struct rs_cm_channel *ch, struct rs_cm_got *got);
 const char *rs_cm_event_str(uint32_t event);
-int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t timeout, uint8_t retry_cnt, uint8_t rnr_retry);
+int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t port, uint8_t timeout, uint8_t retry_cnt,
+		uint8_t rnr_retry);
 int rs_cm_establish(struct rs_cm_id *id);
 
 #endif
