@@ -146,9 +146,9 @@ func awaitUpgrade(ctx context.Context, cc *grpc.ClientConn, dialed <-chan net.Co
 // before their handler returned: the server's view of a client's deadline
 // or cancellation.
 func logEnds(logf func(string, ...any)) *service.Service {
-	return &service.Service{Hooks: service.Hooks{Exit: func(method string, ctxErr error) {
-		if ctxErr != nil {
-			logf("grpc server: %s ended: %v", method, ctxErr)
+	return &service.Service{Hooks: service.Hooks{Exit: func(ctx context.Context, method string) {
+		if err := ctx.Err(); err != nil {
+			logf("grpc server: %s ended: %v", method, err)
 		}
 	}}}
 }

@@ -55,9 +55,12 @@ type Hooks struct {
 	// context and the method's short name ("UnaryCall", ...). It may block;
 	// an error it returns ends the call with that error.
 	Enter func(ctx context.Context, method string) error
-	// Exit, if set, is called when a handler returns, with the call
-	// context's error at that moment (nil while the call is still alive).
-	Exit func(method string, ctxErr error)
+	// Exit, if set, is called when a handler returns, with the call's
+	// context. grpc-go fails a handler's Send or Recv on a call that the
+	// client ended (its deadline, a cancellation) a moment before it
+	// cancels the context, so to learn how the call ended, wait for
+	// ctx.Done() outside the handler rather than read ctx.Err() at once.
+	Exit func(ctx context.Context, method string)
 }
 
 // Service implements grpc.testing.TestService:
@@ -101,7 +104,7 @@ func (s *Service) begin(ctx context.Context, method string) error {
 
 func (s *Service) end(ctx context.Context, method string) {
 	if s.Hooks.Exit != nil {
-		s.Hooks.Exit(method, ctx.Err())
+		s.Hooks.Exit(ctx, method)
 	}
 }
 
