@@ -534,7 +534,7 @@ func destroyID(id *C.struct_rs_cm_id) { C.rs_cm_destroy_id(id) }
 // does this itself). A path on another port of the device than q's is
 // refused (EXDEV): the port's events and GID follow q's port.
 func (q *QP) cmReady(id *C.struct_rs_cm_id) C.int {
-	for _, state := range []C.uint32_t{C.RS_QPS_INIT, C.RS_QPS_RTR, C.RS_QPS_RTS} {
+	for _, state := range [...]C.uint32_t{C.RS_QPS_INIT, C.RS_QPS_RTR, C.RS_QPS_RTS} {
 		if e := C.rs_cm_qp_to(id, q.qp, state, C.uint8_t(q.dev.t.port), C.uint8_t(q.dev.ackTimeout), C.uint8_t(q.dev.retries), rnrRetry); e != 0 {
 			return e
 		}

@@ -9,8 +9,8 @@ import (
 )
 
 // PostSend executes a send work request, and those chained to it, in the
-// caller's goroutine, before it returns, and generates each completion (failures always; successes when
-// Signaled) in the local CQ:
+// caller's goroutine before it returns, with their completions (failures
+// always; successes when Signaled) in the local CQ:
 //   - WRITE copies the data into the peer's region named by RKey (mapped at
 //     connect time). An unknown key, one registered after the connection,
 //     or a range outside the region completes with
@@ -24,12 +24,12 @@ import (
 // does not allocate, but for one eventfd write when the peer's CQ is armed
 // (once per Arm) and its link's dispatcher sleeps.
 //
-// Errors (the request then has no effect, nor have those after it): verbs.ErrClosed after Close;
-// verbs.ErrQPState before the connection is established or in the error
-// state; verbs.ErrInlineTooLong; ErrSendTooLong for a SEND from a region
-// longer than MaxSend; verbs.ErrBounds for a local SGE outside its region,
-// of another device or of a closed region; verbs.ErrQueueFull when
-// SendDepth requests are outstanding.
+// Errors (the request, and those after it, then have no effect):
+// verbs.ErrClosed after Close; verbs.ErrQPState before the connection is
+// established or in the error state; verbs.ErrInlineTooLong;
+// ErrSendTooLong for a SEND from a region longer than MaxSend;
+// verbs.ErrBounds for a local SGE outside its region, of another device or
+// closed; verbs.ErrQueueFull when SendDepth requests are outstanding.
 func (q *QP) PostSend(wr *verbs.SendWR) error {
 	if wr == nil {
 		return errNilWR

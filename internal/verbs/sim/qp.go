@@ -204,11 +204,12 @@ var errNilWR = errors.New("sim: nil work request")
 
 // PostSend accepts a send work request and those chained to it and, unless
 // something holds the wire, executes them before returning (see the package
-// documentation). Inline data is copied before it returns. It does not block. Errors: verbs.ErrClosed
-// after Close; verbs.ErrQPState before Connect or in the error state (unless
-// Faults.FlushPostsInError); verbs.ErrInlineTooLong; verbs.ErrBounds for a
-// local SGE outside its MR, of another device or of a closed MR;
-// verbs.ErrQueueFull when SendDepth requests are outstanding.
+// documentation). Inline data is copied before it returns. It does not
+// block. Errors (the request, and those after it, then have no effect):
+// verbs.ErrClosed after Close; verbs.ErrQPState before Connect or in the
+// error state (unless Faults.FlushPostsInError); verbs.ErrInlineTooLong;
+// verbs.ErrBounds for a local SGE outside its MR, of another device or of a
+// closed MR; verbs.ErrQueueFull when SendDepth requests are outstanding.
 func (q *QP) PostSend(wr *verbs.SendWR) error {
 	if wr == nil {
 		return errNilWR

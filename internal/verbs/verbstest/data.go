@@ -112,14 +112,10 @@ func (s *suite) testWriteThenSend(t *testing.T) {
 			// One post for both (SendWR.Next), both inline at times;
 			// one doorbell where the provider counts them.
 			write.Next = &send
-			bells, counted := pr.a.qp.(interface{ Doorbells() uint64 })
-			var before uint64
-			if counted {
-				before = bells.Doorbells()
-			}
+			rung := doorbells(pr.a.qp)
 			pr.postSend(pr.a, write)
-			if counted && bells.Doorbells() != before+1 {
-				t.Fatalf("iteration %d: a WRITE and a SEND chained took %d doorbells", i, bells.Doorbells()-before)
+			if n, counted := rung(); counted && n != 1 {
+				t.Fatalf("iteration %d: a WRITE and a SEND chained took %d doorbells", i, n)
 			}
 		} else {
 			pr.postSend(pr.a, write)
@@ -325,14 +321,10 @@ func (s *suite) testChain(t *testing.T) {
 			wrs[i-1].Next = &wrs[i]
 		}
 	}
-	bells, counted := pr.a.qp.(interface{ Doorbells() uint64 })
-	var before uint64
-	if counted {
-		before = bells.Doorbells()
-	}
+	rung := doorbells(pr.a.qp)
 	pr.postSend(pr.a, wrs[0])
-	if counted && bells.Doorbells()-before > 3 {
-		t.Errorf("a chain of %d took %d doorbells", n, bells.Doorbells()-before)
+	if bells, counted := rung(); counted && bells > 3 {
+		t.Errorf("a chain of %d took %d doorbells", n, bells)
 	}
 	for i := range n {
 		c := pr.one(pr.b.cq)
@@ -341,6 +333,17 @@ func (s *suite) testChain(t *testing.T) {
 		}
 	}
 	expectOK(t, pr.one(pr.a.cq), verbs.OpSend, n-1)
+}
+
+// doorbells returns a function that reports how many doorbells qp has rung
+// since, and whether its provider counts them (ibverbs: QP.Doorbells).
+func doorbells(qp verbs.QP) func() (uint64, bool) {
+	bells, counted := qp.(interface{ Doorbells() uint64 })
+	if !counted {
+		return func() (uint64, bool) { return 0, false }
+	}
+	before := bells.Doorbells()
+	return func() (uint64, bool) { return bells.Doorbells() - before, true }
 }
 
 // testInline: inline data is copied by PostSend; too long is refused.
