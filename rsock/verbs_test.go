@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -669,7 +670,7 @@ func TestVerbsPortDown(t *testing.T) {
 	cfg.UpgradeAfter = time.Nanosecond
 	cfg.Transports = []string{"verbs", "tcp"} // failover needs tcp
 	ln := listenVerbs(t, cfg)
-	const conns, size = 16, 256 << 10
+	const conns = 16
 	var ends []*Conn
 	for range conns {
 		c, s := onRing(t, ln, cfg)
@@ -677,17 +678,20 @@ func TestVerbsPortDown(t *testing.T) {
 	}
 	t.Cleanup(func() { assert.NoError(t, link("up")) })
 
-	midway := make(chan struct{})
+	// Every direction streams until all ends are on TCP, so that the
+	// port goes down under load, then half-closes; its reader checks the
+	// bytes up to EOF.
+	midway, stop := make(chan struct{}), make(chan struct{})
 	errs := make(chan error, 2*len(ends))
 	for i := 0; i < len(ends); i += 2 {
 		for dir, p := range [][2]*Conn{{ends[i], ends[i+1]}, {ends[i+1], ends[i]}} {
 			w := net.Conn(p[0])
 			if i == 0 && dir == 0 {
-				w = &triggerConn{Conn: p[0], at: size / 4, fire: func() { close(midway) }}
+				w = &triggerConn{Conn: p[0], at: 64 << 10, fire: func() { close(midway) }}
 			}
 			seed := uint64(i + dir)
-			go func() { errs <- hashedWrite(w, size, seed) }()
-			go func() { errs <- hashedRead(p[1], size, seed) }()
+			go func() { errs <- streamUntil(w, p[0], seed, stop) }()
+			go func() { errs <- checkStream(p[1], seed) }()
 		}
 	}
 	<-midway
@@ -724,6 +728,7 @@ func TestVerbsPortDown(t *testing.T) {
 	}
 	slices.Sort(moved)
 	t.Logf("ends on TCP after the port went down (its state in sysfs): first %v, median %v, last %v", moved[0].Round(time.Millisecond), moved[len(moved)/2].Round(time.Millisecond), moved[len(moved)-1].Round(time.Millisecond))
+	close(stop)
 	for range cap(errs) {
 		require.NoError(t, <-errs)
 	}
@@ -761,6 +766,59 @@ func TestVerbsPortDown(t *testing.T) {
 		}
 		require.Less(t, try, 300, "no connection on verbs after the port came up: %s", why)
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// streamUntil writes the stream seed to w in pieces of random size until
+// stop is closed, then half-closes c (w's net.Conn, or c itself).
+func streamUntil(w net.Conn, c *Conn, seed uint64, stop <-chan struct{}) error {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	buf := make([]byte, 100_000)
+	for off := 0; !receivable(stop); {
+		b := buf[:1+rng.IntN(len(buf))]
+		streamAt(seed, off, b)
+		if err := w.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
+			return err
+		}
+		n, err := w.Write(b)
+		off += n
+		if err != nil {
+			return fmt.Errorf("write at byte %d: %w", off, err)
+		}
+	}
+	return c.CloseWrite()
+}
+
+// checkStream reads from c up to EOF and checks every byte against the
+// stream seed.
+func checkStream(c net.Conn, seed uint64) error {
+	buf, want := make([]byte, 70_000), make([]byte, 70_000)
+	for off := 0; ; {
+		if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+			return err
+		}
+		n, err := c.Read(buf)
+		streamAt(seed, off, want[:n])
+		if !bytes.Equal(buf[:n], want[:n]) {
+			return fmt.Errorf("the bytes read after %d differ from those written", off)
+		}
+		off += n
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read after %d bytes: %w", off, err)
+		}
+	}
+}
+
+// streamAt fills b with the bytes of the stream seed from offset off.
+func streamAt(seed uint64, off int, b []byte) {
+	for i := range b {
+		x := (seed<<40 ^ uint64(off+i)>>3) + 0x9e3779b97f4a7c15 // splitmix64, one per 8 bytes
+		x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+		x = (x ^ x>>27) * 0x94d049bb133111eb
+		b[i] = byte((x ^ x>>31) >> (8 * ((off + i) & 7)))
 	}
 }
 

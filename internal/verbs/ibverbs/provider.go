@@ -83,8 +83,10 @@ type devCtx struct {
 	shut      bool          // failed and shut down (releaseIfDead)
 	asyncDone chan struct{} // closed when the event reader returns
 
-	// downPorts holds, per port that reported PORT_ERR and not yet
-	// PORT_ACTIVE, the timer that fails its QPs after portGrace.
+	// downPorts holds, per port that reported PORT_ERR (or was found
+	// down: QP.why) and not yet PORT_ACTIVE, the timer that fails its QPs
+	// after portGrace. The entry stays after the timer fired: a port is
+	// failed once per outage, and the reasons of its QPs name it.
 	downPorts map[int]*portTimer
 }
 
@@ -269,10 +271,11 @@ func (dc *devCtx) shutdown() {
 
 // portEvent handles a port's state change. A port that went down fails
 // every QP on it after portGrace, unless it is active again by then: each
-// is marked dead with the reason and moved to the error state, so that its
-// work completes as flushed and its connection fails over at once, instead
-// of when its retries run out. New connections need the port ACTIVE
-// (Open), so they use it again once it is.
+// is marked dead with the reason, so that its work completes as flushed
+// (CQ.flushDead) and its connection fails over at once, instead of when
+// its retries run out. The QP itself goes to the error state when its
+// connection closes it. New connections need the port ACTIVE (Open), so
+// they use it again once it is.
 func (dc *devCtx) portEvent(port int, active bool) {
 	dc.mu.Lock()
 	defer dc.mu.Unlock()
@@ -303,7 +306,7 @@ func (dc *devCtx) portWhy(port int) string {
 }
 
 func portDownWhy(dev string, port int) string {
-	return fmt.Sprintf("%s port %d down (port error event)", dev, port)
+	return fmt.Sprintf("%s port %d down", dev, port)
 }
 
 // portDown fails the QPs on port if t is still its pending failure.
@@ -313,7 +316,6 @@ func (dc *devCtx) portDown(port int, t *portTimer) {
 		dc.mu.Unlock()
 		return // active again meanwhile
 	}
-	delete(dc.downPorts, port)
 	var qps []*QP
 	for _, q := range dc.qps {
 		if q.dev.t.port == port {
@@ -322,13 +324,11 @@ func (dc *devCtx) portDown(port int, t *portTimer) {
 	}
 	dc.mu.Unlock()
 	why := portDownWhy(dc.name, port)
-	// Every QP is marked first, so that each connection fails over at
-	// once rather than after the modify_qp system calls of those before.
+	// Not moved to the error state here: a modify_qp takes tens of
+	// milliseconds in the emulated guest, and flushDead would wait for
+	// each QP's in turn (it holds the send queue's lock).
 	for _, q := range qps {
 		q.markDead(why)
-	}
-	for _, q := range qps {
-		_ = q.ForceError() // the device stops; a QP closed meanwhile is fine
 	}
 }
 

@@ -529,7 +529,10 @@ func (q *QP) isDead() bool { return q.asyncErr.Load() != nil }
 // down, or the event that marked it dead; else "". A device fails the
 // work of a port that went down on its own, often before the port's
 // event is read here, so the first failure with no known cause asks the
-// device for the port's state (once per QP: the rest are flushes).
+// device for the port's state (once per QP: the rest are flushes). A port
+// found down counts as its event: the other QPs on it fail over after the
+// grace from now, not from when the kernel delivers the event (which
+// took 0.3-0.7 s in the emulated guest).
 func (q *QP) why() string {
 	if why := q.dev.dc.portWhy(q.dev.t.port); why != "" {
 		return why
@@ -543,6 +546,7 @@ func (q *QP) why() string {
 	if q.portAsked.CompareAndSwap(false, true) && !q.dev.portActive() {
 		why := portDownWhy(q.dev.dc.name, q.dev.t.port)
 		q.portErr.Store(&why)
+		q.dev.dc.portEvent(q.dev.t.port, false)
 		return why
 	}
 	return ""
