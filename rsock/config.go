@@ -111,8 +111,11 @@ type Config struct {
 	// takes the dialing side's. Env RSOCK_TRAFFIC_CLASS.
 	TrafficClass int
 	// ServiceLevel is the InfiniBand service level, 0-15 (on RoCE, the
-	// priority some devices put in the VLAN tag). By default (0) it is 0,
-	// or, through rdma_cm, the path's. Env RSOCK_SERVICE_LEVEL.
+	// priority some devices put in the VLAN tag). By default it is 0, or,
+	// through rdma_cm, the path's: on InfiniBand the subnet manager's
+	// choice, which its routing may depend on. A level set here or with
+	// RSOCK_SERVICE_LEVEL (RSOCK_SERVICE_LEVEL=0 selects 0) replaces it.
+	// Env RSOCK_SERVICE_LEVEL.
 	ServiceLevel int
 	// AckTimeout and RetryCount bound how long a verbs queue pair keeps
 	// sending to a peer or path that does not acknowledge: each request

@@ -406,7 +406,7 @@ type OpenOptions struct {
 	TrafficClass int
 	// ServiceLevel is the InfiniBand service level (0-15; on RoCE, the
 	// priority some devices put in the VLAN tag). -1 means 0, or, through
-	// rdma_cm, the path's.
+	// rdma_cm, the path's; through rdma_cm 0-15 replaces the path's.
 	ServiceLevel int
 	// AckTimeout is the local ACK timeout of reliable-connected QPs
 	// (ibverbs), rounded up to the device's encoding (4.096 us << n); 0

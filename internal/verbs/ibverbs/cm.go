@@ -379,6 +379,11 @@ func (s *cmState) listenFor(q *QP) (*cmConn, uint16, error) {
 // a new identifier gets another port.
 const cmPortTries = 8
 
+// testHookPath, when it returns a record, gives the active side the path
+// from local to remote in place of rdma_cm's route resolution (tests: a
+// path record in the SA's wire format, as ibacm supplies one).
+var testHookPath = func(local, remote netip.Addr) *[64]byte { return nil }
+
 // connect connects q, the active side, to the peer's listener port with
 // its ticket.
 func (s *cmState) connect(ctx context.Context, q *QP, port uint16, pdata []byte) (*cmConn, error) {
@@ -424,7 +429,11 @@ func (s *cmState) connectOnce(ctx context.Context, q *QP, port uint16, pdata []b
 		if id.verbs == nil || C.GoString(C.rs_context_name(id.verbs)) != q.dev.t.dev {
 			return fmt.Errorf("%w: rdma_cm reaches %v through another device than %s", verbs.ErrPeerInfo, q.dev.remote, q.dev.t.dev)
 		}
-		if e := C.rs_cm_resolve_route(id, cmResolveMS); e != 0 {
+		if rec := testHookPath(q.dev.local, q.dev.remote); rec != nil {
+			if e := C.rs_cm_set_path(id, (*C.uint8_t)(unsafe.Pointer(&rec[0]))); e != 0 {
+				return errnoErr("rdma_cm set path", e)
+			}
+		} else if e := C.rs_cm_resolve_route(id, cmResolveMS); e != 0 {
 			return errnoErr("rdma_cm resolve route", e)
 		}
 		if err := c.await(ctx, C.RS_CM_ROUTE_RESOLVED, "route resolution"); err != nil {
@@ -433,6 +442,9 @@ func (s *cmState) connectOnce(ctx context.Context, q *QP, port uint16, pdata []b
 		p := C.CBytes(pdata)
 		defer C.free(p)
 		if e := C.rs_cm_connect(id, C.uint32_t(q.qpn), p, C.uint8_t(len(pdata))); e != 0 {
+			if syscall.Errno(e) == syscall.ENOENT { // the IB CM's pkey lookup
+				return fmt.Errorf("%w: rdma_cm connect: the path's partition is not in %s port %d's P_Key table: %w", verbs.ErrPeerInfo, q.dev.t.dev, q.dev.t.port, syscall.Errno(e))
+			}
 			return errnoErr("rdma_cm connect", e)
 		}
 		if q.dev.t.iwarp {
@@ -534,10 +546,12 @@ func destroyID(id *C.struct_rs_cm_id) { C.rs_cm_destroy_id(id) }
 // does this itself). A path on another port of the device than q's is
 // refused (EXDEV): the port's events and GID follow q's port.
 func (q *QP) cmReady(id *C.struct_rs_cm_id) C.int {
+	var sl C.uint8_t
 	for _, state := range [...]C.uint32_t{C.RS_QPS_INIT, C.RS_QPS_RTR, C.RS_QPS_RTS} {
-		if e := C.rs_cm_qp_to(id, q.qp, state, C.uint8_t(q.dev.t.port), C.uint8_t(q.dev.ackTimeout), C.uint8_t(q.dev.retries), rnrRetry); e != 0 {
+		if e := C.rs_cm_qp_to(id, q.qp, state, C.uint8_t(q.dev.t.port), C.int(q.dev.sl), &sl, C.uint8_t(q.dev.ackTimeout), C.uint8_t(q.dev.retries), rnrRetry); e != 0 {
 			return e
 		}
 	}
+	q.sl = uint8(sl)
 	return 0
 }

@@ -143,6 +143,20 @@ int rs_cm_set_tos(struct rs_cm_id *id, uint8_t tos)
 	return cm_ret(cm.set_option(id, 0, 0, &tos, sizeof(tos)));
 }
 
+// rs_cm_set_path gives id, its address resolved, the path to connect on
+// in place of rdma_resolve_route (RDMA_OPTION_IB_PATH, as ibacm supplies
+// paths): rec is a path record in the SA's wire format, 64 bytes. The
+// kernel answers with RDMA_CM_EVENT_ROUTE_RESOLVED.
+int rs_cm_set_path(struct rs_cm_id *id, const uint8_t *rec)
+{
+	struct rs_path_data d;
+	memset(&d, 0, sizeof(d));
+	d.flags = RS_PATH_FLAGS;
+	memcpy(d.path, rec, sizeof(d.path));
+	errno = 0;
+	return cm_ret(cm.set_option(id, RS_CM_OPTION_IB, RS_CM_OPTION_IB_PATH, &d, sizeof(d)));
+}
+
 // Both ends ask for one outstanding RDMA READ each way (rsock posts none)
 // and finite retries, as the QPs connected without rdma_cm do.
 static void conn_param(struct rs_conn_param *p, uint32_t qpn)
@@ -217,9 +231,10 @@ const char *rs_cm_event_str(uint32_t event) { return cm.event_str(event); }
 // or reply: on INIT (from INIT) the path's partition (pkey index), if the
 // path is on qp's port (else EXDEV),
 // with rsock's own access rights (remote write, never remote read, whatever
-// the CM would grant); on RTR the path's SL, GRH and addresses; on RTS
+// the CM would grant); on RTR the path's GRH and addresses, and its SL
+// unless sl (the configured one) is 0-15, the SL given in *sl_out; on RTS
 // rsock's finite retry limits.
-int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t port, uint8_t timeout, uint8_t retry_cnt,
+int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t port, int sl, uint8_t *sl_out, uint8_t timeout, uint8_t retry_cnt,
 		uint8_t rnr_retry)
 {
 	struct rs_qp_attr a;
@@ -234,6 +249,11 @@ int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t p
 			return EXDEV; // a path on another port than the QP's
 		a.qp_access_flags = RS_ACCESS_LOCAL_WRITE | RS_ACCESS_REMOTE_WRITE;
 		mask |= RS_QP_ACCESS_FLAGS;
+	}
+	if (state == RS_QPS_RTR) {
+		if (sl >= 0)
+			a.ah_attr.sl = (uint8_t)sl;
+		*sl_out = a.ah_attr.sl;
 	}
 	if (state == RS_QPS_RTS) {
 		a.timeout = timeout;

@@ -2,7 +2,11 @@
 
 package ibverbs
 
-import "github.com/rdmanet/rdmanet/internal/verbs"
+import (
+	"net/netip"
+
+	"github.com/rdmanet/rdmanet/internal/verbs"
+)
 
 // FailChannel makes the completion channel that q's events come through
 // fail, as a failed read of it does: q and the channel's other CQs fail,
@@ -73,3 +77,12 @@ var AckTimeoutCode = ackTimeoutCode
 // device is iWARP (tests).
 func ViaCM(q verbs.QP) bool     { return q.(*QP).viaCM }
 func IWARP(d verbs.Device) bool { return d.(*Device).t.iwarp }
+
+// SetPathHook makes the active side of rdma_cm connections connect on the
+// path record f returns (SA wire format) instead of resolving the route,
+// until the test ends.
+func SetPathHook(t interface{ Cleanup(func()) }, f func(local, remote netip.Addr) *[64]byte) {
+	old := testHookPath
+	testHookPath = f
+	t.Cleanup(func() { testHookPath = old })
+}

@@ -345,10 +345,10 @@ type Device struct {
 	mtu    uint8 // the port's active MTU (enum ibv_mtu)
 	closed atomic.Bool
 	// tclass and sl go into the address vector of QPs connected by GID or
-	// LID; through rdma_cm, a tclass of -1 leaves it to rdma_cm
-	// (OpenOptions.TrafficClass), and the path gives the SL.
+	// LID (-1 means 0 there); through rdma_cm, -1 leaves them to rdma_cm
+	// and the path (OpenOptions.TrafficClass, ServiceLevel).
 	tclass int
-	sl     uint8
+	sl     int
 	// ackTimeout and retries are the QPs' local ACK timeout (encoded) and
 	// retry count (OpenOptions.AckTimeout, RetryCount).
 	ackTimeout, retries uint8
@@ -395,7 +395,7 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d is not active (state %d)", verbs.ErrUnavailable, t.dev, t.port, attr.state)
 	}
 	d := &Device{dc: dc, t: t, lid: uint16(attr.lid), mtu: uint8(attr.active_mtu), local: addrIP(o.LocalAddr), remote: addrIP(o.RemoteAddr),
-		tclass: o.TrafficClass, sl: uint8(max(o.ServiceLevel, 0)), ackTimeout: ack, retries: uint8(cmp.Or(o.RetryCount, defaultRetries))}
+		tclass: o.TrafficClass, sl: o.ServiceLevel, ackTimeout: ack, retries: uint8(cmp.Or(o.RetryCount, defaultRetries))}
 	if d.mtu < mtu256 || d.mtu > mtu4096 {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d reports MTU code %d", verbs.ErrUnavailable, t.dev, t.port, d.mtu)
 	}

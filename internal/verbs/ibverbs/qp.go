@@ -114,6 +114,11 @@ type QP struct {
 	viaCM  bool
 	cm     *cmConn
 	cmPort uint16
+
+	// sl is the service level given to the device at RTR (the configured
+	// one, or through rdma_cm the path's). Tests read it: Soft-RoCE does
+	// not keep an SL, so ibv_query_qp cannot tell.
+	sl uint8
 }
 
 // NewQP creates an RC queue pair in the INIT state: receives can be posted
@@ -268,10 +273,11 @@ func (q *QP) Connect(ctx context.Context, peer []byte, active bool) error {
 	if d.t.roce {
 		global = 1
 	}
+	q.sl = uint8(max(d.sl, 0))
 	mtu := min(d.mtu, in.mtu)
 	if e := C.rs_qp_rtr(q.qp, C.uint8_t(d.t.port), C.uint32_t(mtu), C.uint32_t(in.qpn), C.uint32_t(in.psn),
 		(*C.uint8_t)(unsafe.Pointer(&in.gid[0])), global, C.uint8_t(d.t.gidIndex), C.uint16_t(in.lid), minRNRTimer,
-		C.uint8_t(d.tclass), C.uint8_t(d.sl)); e != 0 {
+		C.uint8_t(d.tclass), C.uint8_t(q.sl)); e != 0 {
 		return fmt.Errorf("%w: QP to RTR (peer QPN %#x, MTU %d): %v", verbs.ErrPeerInfo, in.qpn, mtuBytes(mtu), syscall.Errno(e))
 	}
 	if e := C.rs_qp_rts(q.qp, C.uint32_t(q.psn), C.uint8_t(d.ackTimeout), C.uint8_t(d.retries), rnrRetry); e != 0 {
@@ -443,6 +449,7 @@ type qpAttrs struct {
 	State, Access, PKeyIndex, Port   int
 	Global                           bool
 	TrafficClass                     int
+	SL                               int // what rsock gave at RTR (QP.sl)
 	Timeout, RetryCount, RNRRetry    int
 	MaxReadAtomic, MaxDestReadAtomic int
 }
@@ -459,7 +466,7 @@ func (q *QP) attrs() (qpAttrs, error) {
 		return qpAttrs{}, fmt.Errorf("ibverbs: query QP: %v", syscall.Errno(e))
 	}
 	return qpAttrs{State: int(a.qp_state), Access: int(a.qp_access_flags), PKeyIndex: int(a.pkey_index), Port: int(a.port_num),
-		Global: a.ah_attr.is_global != 0, TrafficClass: int(a.ah_attr.grh.traffic_class),
+		Global: a.ah_attr.is_global != 0, TrafficClass: int(a.ah_attr.grh.traffic_class), SL: int(q.sl),
 		Timeout: int(a.timeout), RetryCount: int(a.retry_cnt), RNRRetry: int(a.rnr_retry),
 		MaxReadAtomic: int(a.max_rd_atomic), MaxDestReadAtomic: int(a.max_dest_rd_atomic)}, nil
 }

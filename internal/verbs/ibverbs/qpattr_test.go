@@ -4,6 +4,8 @@ package ibverbs_test
 
 import (
 	"context"
+	"encoding/binary"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -64,5 +66,113 @@ func TestQPAttributes(t *testing.T) {
 		assert.Equal(t, int(code), got.Timeout, e.name)
 		assert.Equal(t, o.RetryCount, got.RetryCount, e.name)
 		assert.Equal(t, 6, got.RNRRetry, e.name)
+	}
+}
+
+// pathRecord is a path record in the SA's wire format (IBA 15.2.5.16,
+// struct ibv_path_record, 64 bytes), with the fields rsock's test varies.
+// The rest is as rdma_cm fills it for a RoCE v2 route
+// (cma_resolve_iboe_route): no LIDs, one reversible path, each selector
+// "exactly".
+type pathRecord struct {
+	sgid, dgid [16]byte
+	hopLimit   uint8
+	tclass     uint8
+	pkey       uint16
+	sl         uint8
+	mtu, rate  uint8 // enum ibv_mtu, enum ibv_rate
+	lifetime   uint8 // 4.096 us << lifetime
+}
+
+func (p pathRecord) wire() *[64]byte {
+	var b [64]byte // service ID 0; DLID and SLID 0 (bytes 40-43)
+	copy(b[8:24], p.dgid[:])
+	copy(b[24:40], p.sgid[:])
+	binary.BigEndian.PutUint32(b[44:], uint32(p.hopLimit)) // flow label 0
+	b[48] = p.tclass
+	b[49] = 0x80 | 1 // reversible, one path
+	binary.BigEndian.PutUint16(b[50:], p.pkey)
+	binary.BigEndian.PutUint16(b[52:], uint16(p.sl)) // QoS class 0
+	const exactly = 2 << 6
+	b[54], b[55], b[56] = exactly|p.mtu, exactly|p.rate, exactly|p.lifetime
+	return &b
+}
+
+// TestPathRecord: through rdma_cm, a connection's QPs take the partition
+// (pkey index), SL and traffic class of the path record the active side
+// connects on, on both ends, and a configured ServiceLevel replaces the
+// path's SL (the SL checked is the one rsock gave the device: Soft-RoCE
+// keeps none to report); a path on a partition the port is not a member of is refused
+// at connect, where without it the packets would be dropped until the
+// retries ran out. The records go to the kernel as ibacm gives them
+// (RDMA_OPTION_IB_PATH), so rdma_cm's own conversion of a path to QP
+// attributes is what rsock's code path applies. On RoCE, the only
+// partition is the default one (0xffff, index 0); InfiniBand's partitions
+// and its GRH-or-not choice need an IB port, which the guest has not.
+// iWARP devices are skipped: iw_cm has no path records.
+func TestPathRecord(t *testing.T) {
+	base := deviceOptions()
+	base.ConnectionManager, base.TrafficClass, base.ServiceLevel = true, -1, -1
+	for _, c := range []struct {
+		name        string
+		pkey        uint16
+		sl, tclass  uint8
+		configured  int // ServiceLevel on both ends, -1: the path's
+		wantPKeyIdx int
+		wantSL      int
+		refused     bool
+	}{
+		{name: "as rdma_cm builds it", pkey: 0xffff, configured: -1},
+		{name: "lossless class", pkey: 0xffff, sl: 3, tclass: 26<<2 | 2, configured: -1, wantSL: 3},
+		{name: "limited member", pkey: 0x7fff, sl: 5, configured: -1, wantSL: 5},
+		{name: "configured SL", pkey: 0xffff, sl: 3, tclass: 26 << 2, configured: 6, wantSL: 6},
+		{name: "foreign partition", pkey: 0x8001, sl: 1, configured: -1, refused: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := base
+			o.ServiceLevel = c.configured
+			open := func() verbs.Device {
+				d, err := ibverbs.New().Open(o)
+				if err != nil {
+					verbstest.Unavailable(t, err.Error())
+				}
+				t.Cleanup(func() { _ = d.Close() })
+				return d
+			}
+			da, db := open(), open()
+			if ibverbs.IWARP(da) {
+				t.Skip("iWARP: iw_cm has no path records")
+			}
+			rec := pathRecord{hopLimit: 64, tclass: c.tclass, pkey: c.pkey, sl: c.sl, mtu: 3, rate: 3, lifetime: 16}
+			ibverbs.SetPathHook(t, func(local, remote netip.Addr) *[64]byte {
+				rec.sgid, rec.dgid = local.As16(), remote.As16() // RoCE GIDs: the IPs, v4 mapped
+				return rec.wire()
+			})
+			a, b := newEnd(t, da), newEnd(t, db)
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a hang guard
+			defer cancel()
+			require.NoError(t, b.qp.Connect(ctx, a.qp.Info(), false), "passive Connect")
+			err := a.qp.Connect(ctx, b.qp.Info(), true)
+			if c.refused {
+				require.ErrorIs(t, err, verbs.ErrPeerInfo, "a path on partition %#x", c.pkey)
+				assert.ErrorContains(t, err, "partition")
+				t.Logf("refused: %v", err)
+				return
+			}
+			require.NoError(t, err, "active Connect")
+			require.NoError(t, b.qp.Established(ctx), "Established")
+			for _, e := range []struct {
+				name string
+				qp   verbs.QP
+			}{{"active", a.qp}, {"passive", b.qp}} {
+				got, err := ibverbs.QueryQP(e.qp)
+				require.NoError(t, err)
+				t.Logf("%s end: %+v", e.name, got)
+				assert.Equal(t, c.wantPKeyIdx, got.PKeyIndex, "%s: pkey index", e.name)
+				assert.Equal(t, c.wantSL, got.SL, "%s: SL", e.name)
+				assert.Equal(t, int(c.tclass), got.TrafficClass, "%s: traffic class", e.name)
+				assert.True(t, got.Global, "%s: RoCE needs a GRH", e.name)
+			}
+		})
 	}
 }

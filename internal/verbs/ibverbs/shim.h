@@ -470,6 +470,20 @@ enum {
 	RS_CM_TIMEWAIT_EXIT = 15,
 };
 
+// struct ibv_path_data (<infiniband/sa.h>): a path record in the SA's
+// wire format (struct ibv_path_record) and what it is for.
+struct rs_path_data {
+	uint32_t flags;
+	uint32_t reserved;
+	uint8_t path[64];
+};
+
+enum {
+	RS_CM_OPTION_IB = 1,
+	RS_CM_OPTION_IB_PATH = 1,
+	RS_PATH_FLAGS = 1 | 2 | 8 | 32, // GMP, PRIMARY, BIDIRECTIONAL
+};
+
 // What rsock reads of an event, copied before the event is acknowledged.
 struct rs_cm_got {
 	struct rs_cm_id *id;
@@ -490,13 +504,14 @@ uint16_t rs_cm_src_port(struct rs_cm_id *id);
 int rs_cm_resolve_addr(struct rs_cm_id *id, const struct sockaddr *src, const struct sockaddr *dst, int timeout_ms);
 int rs_cm_resolve_route(struct rs_cm_id *id, int timeout_ms);
 int rs_cm_set_tos(struct rs_cm_id *id, uint8_t tos);
+int rs_cm_set_path(struct rs_cm_id *id, const uint8_t *rec);
 int rs_cm_connect(struct rs_cm_id *id, uint32_t qpn, const void *pdata, uint8_t len);
 int rs_cm_accept(struct rs_cm_id *id, uint32_t qpn);
 int rs_cm_reject(struct rs_cm_id *id);
 int rs_cm_disconnect(struct rs_cm_id *id);
 int rs_cm_get_event(struct rs_cm_channel *ch, struct rs_cm_got *got);
 const char *rs_cm_event_str(uint32_t event);
-int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t port, uint8_t timeout, uint8_t retry_cnt,
+int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t port, int sl, uint8_t *sl_out, uint8_t timeout, uint8_t retry_cnt,
 		uint8_t rnr_retry);
 int rs_cm_establish(struct rs_cm_id *id);
 
