@@ -30,6 +30,44 @@ import (
 func TestQPAttributes(t *testing.T) {
 	o := deviceOptions()
 	o.TrafficClass, o.AckTimeout, o.RetryCount = 72, 100*time.Millisecond, 3
+	da, db := openPair(t, o, "iw_cm and the driver move the QP; a path's attributes do not apply")
+	a, b := newEnd(t, da), newEnd(t, db)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a hang guard
+	defer cancel()
+	connect(t, ctx, a, b)
+
+	code, err := ibverbs.AckTimeoutCode(o.AckTimeout)
+	require.NoError(t, err)
+	const rts, localWrite, remoteWrite = 3, 1, 2 // IBV_QPS_RTS, IBV_ACCESS_*
+	for name, got := range endAttrs(t, a, b) {
+		assert.Equal(t, rts, got.State, name)
+		assert.Equal(t, localWrite|remoteWrite, got.Access, "%s: access rights (4 would be remote read)", name)
+		assert.Equal(t, 0, got.PKeyIndex, name)
+		assert.Equal(t, o.Port, got.Port, name)
+		assert.True(t, got.Global, "%s: RoCE needs a GRH", name)
+		assert.Equal(t, o.TrafficClass, got.TrafficClass, name)
+		assert.Equal(t, int(code), got.Timeout, name)
+		assert.Equal(t, o.RetryCount, got.RetryCount, name)
+		assert.Equal(t, 6, got.RNRRetry, name)
+	}
+}
+
+// endAttrs asks the device for the attributes of a's and b's QPs, by
+// their role.
+func endAttrs(t *testing.T, a, b *end) map[string]ibverbs.QPAttrs {
+	m := map[string]ibverbs.QPAttrs{}
+	for name, e := range map[string]*end{"active": a, "passive": b} {
+		got, err := ibverbs.QueryQP(e.qp)
+		require.NoError(t, err)
+		t.Logf("%s end (rdma_cm: %v): %+v", name, ibverbs.ViaCM(e.qp), got)
+		m[name] = got
+	}
+	return m
+}
+
+// openPair opens two Devices with o for the test, or skips it on iWARP
+// for the reason given.
+func openPair(t *testing.T, o verbs.OpenOptions, iwarp string) (verbs.Device, verbs.Device) {
 	open := func() verbs.Device {
 		d, err := ibverbs.New().Open(o)
 		if err != nil {
@@ -40,33 +78,9 @@ func TestQPAttributes(t *testing.T) {
 	}
 	da, db := open(), open()
 	if ibverbs.IWARP(da) {
-		t.Skip("iWARP: iw_cm and the driver move the QP; a path's attributes do not apply")
+		t.Skip("iWARP: " + iwarp)
 	}
-	a, b := newEnd(t, da), newEnd(t, db)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a hang guard
-	defer cancel()
-	connect(t, ctx, a, b)
-
-	code, err := ibverbs.AckTimeoutCode(o.AckTimeout)
-	require.NoError(t, err)
-	const rts, localWrite, remoteWrite = 3, 1, 2 // IBV_QPS_RTS, IBV_ACCESS_*
-	for _, e := range []struct {
-		name string
-		qp   verbs.QP
-	}{{"active", a.qp}, {"passive", b.qp}} {
-		got, err := ibverbs.QueryQP(e.qp)
-		require.NoError(t, err)
-		t.Logf("%s end (rdma_cm: %v): %+v", e.name, ibverbs.ViaCM(e.qp), got)
-		assert.Equal(t, rts, got.State, e.name)
-		assert.Equal(t, localWrite|remoteWrite, got.Access, "%s: access rights (4 would be remote read)", e.name)
-		assert.Equal(t, 0, got.PKeyIndex, e.name)
-		assert.Equal(t, o.Port, got.Port, e.name)
-		assert.True(t, got.Global, "%s: RoCE needs a GRH", e.name)
-		assert.Equal(t, o.TrafficClass, got.TrafficClass, e.name)
-		assert.Equal(t, int(code), got.Timeout, e.name)
-		assert.Equal(t, o.RetryCount, got.RetryCount, e.name)
-		assert.Equal(t, 6, got.RNRRetry, e.name)
-	}
+	return da, db
 }
 
 // pathRecord is a path record in the SA's wire format (IBA 15.2.5.16,
@@ -131,18 +145,7 @@ func TestPathRecord(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			o := base
 			o.ServiceLevel = c.configured
-			open := func() verbs.Device {
-				d, err := ibverbs.New().Open(o)
-				if err != nil {
-					verbstest.Unavailable(t, err.Error())
-				}
-				t.Cleanup(func() { _ = d.Close() })
-				return d
-			}
-			da, db := open(), open()
-			if ibverbs.IWARP(da) {
-				t.Skip("iWARP: iw_cm has no path records")
-			}
+			da, db := openPair(t, o, "iw_cm has no path records")
 			rec := pathRecord{hopLimit: 64, tclass: c.tclass, pkey: c.pkey, sl: c.sl, mtu: 3, rate: 3, lifetime: 16}
 			ibverbs.SetPathHook(t, func(local, remote netip.Addr) *[64]byte {
 				rec.sgid, rec.dgid = local.As16(), remote.As16() // RoCE GIDs: the IPs, v4 mapped
@@ -161,17 +164,11 @@ func TestPathRecord(t *testing.T) {
 			}
 			require.NoError(t, err, "active Connect")
 			require.NoError(t, b.qp.Established(ctx), "Established")
-			for _, e := range []struct {
-				name string
-				qp   verbs.QP
-			}{{"active", a.qp}, {"passive", b.qp}} {
-				got, err := ibverbs.QueryQP(e.qp)
-				require.NoError(t, err)
-				t.Logf("%s end: %+v", e.name, got)
-				assert.Equal(t, c.wantPKeyIdx, got.PKeyIndex, "%s: pkey index", e.name)
-				assert.Equal(t, c.wantSL, got.SL, "%s: SL", e.name)
-				assert.Equal(t, int(c.tclass), got.TrafficClass, "%s: traffic class", e.name)
-				assert.True(t, got.Global, "%s: RoCE needs a GRH", e.name)
+			for name, got := range endAttrs(t, a, b) {
+				assert.Equal(t, c.wantPKeyIdx, got.PKeyIndex, "%s: pkey index", name)
+				assert.Equal(t, c.wantSL, got.SL, "%s: SL", name)
+				assert.Equal(t, int(c.tclass), got.TrafficClass, "%s: traffic class", name)
+				assert.True(t, got.Global, "%s: RoCE needs a GRH", name)
 			}
 		})
 	}
