@@ -732,18 +732,21 @@ func TestVerbsPortDown(t *testing.T) {
 	for range cap(errs) {
 		require.NoError(t, <-errs)
 	}
-	named := 0
-	for _, x := range ends {
+	named, namedConns := 0, 0 // ends, and connections with an end, that name the port
+	for i, x := range ends {
 		assertFailedOver(t, x, "verbs")
 		if strings.Contains(x.Info().Reason, "port 1 down") {
 			named++
+			if i%2 == 0 || !strings.Contains(ends[i-1].Info().Reason, "port 1 down") {
+				namedConns++
+			}
 		}
 	}
 	// An end whose device failed its work before the port's event came
 	// (rxe's sends fail as the netdev closes, siw's connections end)
 	// names the device's error, and the other end its peer's Resume.
 	assert.Positive(t, named, "no end names the port")
-	t.Logf("%d of %d ends name the port", named, len(ends))
+	t.Logf("%d of %d ends name the port, and %d of %d connections at one end at least", named, len(ends), namedConns, conns)
 	t.Logf("reason: %s", ends[0].Info().Reason)
 
 	c, s := dialAccept(t, ln, cfg)
