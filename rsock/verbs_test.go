@@ -689,9 +689,9 @@ func TestVerbsPortDown(t *testing.T) {
 			if i == 0 && dir == 0 {
 				w = &triggerConn{Conn: p[0], at: 64 << 10, fire: func() { close(midway) }}
 			}
-			seed := uint64(i + dir)
-			go func() { errs <- streamUntil(w, p[0], seed, stop) }()
-			go func() { errs <- checkStream(p[1], seed) }()
+			seed, wrote := uint64(i+dir), make(chan int, 1)
+			go func() { errs <- streamUntil(w, p[0], seed, stop, wrote) }()
+			go func() { errs <- checkStream(p[1], seed, wrote) }()
 		}
 	}
 	<-midway
@@ -773,11 +773,12 @@ func TestVerbsPortDown(t *testing.T) {
 }
 
 // streamUntil writes the stream seed to w in pieces of random size until
-// stop is closed, then half-closes c (w's net.Conn, or c itself).
-func streamUntil(w net.Conn, c *Conn, seed uint64, stop <-chan struct{}) error {
+// stop is closed, then sends the count to wrote and half-closes c (w's
+// net.Conn, or c itself).
+func streamUntil(w net.Conn, c *Conn, seed uint64, stop <-chan struct{}, wrote chan<- int) error {
 	rng := rand.New(rand.NewPCG(seed, 2))
-	buf := make([]byte, 100_000)
-	for off := 0; !receivable(stop); {
+	buf, off := make([]byte, 100_000), 0
+	for !receivable(stop) {
 		b := buf[:1+rng.IntN(len(buf))]
 		streamAt(seed, off, b)
 		if err := w.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
@@ -789,12 +790,13 @@ func streamUntil(w net.Conn, c *Conn, seed uint64, stop <-chan struct{}) error {
 			return fmt.Errorf("write at byte %d: %w", off, err)
 		}
 	}
+	wrote <- off
 	return c.CloseWrite()
 }
 
 // checkStream reads from c up to EOF and checks every byte against the
-// stream seed.
-func checkStream(c net.Conn, seed uint64) error {
+// stream seed, and their count against the writer's.
+func checkStream(c net.Conn, seed uint64, wrote <-chan int) error {
 	buf, want := make([]byte, 70_000), make([]byte, 70_000)
 	for off := 0; ; {
 		if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
@@ -807,6 +809,9 @@ func checkStream(c net.Conn, seed uint64) error {
 		}
 		off += n
 		if err == io.EOF {
+			if w := <-wrote; off != w {
+				return fmt.Errorf("read %d bytes up to EOF, of %d written", off, w)
+			}
 			return nil
 		}
 		if err != nil {
