@@ -66,6 +66,9 @@ type devCtx struct {
 	ctx   *C.struct_rs_context
 	async *os.File // dup of the context's async fd, non-blocking, in the netpoller
 
+	// Lock order: a CQ's mu, a QP's smu, its rmu, then mu (QP.why is
+	// called under each), then a completion channel's mu (channel). A
+	// channel calls notify under its mu, and notify takes none of these.
 	mu   sync.Mutex
 	qps  map[*C.struct_rs_qp]*QP // for attributing asynchronous errors
 	cqs  map[*C.struct_rs_cq]*CQ // for attributing overruns
