@@ -228,12 +228,12 @@ const char *rs_cm_event_str(uint32_t event) { return cm.event_str(event); }
 
 // rs_cm_qp_to moves qp (created by rsock, not by rdma_cm) to state with the
 // attributes rdma_cm derives for id from its route and the peer's request
-// or reply: on INIT (from INIT) the path's partition (pkey index), if the
-// path is on qp's port (else EXDEV),
-// with rsock's own access rights (remote write, never remote read, whatever
-// the CM would grant); on RTR the path's GRH and addresses, and its SL
-// unless sl (the configured one) is 0-15, the SL given in *sl_out; on RTS
-// rsock's finite retry limits.
+// or reply. On INIT (from INIT): the path's partition (pkey index), if the
+// path is on qp's port (else EXDEV), with rsock's own access rights
+// (remote write, never remote read, whatever the CM would grant). On RTR:
+// the path's GRH and addresses, and its SL unless sl (the configured one)
+// is 0-15; the SL given goes to *sl_out. On RTS: rsock's finite retry
+// limits.
 int rs_cm_qp_to(struct rs_cm_id *id, struct rs_qp *qp, uint32_t state, uint8_t port, int sl, uint8_t *sl_out, uint8_t timeout, uint8_t retry_cnt,
 		uint8_t rnr_retry)
 {
