@@ -527,13 +527,7 @@ func putSockaddr(ss *C.struct_sockaddr_storage, ip netip.Addr, port uint16) {
 // the QP's lock, which Connect holds while it waits for the loop.
 func (q *QP) cmFail(why string) {
 	q.markDead(why)
-	go func() {
-		q.smu.Lock()
-		defer q.smu.Unlock()
-		if q.state.Load() != qpClosed {
-			C.rs_qp_err(q.qp)
-		}
-	}()
+	go func() { _ = q.ForceError() }() // a QP closed meanwhile is fine
 }
 
 // destroyID destroys an identifier; it may wait for the loop to
