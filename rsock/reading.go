@@ -473,7 +473,8 @@ func (w *swConn) peerSwitched(x uint64) error {
 }
 
 // peerGoodbye handles the peer's goodbye: an abort resets; an orderly one
-// ends the stream at its cursor, checked against what arrived.
+// ends the stream at its cursor, checked against what arrived, and our
+// side of the bootstrap.
 func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	if g.Abort {
 		return &stream.ResetError{Reason: "peer aborted: " + g.Reason}
@@ -506,6 +507,10 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	}
 	w.rnote.wake()
 	w.wnote.wake()
+	// Nothing more goes to the peer: end the bootstrap now, which tells
+	// the peer we have what its ring carried (it keeps its queue pair
+	// until then, stream.Owner), unless the ring failed and said so.
+	w.Goodbye(nil)
 	return nil
 }
 

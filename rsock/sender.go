@@ -40,6 +40,9 @@ type sender struct {
 	closeTimer *time.Timer
 	shut       bool // the queue drained after finish: FIN sent (shutLocked)
 	readerGone bool // the reader has stopped (readerDone)
+	// ended is closed once the socket is (end).
+	ended   chan struct{}
+	endOnce sync.Once
 	// held goes out in front of the next frame queued (hold).
 	held []byte
 	// offered: the client's Offer is queued and its Confirm not yet; no
@@ -110,6 +113,15 @@ func (s *sender) flushLocked() {
 func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
 	s.raw, s.rc = raw, rc
 	s.sys.Init(rc)
+	s.ended = make(chan struct{})
+}
+
+// end closes the socket, once, and then the ended channel.
+func (s *sender) end() {
+	s.endOnce.Do(func() {
+		_ = s.raw.Close()
+		close(s.ended)
+	})
 }
 
 // writeNow writes what of parts the socket takes without blocking and
@@ -123,11 +135,15 @@ func (s *sender) run() {
 		s.mu.Lock()
 		if len(s.q) == 0 || s.err != nil {
 			s.running = false
-			if s.closing && s.err == nil {
+			if s.closing {
 				if s.closeTimer != nil {
 					s.closeTimer.Stop()
 				}
-				s.shutLocked()
+				if s.err == nil {
+					s.shutLocked()
+				} else {
+					s.end()
+				}
 			}
 			s.mu.Unlock()
 			return
@@ -277,7 +293,7 @@ func (s *sender) finish(wait time.Duration) {
 	// the peer cannot take a cut stream for a whole one.
 	s.closeTimer = time.AfterFunc(wait, func() {
 		_ = s.raw.SetLinger(0)
-		_ = s.raw.Close()
+		s.end()
 	})
 }
 
@@ -294,11 +310,11 @@ func (s *sender) shutLocked() {
 	}
 	s.shut = true
 	if s.readerGone {
-		_ = s.raw.Close()
+		s.end()
 		return
 	}
 	_ = s.raw.CloseWrite()
-	time.AfterFunc(lingerTimeout, func() { _ = s.raw.Close() })
+	time.AfterFunc(lingerTimeout, s.end)
 }
 
 // readerDone says the socket's reader has stopped: the socket is closed
@@ -308,7 +324,7 @@ func (s *sender) readerDone() {
 	defer s.mu.Unlock()
 	s.readerGone = true
 	if s.shut {
-		_ = s.raw.Close()
+		s.end()
 	}
 }
 

@@ -328,6 +328,42 @@ func TestSimPeerVanishes(t *testing.T) {
 	c.Close()
 }
 
+// TestSimCloseKeepsTheRingUntilThePeerHasIt: where a send completes once
+// the local transport took it (iWARP; sim's LocalCompletion), Close keeps
+// its queue pair until the peer has read its goodbye and has what the ring
+// carried: the peer reads every byte, then EOF. Tearing it down at the
+// final message's completion lost the message in flight, and the peer's
+// receives failed (the two-host soft-iWARP flake).
+func TestSimCloseKeepsTheRingUntilThePeerHasIt(t *testing.T) {
+	withFaults(t, sim.Faults{LocalCompletion: true})
+	c, s := simPipe(t, nil)
+	defer c.Close()
+	closed := make(chan struct{})
+	var once sync.Once
+	testHookGoodbye.set(func(w *swConn) {
+		if w != c.w {
+			return
+		}
+		// The goodbye has arrived and the ring's messages have not:
+		// whatever Close released, it did so before returning.
+		once.Do(func() {
+			<-closed
+			c.ring().QP().(*sim.QP).Stall(false)
+		})
+	})
+	t.Cleanup(func() { testHookGoodbye.set(nil) })
+	c.ring().QP().(*sim.QP).Stall(true)
+	data := bytes.Repeat([]byte("last words "), 100)
+	_, err := s.Write(data)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	close(closed)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+	got, err := io.ReadAll(c)
+	require.NoError(t, err, "want every byte, then EOF")
+	assert.Equal(t, data, got)
+}
+
 func TestSimStalledPeerWriteDeadline(t *testing.T) {
 	c, s := simPipe(t, &Config{Transports: []string{"sim"}, RingSize: 4096, Credits: 4})
 	defer c.Close()

@@ -724,11 +724,13 @@ func (w *swConn) Close() error {
 }
 
 // Goodbye (stream.Owner) queues g, if not nil, behind the frames queued
-// before it, and closes the bootstrap once they are written, at most
-// closeAckTimeout later; once, without blocking. An orderly g's FinalProd,
-// a ring's producer cursor, becomes a stream cursor. A server that refused
-// our early hello gets no frame: it does not speak rsock.
-func (w *swConn) Goodbye(g *handshake.Goodbye) {
+// before it, and ends the bootstrap once they are written, at most
+// closeAckTimeout later; once, without blocking. The socket closes at the
+// peer's end or lingerTimeout later (sender.shutLocked), and then the
+// channel returned is closed. An orderly g's FinalProd, a ring's producer
+// cursor, becomes a stream cursor. A server that refused our early hello
+// gets no frame: it does not speak rsock.
+func (w *swConn) Goodbye(g *handshake.Goodbye) <-chan struct{} {
 	w.goodbye.Do(func() {
 		w.mu.Lock()
 		refused := errors.Is(w.err, ErrEarlyRefused)
@@ -744,6 +746,7 @@ func (w *swConn) Goodbye(g *handshake.Goodbye) {
 		}
 		w.out.finish(closeAckTimeout)
 	})
+	return w.out.ended
 }
 
 // closeAckTimeout bounds the writing of the frames queued at Close (§9.6).

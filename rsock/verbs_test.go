@@ -283,7 +283,10 @@ func TestVerbsUnavailableFallsBack(t *testing.T) {
 
 // TestVerbsTwoHosts runs across two Soft-RoCE guests (make test runs the
 // harness's two-host mode): the server guest echoes what the client guest
-// sends, checked byte for byte, over verbs on both ends.
+// sends, checked byte for byte, over verbs on both ends. Eight connections
+// end at once, each with the server's Close: when that Close tore its
+// queue pair down at its final send's completion, soft-iWARP lost the
+// message in flight in 3 of 8 runs (TestSimCloseKeepsTheRingUntilThePeerHasIt).
 func TestVerbsTwoHosts(t *testing.T) {
 	role := os.Getenv("SOFTROCE_ROLE")
 	if role != "server" && role != "client" {
@@ -291,7 +294,7 @@ func TestVerbsTwoHosts(t *testing.T) {
 	}
 	ip := verbsIP(t)
 	const port = "7471"
-	const conns = 2
+	const conns = 8
 	if role == "server" {
 		ln, err := (&ListenConfig{Config: verbsCfg()}).Listen(context.Background(), "tcp", net.JoinHostPort(ip, port))
 		require.NoError(t, err)
@@ -338,7 +341,7 @@ func TestVerbsTwoHosts(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			defer c.Close()
-			echoCheck(t, c.(*Conn), 4<<20>>i, uint64(30+i))
+			echoCheck(t, c.(*Conn), 4<<20>>(i%2), uint64(30+i))
 		}()
 	}
 	wg.Wait()

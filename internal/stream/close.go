@@ -27,8 +27,14 @@ const (
 type Owner interface {
 	// Goodbye sends g (FinalProd: the ring's producer cursor) and then
 	// closes the bootstrap connection, within a bounded time; calls after
-	// the first do nothing. Close calls it.
-	Goodbye(g *handshake.Goodbye)
+	// the first do nothing. The channel it returns is closed once the
+	// bootstrap connection is: the peer ended its side after our goodbye,
+	// which it does once it has what the ring carried, or the bound
+	// passed. Close calls it, and releases the queue pair only then: a
+	// send completion does not mean the peer has the message everywhere
+	// (on iWARP it means the local TCP took it), and tearing the queue
+	// pair down could destroy it in flight.
+	Goodbye(g *handshake.Goodbye) <-chan struct{}
 	// Reset is called once when the Conn was reset (err is a
 	// *ResetError) other than by Close: the owner tells the peer, with an
 	// abort goodbye.
@@ -121,14 +127,9 @@ func (c *Conn) Close() error {
 	close(c.done)
 	c.bs.stop()
 	c.st.SetClose()
-	c.sayGoodbye(final)
+	ended := c.sayGoodbye(final)
 	c.life = lifeClosed
 	c.mu.Unlock()
-	if c.active.Load() == 0 && c.rd.mu.TryLock() {
-		c.rd.mu.Unlock() // no Read is in the ring, and later ones see rd.stop
-		c.release()
-		return nil
-	}
 	go func() {
 		c.calls.Wait()
 		// A Read from a lease is not among the calls (recv.go): taking the
@@ -136,6 +137,7 @@ func (c *Conn) Close() error {
 		c.rd.mu.Lock()
 		//lint:ignore SA2001 the empty critical section is the barrier
 		c.rd.mu.Unlock()
+		<-ended // the peer has what we sent (Owner.Goodbye)
 		c.release()
 	}()
 	return nil
@@ -165,9 +167,10 @@ func (c *Conn) release() {
 // sayGoodbye sends the final FIN|CLOSE message if final and waits a
 // bounded time for its acknowledgement, so that it is in the peer's memory
 // before the peer reads our goodbye; then it sends the goodbye and closes
-// the bootstrap connection. mu is held on entry and on return, released
-// while it waits and while it writes the goodbye.
-func (c *Conn) sayGoodbye(final bool) {
+// the bootstrap connection; it returns Owner.Goodbye's channel. mu is held
+// on entry and on return, released while it waits and while it writes the
+// goodbye.
+func (c *Conn) sayGoodbye(final bool) <-chan struct{} {
 	dl := deadline.New()
 	wait := finalAckTimeout
 	if c.linger > 0 {
@@ -204,8 +207,9 @@ func (c *Conn) sayGoodbye(final bool) {
 		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(resetWhy(c.err))}
 	}
 	c.mu.Unlock()
-	c.owner.Goodbye(gb)
+	ended := c.owner.Goodbye(gb)
 	c.mu.Lock()
+	return ended
 }
 
 // drain polls flushed completions for a bounded time after the QP closed.

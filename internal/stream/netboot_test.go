@@ -27,13 +27,16 @@ type netBoot struct {
 	once sync.Once
 }
 
-func (b *netBoot) Goodbye(g *handshake.Goodbye) {
+func (b *netBoot) Goodbye(g *handshake.Goodbye) <-chan struct{} {
 	b.once.Do(func() {
 		_ = b.SetWriteDeadline(time.Now().Add(time.Second))
 		_ = handshake.Write(b.Conn, g)
 		_ = b.Close()
 	})
+	return closedChan
 }
+
+var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
 func (b *netBoot) Reset(_ *Conn, err error) {
 	b.Goodbye(&handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(resetWhy(err))})

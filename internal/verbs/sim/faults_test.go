@@ -320,3 +320,28 @@ func TestLossDeliversEverythingInOrder(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestLocalCompletionLosesTheWireAtClose: with Faults.LocalCompletion a
+// send completes at post although the peer, stalled, has nothing; closing
+// the QP then loses it, and the peer's receives flush.
+func TestLocalCompletionLosesTheWireAtClose(t *testing.T) {
+	p := sim.New()
+	p.SetFaults(sim.Faults{LocalCompletion: true})
+	a, b := newPair(t, p, defaultEnd)
+	rbuf := b.alloc(4096, localWrite)
+	b.recvs(rbuf, 0, 2, 8)
+	b.qp.Stall(true)
+	a.post(verbs.SendWR{ID: 1, Op: verbs.OpSend, Inline: []byte("final"), Signaled: true})
+	status(t, a.poll(1)[0], 1, verbs.StatusSuccess)
+	if err := a.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b.qp.Stall(false)
+	for i, c := range b.poll(2) {
+		status(t, c, uint64(i), verbs.StatusFlushed)
+	}
+	b.empty()
+	if !bytes.Equal(rbuf.Bytes()[:8], make([]byte, 8)) {
+		t.Error("the lost send reached the peer's memory")
+	}
+}

@@ -73,6 +73,7 @@ type transfer struct {
 	signaled bool
 	solicit  bool
 	due      time.Time // earliest delivery (loss); zero for at once
+	done     bool      // completed at post (Faults.LocalCompletion)
 }
 
 // Info returns this QP's description for the peer: a magic, a version, a
@@ -245,6 +246,10 @@ func (q *QP) postLocked(p *QP, wr *verbs.SendWR) error {
 	if d := f.lossDelay(); d > 0 {
 		t.due = time.Now().Add(d)
 	}
+	if f.LocalCompletion {
+		q.completeSendLocked(&t, verbs.StatusSuccess, &f)
+		t.done = true
+	}
 	q.wire.push(t)
 	q.pumpLocked(p)
 	return nil
@@ -372,6 +377,10 @@ func (q *QP) Close() error {
 	}
 	f := q.dev.prov.currentFaults()
 	q.flushLocked(&f)
+	if f.LocalCompletion && p != nil && p.peer == q {
+		fp := p.dev.prov.currentFaults()
+		p.flushLocked(&fp)
+	}
 	q.state = stateClosed
 	q.stalled = false
 	close(q.gone)

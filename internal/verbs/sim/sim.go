@@ -137,6 +137,11 @@ type Faults struct {
 	// not called, as when a peer's doorbell ring is lost. A Kick
 	// (verbs.Kicker) still fires it.
 	LoseWakes float64
+	// LocalCompletion completes a send request as soon as it is posted,
+	// before it is delivered, as iWARP does once the local TCP took it.
+	// Closing a QP then loses what is still on its wire, and moves its
+	// peer to the error state, as the TCP connection's end does.
+	LocalCompletion bool
 	// MRLimit, if positive, caps the bytes registered on one device:
 	// AllocMR past it fails with ENOMEM, as registration does past
 	// RLIMIT_MEMLOCK.

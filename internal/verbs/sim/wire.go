@@ -156,9 +156,13 @@ func (q *QP) deliverLocked(p *QP, t *transfer, fq, fp *Faults) {
 }
 
 // completeSendLocked generates the completion of send request t, if it
-// needs one: failures always complete, successes only when signaled. A
+// needs one: failures always complete, successes only when signaled, and
+// a request completed at post (Faults.LocalCompletion) never again. A
 // completion retires the unsignaled requests before it.
 func (q *QP) completeSendLocked(t *transfer, status verbs.Status, f *Faults) {
+	if t.done {
+		return
+	}
 	if status == verbs.StatusSuccess && !t.signaled {
 		q.unretired++
 		return
