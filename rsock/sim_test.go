@@ -329,25 +329,33 @@ func TestSimPeerVanishes(t *testing.T) {
 }
 
 // TestSimCloseKeepsTheRingUntilThePeerHasIt: where a send completes once
-// the local transport took it (iWARP; sim's LocalCompletion), Close keeps
-// its queue pair until the peer has read its goodbye and has what the ring
-// carried: the peer reads every byte, then EOF. Tearing it down at the
-// final message's completion lost the message in flight, and the peer's
-// receives failed (the two-host soft-iWARP flake).
+// the local transport took it (iWARP; sim's LocalCompletion), an orderly
+// Close waits, and keeps its queue pair, until the peer has read its
+// goodbye and has what the ring carried: the peer reads every byte, then
+// EOF. Tearing it down at the final message's completion lost the message
+// in flight, and the peer's receives failed (the two-host soft-iWARP
+// flake).
 func TestSimCloseKeepsTheRingUntilThePeerHasIt(t *testing.T) {
 	withFaults(t, sim.Faults{LocalCompletion: true})
 	c, s := simPipe(t, nil)
 	defer c.Close()
-	closed := make(chan struct{})
+	closed := make(chan error, 1)
 	var once sync.Once
 	testHookGoodbye.set(func(w *swConn) {
 		if w != c.w {
 			return
 		}
-		// The goodbye has arrived and the ring's messages have not:
-		// whatever Close released, it did so before returning.
+		// The goodbye has arrived and the ring's messages have not. A
+		// Close that does not wait for the peer returns now, and has
+		// released the queue pair; one that waits cannot return before
+		// this hook does (bounded, so that it is not a deadlock).
 		once.Do(func() {
-			<-closed
+			select {
+			case err := <-closed:
+				closed <- err
+				t.Error("Close returned before the peer had what the ring carried")
+			case <-time.After(500 * time.Millisecond):
+			}
 			c.ring().QP().(*sim.QP).Stall(false)
 		})
 	})
@@ -356,12 +364,12 @@ func TestSimCloseKeepsTheRingUntilThePeerHasIt(t *testing.T) {
 	data := bytes.Repeat([]byte("last words "), 100)
 	_, err := s.Write(data)
 	require.NoError(t, err)
-	require.NoError(t, s.Close())
-	close(closed)
+	go func() { closed <- s.Close() }()
 	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
 	got, err := io.ReadAll(c)
 	require.NoError(t, err, "want every byte, then EOF")
 	assert.Equal(t, data, got)
+	assert.NoError(t, <-closed)
 }
 
 func TestSimStalledPeerWriteDeadline(t *testing.T) {

@@ -84,8 +84,9 @@ func (c *Conn) SetWriteBuffer(bytes int) error {
 
 // SetLinger sets how Close behaves with data not yet delivered, as
 // *net.TCPConn's does. On a ring: with sec < 0 (the default) Close waits
-// at most 4 s for the peer's transport to acknowledge the final message,
-// with sec > 0 at most sec seconds, and with sec == 0 Close aborts: the
+// at most 4 s for the peer to have the final message (its transport's
+// acknowledgement, then the peer's end of the bootstrap connection), with
+// sec > 0 at most sec seconds, and with sec == 0 Close aborts: the
 // peer's calls fail with a reset (an error matching syscall.ECONNRESET),
 // and bytes it has not read are lost.
 func (c *Conn) SetLinger(sec int) error {

@@ -106,12 +106,13 @@ const (
 
 // Close closes the Conn: blocked calls return net.ErrClosed at once, and
 // the peer reads EOF after everything written. If the Conn is open and has
-// not failed, it sends the final message and waits at most finalAckTimeout
-// (or as SetLinger says) for its acknowledgement; then it says goodbye on
-// the bootstrap connection, an abort if a failure showed. The queue pair
-// and memory are released once the last call has left (a Read copying out
-// of the ring, a CopyTo whose writer blocks). A second Close returns
-// net.ErrClosed.
+// not failed, it sends the final message and waits for its acknowledgement;
+// then it says goodbye on the bootstrap connection, an abort if a failure
+// showed, and after an orderly goodbye it waits for the peer's end of the
+// bootstrap (Owner.Goodbye), all within finalAckTimeout (or as SetLinger
+// says). The queue pair and memory are released once the bootstrap has
+// ended and the last call has left (a Read copying out of the ring, a
+// CopyTo whose writer blocks). A second Close returns net.ErrClosed.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.life >= lifeClosing {
@@ -145,7 +146,8 @@ func (c *Conn) Close() error {
 
 // SetLinger sets how Close ends the connection, as SO_LINGER does for TCP:
 // with sec < 0 (the default) Close waits at most finalAckTimeout for the
-// final message to be acknowledged, with sec > 0 at most sec seconds, and
+// final message to be acknowledged and the peer to end the bootstrap, with
+// sec > 0 at most sec seconds, and
 // with sec == 0 it aborts: it sends no final message, the peer's calls
 // fail with a reset, and bytes it has not read are lost.
 func (c *Conn) SetLinger(sec int) error {
@@ -165,11 +167,12 @@ func (c *Conn) release() {
 }
 
 // sayGoodbye sends the final FIN|CLOSE message if final and waits a
-// bounded time for its acknowledgement, so that it is in the peer's memory
-// before the peer reads our goodbye; then it sends the goodbye and closes
-// the bootstrap connection; it returns Owner.Goodbye's channel. mu is held
-// on entry and on return, released while it waits and while it writes the
-// goodbye.
+// bounded time for its acknowledgement, so that it is on its way before
+// the peer reads our goodbye; then it sends the goodbye and ends the
+// bootstrap connection, and after an orderly one waits, within the same
+// bound, for the peer's end of it. It returns Owner.Goodbye's channel. mu
+// is held on entry and on return, released while it waits and while it
+// writes the goodbye.
 func (c *Conn) sayGoodbye(final bool) <-chan struct{} {
 	dl := deadline.New()
 	wait := finalAckTimeout
@@ -208,6 +211,13 @@ func (c *Conn) sayGoodbye(final bool) <-chan struct{} {
 	}
 	c.mu.Unlock()
 	ended := c.owner.Goodbye(gb)
+	if final && !gb.Abort {
+		// The acknowledgement that counts: the peer has what we sent.
+		select {
+		case <-ended:
+		case <-dl.Wait():
+		}
+	}
 	c.mu.Lock()
 	return ended
 }
