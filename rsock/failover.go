@@ -133,6 +133,7 @@ func (w *swConn) failover(cause string) error {
 			return errors.New("goodbye mismatch")
 		}
 		w.recv = recvEnd
+		defer w.out.halfClose() // as peerGoodbye's check would have
 	}
 	if w.send == sendRing {
 		w.send = sendOwed

@@ -474,7 +474,7 @@ func (w *swConn) peerSwitched(x uint64) error {
 
 // peerGoodbye handles the peer's goodbye: an abort resets; an orderly one
 // ends the stream at its cursor, checked against what arrived, and our
-// side of the bootstrap.
+// sending on the bootstrap.
 func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	if g.Abort {
 		return &stream.ResetError{Reason: "peer aborted: " + g.Reason}
@@ -502,15 +502,16 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	w.goneLocked()
 	w.mu.Unlock()
 	testHookGoodbye.run(w)
-	if r != nil {
-		r.PeerGoodbye(&handshake.Goodbye{FinalProd: ringFinal})
-	}
+	gone := r == nil || r.PeerGoodbye(&handshake.Goodbye{FinalProd: ringFinal})
 	w.rnote.wake()
 	w.wnote.wake()
-	// Nothing more goes to the peer: end the bootstrap now, which tells
-	// the peer we have what its ring carried (it keeps its queue pair
-	// until then, stream.Owner), unless the ring failed and said so.
-	w.Goodbye(nil)
+	if gone {
+		// The peer's end checks out, and nothing more goes to it: half-close
+		// the bootstrap now, which tells the peer we have what it sent (it
+		// keeps its queue pair until then). A ring that failed the check
+		// resets instead, or a failover checks it again.
+		w.out.halfClose()
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,14 +34,13 @@ type sender struct {
 	queued  int         // bytes of q
 	sent    uint64      // Data payload bytes queued so far: the stream cursor on TCP
 	running bool        // a goroutine is writing
-	closing bool        // finish was called: no more frames
+	end     sendEnd     // how far the sending has ended
 	err     error       // the socket failed; set once
 	room    note        // the queue shrank
 	// closeTimer resets the socket under a finished sender's queue (finish).
 	closeTimer *time.Timer
-	shut       bool // the queue drained after finish: FIN sent (shutLocked)
 	readerGone bool // the reader has stopped (readerDone)
-	// ended is closed once the socket is (end).
+	// ended is closed once the socket is (closeSocket).
 	ended   chan struct{}
 	endOnce sync.Once
 	// held goes out in front of the next frame queued (hold).
@@ -49,6 +49,16 @@ type sender struct {
 	// Data goes between them (offer, confirmed; docs/protocol.md §9.4).
 	offered bool
 }
+
+// sendEnd is how far a sender's end has come; it only moves forward.
+type sendEnd uint8
+
+const (
+	endOpen   sendEnd = iota // frames are taken
+	endHalf                  // the peer said goodbye (halfClose): no more frames; a FIN once the queue is written, and the socket stays open for Close
+	endFinish                // finish, or a last frame: no more frames; the socket ends once they are written, or at closeTimer
+	endShut                  // written after finish: FIN sent; the socket closes at the reader's end or lingerTimeout (shutLocked)
+)
 
 // queueLocked is sendLocked for a whole frame, which it takes (pooled).
 func (s *sender) queueLocked(frame []byte) {
@@ -100,7 +110,7 @@ func (s *sender) flush() {
 
 func (s *sender) flushLocked() {
 	if s.held != nil {
-		if s.err != nil || s.closing {
+		if s.err != nil || s.end != endOpen {
 			s.held = nil
 			return
 		}
@@ -116,8 +126,8 @@ func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
 	s.ended = make(chan struct{})
 }
 
-// end closes the socket, once, and then the ended channel.
-func (s *sender) end() {
+// closeSocket closes the socket, once, and then the ended channel.
+func (s *sender) closeSocket() {
 	s.endOnce.Do(func() {
 		_ = s.raw.Close()
 		close(s.ended)
@@ -135,14 +145,17 @@ func (s *sender) run() {
 		s.mu.Lock()
 		if len(s.q) == 0 || s.err != nil {
 			s.running = false
-			if s.closing {
+			switch {
+			case s.end == endHalf && s.err == nil:
+				_ = s.raw.CloseWrite()
+			case s.end == endFinish:
 				if s.closeTimer != nil {
 					s.closeTimer.Stop()
 				}
 				if s.err == nil {
 					s.shutLocked()
 				} else {
-					s.end()
+					s.closeSocket()
 				}
 			}
 			s.mu.Unlock()
@@ -185,12 +198,14 @@ func (s *sender) sendAt(m func(cursor uint64) handshake.Message, last bool) (uin
 		pool.Put(frame)
 		return cursor, err
 	}
-	if s.err != nil || s.closing {
+	if s.err != nil || s.end != endOpen {
 		pool.Put(frame)
 		return cursor, s.failureLocked()
 	}
 	s.queueLocked(frame)
-	s.closing = s.closing || last
+	if last {
+		s.end = endFinish
+	}
 	return cursor, nil
 }
 
@@ -252,7 +267,7 @@ func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (in
 	n := 0
 	for n < len(b) {
 		s.mu.Lock()
-		for (s.queued >= sendQueue || s.offered) && s.err == nil && !s.closing {
+		for (s.queued >= sendQueue || s.offered) && s.err == nil && s.end == endOpen {
 			s.mu.Unlock()
 			select {
 			case <-s.room.C():
@@ -263,7 +278,7 @@ func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (in
 			}
 			s.mu.Lock()
 		}
-		if s.err != nil || s.closing {
+		if s.err != nil || s.end != endOpen {
 			err := s.failureLocked()
 			s.mu.Unlock()
 			return n, err
@@ -284,7 +299,7 @@ func (s *sender) finish(wait time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.flushLocked()
-	s.closing = true
+	s.end = max(s.end, endFinish)
 	if !s.running {
 		s.shutLocked()
 		return
@@ -293,28 +308,50 @@ func (s *sender) finish(wait time.Duration) {
 	// the peer cannot take a cut stream for a whole one.
 	s.closeTimer = time.AfterFunc(wait, func() {
 		_ = s.raw.SetLinger(0)
-		s.end()
+		s.closeSocket()
 	})
 }
 
-// lingerTimeout bounds the half-closed socket's wait for the peer's end.
-const lingerTimeout = 2 * time.Second
+// halfClose ends the sending for a peer that said goodbye and whose end
+// was checked: no more frames, and once the queued ones are written a FIN
+// (shutdown(SHUT_WR)), which tells the peer we have what it sent (it keeps
+// its ring until then, stream.Owner). The socket stays open until Close
+// (finish).
+func (s *sender) halfClose() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.flushLocked()
+	if s.end != endOpen {
+		return
+	}
+	s.end = endHalf
+	if !s.running && s.err == nil {
+		_ = s.raw.CloseWrite()
+	}
+}
+
+// lingerTimeout bounds the half-closed socket's wait for the peer's end,
+// in nanoseconds: 2 s. A test may change it while the connections of
+// earlier ones still read it.
+var lingerTimeout atomic.Int64
+
+func init() { lingerTimeout.Store(int64(2 * time.Second)) }
 
 // shutLocked ends the sending once everything queued is written: a FIN,
 // not a close, so that frames the peer sent meanwhile do not turn our
 // close into a reset that destroys what we sent (§9.6). The socket closes
 // once the reader has stopped (readerDone), or lingerTimeout from now.
 func (s *sender) shutLocked() {
-	if s.shut {
+	if s.end == endShut {
 		return
 	}
-	s.shut = true
+	s.end = endShut
 	if s.readerGone {
-		s.end()
+		s.closeSocket()
 		return
 	}
 	_ = s.raw.CloseWrite()
-	time.AfterFunc(lingerTimeout, s.end)
+	time.AfterFunc(time.Duration(lingerTimeout.Load()), s.closeSocket)
 }
 
 // readerDone says the socket's reader has stopped: the socket is closed
@@ -323,8 +360,8 @@ func (s *sender) readerDone() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.readerGone = true
-	if s.shut {
-		s.end()
+	if s.end == endShut {
+		s.closeSocket()
 	}
 }
 

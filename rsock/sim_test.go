@@ -360,6 +360,10 @@ func TestSimCloseKeepsTheRingUntilThePeerHasIt(t *testing.T) {
 		})
 	})
 	t.Cleanup(func() { testHookGoodbye.set(nil) })
+	// Only the peer's end of the bootstrap, not the linger's bound, may
+	// end the closer's wait.
+	linger := lingerTimeout.Swap(int64(time.Hour))
+	t.Cleanup(func() { lingerTimeout.Store(linger) })
 	c.ring().QP().(*sim.QP).Stall(true)
 	data := bytes.Repeat([]byte("last words "), 100)
 	_, err := s.Write(data)
@@ -370,6 +374,11 @@ func TestSimCloseKeepsTheRingUntilThePeerHasIt(t *testing.T) {
 	require.NoError(t, err, "want every byte, then EOF")
 	assert.Equal(t, data, got)
 	assert.NoError(t, <-closed)
+	select {
+	case <-s.w.Goodbye(nil): // the same channel Close waited for
+	default:
+		t.Error("Close returned before the peer ended the bootstrap")
+	}
 }
 
 func TestSimStalledPeerWriteDeadline(t *testing.T) {

@@ -640,7 +640,11 @@ func (w *swConn) CloseWrite() error {
 	}
 	w.send = sendFin
 	w.settleLocked()
+	gone := w.gone.set
 	w.mu.Unlock()
+	if gone {
+		return nil // the peer said goodbye: it reads nothing more
+	}
 	_, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Fin{Cursor: x} }, false)
 	return err
 }

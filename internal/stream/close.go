@@ -48,20 +48,22 @@ type Owner interface {
 // PeerGoodbye handles the peer's goodbye on the bootstrap connection: an
 // orderly one ends the connection in order (awaitFinal; its FinalProd is
 // the peer's ring producer cursor), an abort resets it. It may wait up to
-// goodbyeGrace; it returns at once after Close.
-func (c *Conn) PeerGoodbye(g *handshake.Goodbye) {
+// goodbyeGrace; it returns at once after Close. It reports whether the
+// peer is gone in order: the ring has every message the goodbye promised.
+func (c *Conn) PeerGoodbye(g *handshake.Goodbye) (gone bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.life >= lifeClosing {
-		return
+		return false
 	}
 	c.loops.Add(1) // release waits for it; Close has not started
 	defer c.loops.Done()
 	if g.Abort {
 		c.failLocked(reset("peer aborted: "+g.Reason, nil))
-		return
+		return false
 	}
 	c.awaitFinal(g.FinalProd)
+	return c.life == lifePeerGone && c.err == nil
 }
 
 // awaitFinal handles the peer's orderly goodbye: it waits up to
