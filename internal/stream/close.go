@@ -27,13 +27,10 @@ const (
 type Owner interface {
 	// Goodbye sends g (FinalProd: the ring's producer cursor) and then
 	// closes the bootstrap connection, within a bounded time; calls after
-	// the first do nothing. The channel it returns is closed once the
-	// bootstrap connection is: the peer ended its side after our goodbye,
-	// which it does once it has what the ring carried, or the bound
-	// passed. Close calls it, and releases the queue pair only then: a
-	// send completion does not mean the peer has the message everywhere
-	// (on iWARP it means the local TCP took it), and tearing the queue
-	// pair down could destroy it in flight.
+	// the first do nothing. Its channel is closed with the connection: at
+	// the peer's end, which comes once the peer has what the ring carried
+	// (a send completion does not say so on iWARP), or at the bound. Close
+	// releases the queue pair only then.
 	Goodbye(g *handshake.Goodbye) <-chan struct{}
 	// Reset is called once when the Conn was reset (err is a
 	// *ResetError) other than by Close: the owner tells the peer, with an
@@ -149,9 +146,9 @@ func (c *Conn) Close() error {
 // SetLinger sets how Close ends the connection, as SO_LINGER does for TCP:
 // with sec < 0 (the default) Close waits at most finalAckTimeout for the
 // final message to be acknowledged and the peer to end the bootstrap, with
-// sec > 0 at most sec seconds, and
-// with sec == 0 it aborts: it sends no final message, the peer's calls
-// fail with a reset, and bytes it has not read are lost.
+// sec > 0 at most sec seconds, and with sec == 0 it aborts: it sends no
+// final message, the peer's calls fail with a reset, and bytes it has not
+// read are lost.
 func (c *Conn) SetLinger(sec int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
