@@ -743,6 +743,8 @@ func TestVerbsPortDown(t *testing.T) {
 			if i%2 == 0 || !strings.Contains(ends[i-1].Info().Reason, "port 1 down") {
 				namedConns++
 			}
+		} else if i%2 == 1 && !strings.Contains(ends[i-1].Info().Reason, "port 1 down") {
+			t.Logf("neither end names the port: %q; %q", ends[i-1].Info().Reason, x.Info().Reason)
 		}
 	}
 	// An end whose device failed its work before the port's event came
