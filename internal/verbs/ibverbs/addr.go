@@ -56,6 +56,26 @@ func (s sysfs) defaultTOS(dev string, port int) uint8 {
 	return uint8(tos)
 }
 
+// carrierUp reports whether netdev is running with its carrier: false
+// from the moment a close of the netdev begins (the kernel then refuses
+// to read carrier), before a RoCE driver marks its port down (rxe does on
+// the netdev's down event, after that netdev's sends have started to
+// fail).
+func (s sysfs) carrierUp(netdev string) bool {
+	v, err := s.read("class", "net", netdev, "carrier")
+	return err == nil && v == "1"
+}
+
+// gidNetdev is the netdev of dev's port's GID gidIndex, or "".
+func (s sysfs) gidNetdev(dev string, port, gidIndex int) string {
+	for _, g := range s.gids(dev, port) {
+		if g.index == gidIndex {
+			return g.ndev
+		}
+	}
+	return ""
+}
+
 // devices lists the RDMA devices, sorted.
 func (s sysfs) devices() ([]string, error) {
 	ents, err := os.ReadDir(filepath.Join(s.root, "class", "infiniband"))

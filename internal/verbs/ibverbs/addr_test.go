@@ -236,3 +236,39 @@ func TestDefaultTOS(t *testing.T) {
 		}
 	}
 }
+
+// A RoCE port counts as down once its GID's netdev stops running or loses
+// its carrier: the kernel refuses to read carrier while the netdev is
+// closed (here: the file is missing).
+func TestGIDNetdevCarrier(t *testing.T) {
+	files := map[string]string{
+		"class/net/veth0/carrier": "1",
+		"class/net/veth1/carrier": "0",
+	}
+	roceDev(files, "rxe0", "1", map[string][2]string{
+		"1": {"0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2"},
+	})
+	files["class/infiniband/rxe0/ports/1/gids/2"] = "0000:0000:0000:0000:0000:ffff:0a00:0002"
+	files["class/infiniband/rxe0/ports/1/gid_attrs/ndevs/2"] = "veth1"
+	s := fakeSysfs(t, files)
+	for _, tc := range []struct {
+		gid  int
+		ndev string
+		up   bool
+	}{
+		{1, "veth0", true},
+		{2, "veth1", false}, // no carrier
+		{3, "", false},      // no such GID
+	} {
+		ndev := s.gidNetdev("rxe0", 1, tc.gid)
+		if ndev != tc.ndev {
+			t.Errorf("GID %d: netdev %q, want %q", tc.gid, ndev, tc.ndev)
+		}
+		if ndev != "" && s.carrierUp(ndev) != tc.up {
+			t.Errorf("GID %d (%s): carrier up %v, want %v", tc.gid, ndev, !tc.up, tc.up)
+		}
+	}
+	if s.carrierUp("veth9") {
+		t.Error("a netdev without a readable carrier (closed, or gone) counts as up")
+	}
+}

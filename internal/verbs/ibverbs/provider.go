@@ -343,6 +343,8 @@ type Device struct {
 	remote netip.Addr
 	pd     *C.struct_rs_pd
 	t      target
+	sys    sysfs
+	ndev   string // a RoCE GID's netdev, or ""
 	gid    [16]byte
 	lid    uint16
 	mtu    uint8 // the port's active MTU (enum ibv_mtu)
@@ -430,6 +432,9 @@ func (p *Provider) Open(o verbs.OpenOptions) (verbs.Device, error) {
 	if d.t.roce && d.gid == [16]byte{} {
 		return nil, fmt.Errorf("%w: ibverbs: %s port %d GID %d is empty", verbs.ErrUnavailable, t.dev, t.port, t.gidIndex)
 	}
+	if d.t.roce {
+		d.sys, d.ndev = p.sys, p.sys.gidNetdev(t.dev, t.port, t.gidIndex)
+	}
 	d.pool, d.poolIdle = o.Pool, o.PoolIdle
 	if d.pd, d.inherited = dc.takePD(); d.pd != nil {
 		return d, nil
@@ -464,10 +469,12 @@ func (dc *devCtx) queryPort(port int) (attr *C.struct_rs_port_attr, e C.int) {
 	return (*C.struct_rs_port_attr)(unsafe.Pointer(pa)), e
 }
 
-// portActive reports whether d's port is ACTIVE now.
+// portActive reports whether d's port is ACTIVE now and, on RoCE, its
+// GID's netdev has its carrier: a netdev that is closing fails the port's
+// sends before the driver marks the port down.
 func (d *Device) portActive() bool {
 	attr, e := d.dc.queryPort(d.t.port)
-	return e == 0 && attr.state == C.RS_PORT_ACTIVE
+	return e == 0 && attr.state == C.RS_PORT_ACTIVE && (d.ndev == "" || d.sys.carrierUp(d.ndev))
 }
 
 // String names the device, port and GID index.
