@@ -3,6 +3,7 @@ package ibverbs
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -60,10 +61,11 @@ func (s sysfs) defaultTOS(dev string, port int) uint8 {
 // from the moment a close of the netdev begins (the kernel then refuses
 // to read carrier), before a RoCE driver marks its port down (rxe does on
 // the netdev's down event, after that netdev's sends have started to
-// fail).
+// fail). A netdev this process cannot see (another network namespace's)
+// counts as up: the port's own state decides.
 func (s sysfs) carrierUp(netdev string) bool {
 	v, err := s.read("class", "net", netdev, "carrier")
-	return err == nil && v == "1"
+	return errors.Is(err, fs.ErrNotExist) || err == nil && v == "1"
 }
 
 // gidNetdev is the netdev of dev's port's GID gidIndex, or "".
