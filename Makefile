@@ -73,6 +73,7 @@ test-unit: deps
 		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build ./rsock/... && \
 		(cd tools && GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -o /dev/null ./cmd/rsockperf) && \
 		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet ./rsock/... ./internal/sysdep ./internal/transport ./internal/doctor || exit 1; done
+	GOARCH=386 $(GO) vet ./... # the tests compile where int is 32 bits
 	$(GO) test -race -count=1 -tags rsock_tcponly -run '^(TestTCPOnlyPlatform|Example.*)$$' ./rsock/...
 	$(GO) vet -tags ibverbs_abicheck ./internal/verbs/ibverbs
 	RSOCK_ARTIFACTS=$(CURDIR)/.artifacts $(GO) test -race -count=1 -timeout 30m ./...

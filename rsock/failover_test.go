@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -140,7 +141,7 @@ func simOnGrowingRing(t testing.TB) (c, s *Conn) {
 // client's upgrade (c.w.kick).
 func simOnTCP(t *testing.T) (c, s *Conn) {
 	cfg := swCfg("sim", time.Hour)
-	cfg.UpgradeBytes = 1 << 40
+	cfg.UpgradeBytes = math.MaxInt // never by bytes
 	c, s = dialAccept(t, listen(t, cfg), cfg)
 	t.Cleanup(func() { c.Close(); s.Close() })
 	return c, s

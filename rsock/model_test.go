@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"runtime"
@@ -553,7 +554,7 @@ func runModel(t *testing.T, p *modelProgram) {
 	if p.grow {
 		cfg = growCfg("sim", time.Hour)
 	}
-	cfg.UpgradeBytes = 1 << 40
+	cfg.UpgradeBytes = math.MaxInt // never by bytes
 	cfg.NoFailover = p.noFailover
 	cfg.HandshakeTimeout = 3 * time.Second
 	switch p.policy {
