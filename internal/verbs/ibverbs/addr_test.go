@@ -237,9 +237,9 @@ func TestDefaultTOS(t *testing.T) {
 	}
 }
 
-// A RoCE port counts as down once its GID's netdev stops running or loses
-// its carrier: the kernel refuses to read carrier while the netdev is
-// closed (here: the file is missing).
+// A RoCE port counts as down once its GID's netdev loses its carrier or
+// stops running (the kernel then refuses to read carrier); a netdev that
+// is not there to read (another network namespace's) does not count.
 func TestGIDNetdevCarrier(t *testing.T) {
 	files := map[string]string{
 		"class/net/veth0/carrier": "1",
