@@ -39,6 +39,25 @@ type Deadline struct {
 	cancel  chan struct{} // closed when the deadline passes; replaced under mu; nil until waited
 	cur     atomic.Value  // cancel's current value (a chan struct{}), for the lock-free readers
 	passed  atomic.Bool   // the deadline has passed: cancel, if any, is closed
+	waker   atomic.Pointer[func()]
+}
+
+// OnChange makes f run, under the Deadline's lock, each time the deadline
+// is set or passes: for a waiter that does not wait on Wait's channel. f
+// must not block or call the Deadline; nil removes it.
+func (d *Deadline) OnChange(f func()) {
+	if f == nil {
+		d.waker.Store(nil)
+		return
+	}
+	d.waker.Store(&f)
+}
+
+// changed runs the OnChange function, if any; called under mu.
+func (d *Deadline) changed() {
+	if f := d.waker.Load(); f != nil {
+		(*f)()
+	}
 }
 
 // epoch anchors clock: time.Since reads the monotonic clock.
@@ -67,6 +86,7 @@ func (d *Deadline) replace() {
 func (d *Deadline) Set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	defer d.changed()
 	d.at.Store(0) // a pending timer finds no deadline, or the new one
 	if t.IsZero() {
 		if d.passed.Load() {
@@ -130,6 +150,7 @@ func (d *Deadline) expireLocked() {
 		if d.cancel != nil {
 			close(d.cancel)
 		}
+		d.changed()
 	}
 }
 
@@ -156,6 +177,19 @@ func (d *Deadline) Wait() <-chan struct{} {
 		d.mu.Unlock()
 	}
 	return d.cur.Load().(chan struct{})
+}
+
+// Left is how long until the deadline passes (0 once it has); ok is false
+// while none is set.
+func (d *Deadline) Left() (left time.Duration, ok bool) {
+	if d.passed.Load() {
+		return 0, true
+	}
+	at := d.at.Load()
+	if at == 0 {
+		return 0, false
+	}
+	return max(time.Duration(at-clock()), 0), true
 }
 
 // Expired reports whether the deadline has passed.

@@ -125,6 +125,7 @@ func (c *Conn) Close() error {
 	c.life = lifeClosing
 	c.rd.stop.Store(true)
 	close(c.done)
+	c.wakeLocked(evRead | evWrite | evClose) // a sleeping poller does not see done
 	c.bs.stop()
 	c.st.SetClose()
 	ended := c.sayGoodbye(final)

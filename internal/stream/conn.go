@@ -125,6 +125,13 @@ func (e *Endpoint) Start(peer Ring, owner Owner, rdl, wdl *deadline.Deadline) (*
 	c.rd.e.init(evRead, c.done)
 	c.wr.e.init(evWrite, c.done)
 	c.peek, _ = e.cq.(verbs.Peeker)
+	// A Read or Write may sleep in the kernel if the queue can (waiter.go).
+	c.rd.e.sleep, _ = e.cq.(verbs.Sleeper)
+	c.wr.e.sleep = c.rd.e.sleep
+	if c.rd.e.sleep != nil {
+		rdl.OnChange(c.rd.e.wakeAsleep)
+		wdl.OnChange(c.wr.e.wakeAsleep)
+	}
 	if m, ok := e.qp.(verbs.RemoteMapper); ok {
 		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {
 			return nil, err

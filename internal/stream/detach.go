@@ -124,6 +124,7 @@ func (c *Conn) Detach() (Leftover, error) {
 	}
 	c.life = lifeClosed
 	close(c.done)
+	c.wakeLocked(evRead | evWrite | evClose)
 	c.bs.stop()
 	go func() {
 		c.calls.Wait()

@@ -27,12 +27,17 @@ const hangGuard = 30 * time.Second
 // the passive side connects first, the active side second, then the
 // passive side's Established; a net.Pipe is the bootstrap.
 func newPair(t *testing.T, opts Options) (a, b *Conn) {
+	return newPairOn(t, simProv, opts)
+}
+
+// newPairOn is newPair over provider p.
+func newPairOn(t *testing.T, p verbs.Provider, opts Options) (a, b *Conn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), hangGuard)
 	defer cancel()
-	ea, err := NewEndpoint(simProv, verbs.OpenOptions{}, opts)
+	ea, err := NewEndpoint(p, verbs.OpenOptions{}, opts)
 	require.NoError(t, err)
-	eb, err := NewEndpoint(simProv, verbs.OpenOptions{}, opts)
+	eb, err := NewEndpoint(p, verbs.OpenOptions{}, opts)
 	require.NoError(t, err)
 	require.NoError(t, eb.Connect(ctx, ea.Info(), false))
 	require.NoError(t, ea.Connect(ctx, eb.Info(), true))

@@ -3,11 +3,13 @@ package stream
 import (
 	"net"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/sysdep"
+	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
 // Waiting: one mechanism for every blocked call on every provider
@@ -52,6 +54,10 @@ type entry struct {
 	stop   <-chan struct{}
 	parked atomic.Bool  // the call is parked; whoever clears it first, signal or the call, counts the wake-up
 	sigAt  atomic.Int64 // when signal woke the parked call (monotonic), for parkCost; 0: it did not
+	// sleep is the queue, if the call may sleep in it (sleepLocked);
+	// asleep: the call sleeps there, and signal must end it.
+	sleep  verbs.Sleeper
+	asleep atomic.Bool
 }
 
 // signal wakes e's call; a parked one counts as woken until it runs.
@@ -59,8 +65,19 @@ func (e *entry) signal() {
 	if e.parked.CompareAndSwap(true, false) {
 		woken.Add(1)
 		e.sigAt.Store(monotonic())
+		if !e.asleep.Load() {
+			wakeSleepers() // a parked call needs a P: sleepers give theirs back
+		}
 	}
 	wake(e.ch)
+	e.wakeAsleep()
+}
+
+// wakeAsleep ends e's call's sleep, if it sleeps: its deadline changed.
+func (e *entry) wakeAsleep() {
+	if e.asleep.Load() {
+		e.sleep.Wake()
+	}
 }
 
 // init sets e up in place (an entry holds an atomic: it is not copied).
@@ -88,6 +105,8 @@ func (c *Conn) wakeLocked(ev event) {
 func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 	c.waiting = append(c.waiting, e)
 	defer c.leaveLocked(e)
+	waitingCalls.Add(1)
+	defer waitingCalls.Add(-1)
 	start := time.Now()
 	var spun, win time.Duration
 	if sc != nil && c.opts.BusyPoll > 0 {
@@ -104,8 +123,10 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 			spun = w
 		}
 	}
+	var slot *sleepSlot
 	if c.poller.Load() == nil {
-		c.pollFor(e)
+		slot = c.sleepLocked(e, dl)
+		c.pollFor(e, slot != nil)
 	}
 	e.parked.Store(true)
 	c.mu.Unlock()
@@ -113,13 +134,18 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 		(*h)(c)
 	}
 	var err error
-	select {
-	case <-e.ch:
+	if slot != nil && c.sleepFor(e, slot) {
 		c.stats.Wakeups.Add(1)
-	case <-dl.Wait():
-		err = os.ErrDeadlineExceeded
-	case <-e.stop:
-		err = net.ErrClosed
+		e.sigAt.Store(0) // not a park's cost
+	} else {
+		select {
+		case <-e.ch:
+			c.stats.Wakeups.Add(1)
+		case <-dl.Wait():
+			err = os.ErrDeadlineExceeded
+		case <-e.stop:
+			err = net.ErrClosed
+		}
 	}
 	if !e.parked.CompareAndSwap(true, false) {
 		woken.Add(-1) // signal counted this call as woken
@@ -134,15 +160,149 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 	return err
 }
 
+// Sleeping: a poller whose queue can wait in the kernel (verbs.Sleeper)
+// first waits there, on its own thread: the peer's ring then wakes this
+// call directly, not through the runtime's netpoller and a goroutine
+// hand-off (docs/protocol.md §4.1). A sleeper takes one of sleepSlots
+// places: each holds a thread, and its P until the runtime retakes it, so
+// half of the Ps stay free. The reaper wakes a call that slept maxSleep,
+// which then parks; a wait with a deadline nearer than that parks at once.
+var maxSleep = func() time.Duration {
+	if v, err := time.ParseDuration(os.Getenv("MAXSLEEP")); err == nil {
+		return v
+	}
+	return time.Millisecond
+}()
+
+var (
+	sleepSlots = make([]sleepSlot, runtime.GOMAXPROCS(0)/2)
+	sleepers   atomic.Int32 // slots taken
+	// waitingCalls counts the calls of the process in wait.
+	waitingCalls atomic.Int32
+	reaping      atomic.Bool
+)
+
+// wakeSleepers wakes every sleeping call, so that it parks instead and
+// gives its P back.
+func wakeSleepers() {
+	if sleepers.Load() == 0 {
+		return
+	}
+	for i := range sleepSlots {
+		if e := sleepSlots[i].e.Load(); e != nil {
+			e.sleep.Wake()
+		}
+	}
+}
+
+type sleepSlot struct {
+	e     atomic.Pointer[entry]
+	since atomic.Int64 // monotonic
+}
+
+// sleepLocked returns the slot of e, about to become the poller and park,
+// if it should sleep first: the queue sleeps, and a slot is free; else
+// nil. sleepFor gives the slot back. mu is held.
+func (c *Conn) sleepLocked(e *entry, dl *deadline.Deadline) *sleepSlot {
+	if e.sleep == nil || c.err != nil {
+		return nil
+	}
+	if left, ok := dl.Left(); ok && left < maxSleep || woken.Load() > 0 || waitingCalls.Load() > 1 {
+		return nil
+	}
+	if os.Getenv("SLEEPALL") == "" && c.opts.BusyPoll > 0 {
+		return nil
+	}
+	for i := range sleepSlots {
+		s := &sleepSlots[i]
+		if s.e.CompareAndSwap(nil, e) {
+			sleepers.Add(1)
+			s.since.Store(monotonic())
+			if reaping.CompareAndSwap(false, true) {
+				go reap()
+			}
+			return s
+		}
+	}
+	return nil
+}
+
+// reap wakes the sleepers that slept maxSleep, every maxSleep while any
+// sleeps.
+func reap() {
+	for {
+		time.Sleep(maxSleep)
+		busy := false
+		for i := range sleepSlots {
+			s := &sleepSlots[i]
+			if e := s.e.Load(); e != nil {
+				busy = true
+				if monotonic()-s.since.Load() >= int64(maxSleep) {
+					e.sleep.Wake()
+				}
+			}
+		}
+		if busy {
+			continue
+		}
+		reaping.Store(false)
+		// A sleeper that came since the scan saw reaping set.
+		for i := range sleepSlots {
+			if sleepSlots[i].e.Load() != nil && reaping.CompareAndSwap(false, true) {
+				busy = true
+				break
+			}
+		}
+		if !busy {
+			return
+		}
+	}
+}
+
+// sleepFor sleeps e's call in slot s unless it is signalled first, and
+// reports whether it was woken: rung or signalled (Close signals every
+// entry), not by the reaper or a change of its deadline (OnChange).
+func (c *Conn) sleepFor(e *entry, s *sleepSlot) bool {
+	defer func() {
+		s.e.Store(nil)
+		sleepers.Add(-1)
+	}()
+	e.asleep.Store(true) // before the check: a signal after it calls Wake
+	select {
+	case <-e.ch:
+		e.asleep.Store(false)
+		return true
+	default:
+	}
+	if os.Getenv("GOSCHED") != "" {
+		runtime.Gosched()
+	}
+	rung := e.sleep.Sleep()
+	e.asleep.Store(false)
+	if rung {
+		return true
+	}
+	select {
+	case <-e.ch:
+		return true
+	default:
+		return false
+	}
+}
+
 // pollFor makes e the poller: the queue's notification goes to e (armed
 // unless the Conn failed; Close's own wait arms it too), and completions
 // that came before are handled now. mu is held.
-func (c *Conn) pollFor(e *entry) {
+func (c *Conn) pollFor(e *entry, sleep bool) {
 	c.poller.Store(e)
 	if c.err != nil {
 		return
 	}
-	if err := c.ep.cq.Arm(); err != nil {
+	arm := c.ep.cq.Arm
+	if sleep {
+		arm = e.sleep.ArmSleep
+	}
+	if err := arm(); err != nil {
 		c.transportFailedLocked(reset("arming the completion queue", err))
 		return
 	}
@@ -168,7 +328,7 @@ func (c *Conn) leaveLocked(e *entry) {
 	}
 	c.progressLocked()
 	if len(c.waiting) > 0 {
-		c.pollFor(c.waiting[0])
+		c.pollFor(c.waiting[0], false)
 		return
 	}
 	c.idleLocked()

@@ -466,3 +466,23 @@ type Kicker interface {
 type Peeker interface {
 	Pending() bool
 }
+
+// Sleeper is implemented by CQs whose caller can wait for the armed
+// notification in the kernel, on its own thread: the peer's ring wakes that
+// thread directly (shm: a futex in the inbox), where notify reaches a
+// parked goroutine through a hand-off or two.
+//
+// ArmSleep is Arm for a caller that will Sleep: the peer's ring then
+// wakes the Sleep rather than calling notify. Sleep blocks the calling
+// goroutine's thread, after ArmSleep and the poll after it, until the CQ
+// is rung or Wake is called, and reports whether it was rung: that spends
+// the Arm, and notify is not called for it. It returns at once if the CQ
+// was armed otherwise since, or has other than one QP attached. It has no
+// timeout: the caller makes sure that Wake ends it. Wake ends a Sleep in
+// progress, or one about to wait, and makes later rings notify; it does
+// not block. None of the three may run once Close has begun.
+type Sleeper interface {
+	ArmSleep() error
+	Sleep() (rung bool)
+	Wake()
+}

@@ -7,6 +7,9 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
@@ -25,7 +28,9 @@ type CQ struct {
 
 	closed  atomic.Bool
 	overrun atomic.Bool
-	armed   atomic.Uint32 // 0, armAll or armSolicited: the inboxes' sleeping value too
+	armed   atomic.Uint32                 // 0, armAll or armSolicited: the inboxes' sleeping value too
+	asleep  atomic.Pointer[atomic.Uint32] // the sleeping word a Sleep waits on
+	wakeup  atomic.Bool                   // Wake was called: a Sleep about to wait does not
 
 	// mu serialises the consumers of the attached QPs' inboxes (Poll) and
 	// guards qps. It is taken before a QP's rmu, never after.
@@ -53,8 +58,9 @@ type localEntry struct {
 }
 
 var (
-	_ verbs.CQ     = (*CQ)(nil)
-	_ verbs.Peeker = (*CQ)(nil)
+	_ verbs.CQ      = (*CQ)(nil)
+	_ verbs.Peeker  = (*CQ)(nil)
+	_ verbs.Sleeper = (*CQ)(nil)
 )
 
 // eventOne is the value written to an eventfd to signal it.
@@ -137,6 +143,8 @@ const (
 	armSolicited = 2
 )
 
+// arm stores v, without sleepFutex, as the CQ's armed value, and v in the
+// inboxes' sleeping words.
 func (cq *CQ) arm(v uint32) error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
@@ -148,7 +156,7 @@ func (cq *CQ) arm(v uint32) error {
 	}
 	// Sequentially consistent stores, ordered before the loads of the Poll
 	// that must follow (Sleeping in the package documentation).
-	cq.armed.Store(v)
+	cq.armed.Store(v &^ sleepFutex)
 	for _, q := range cq.qps {
 		q.in.hdr.sleeping.Store(v)
 	}
@@ -164,6 +172,75 @@ func (cq *CQ) Disarm() {
 	for _, q := range cq.qps {
 		q.in.hdr.sleeping.Store(0)
 	}
+}
+
+// sleepFutex marks a sleeping word whose CQ's caller waits on it in the
+// kernel (Sleep): the producer that swaps the word to 0 wakes that futex
+// instead of ringing the link.
+const sleepFutex = 4
+
+// FUTEX_WAIT and FUTEX_WAKE, shared (not private): the peer wakes us.
+const (
+	futexWaitOp = 0
+	futexWakeOp = 1
+)
+
+// ArmSleep is Arm for a caller that will Sleep (verbs.Sleeper): a peer's
+// ring wakes the futex of the QP's inbox rather than the link.
+func (cq *CQ) ArmSleep() error { return cq.arm(armAll | sleepFutex) }
+
+// Sleep waits on the futex of the QP's inbox, after ArmSleep and the poll
+// after it, until a ring or Wake (verbs.Sleeper): a ring wakes this thread
+// directly, where the link's dispatcher would wake a goroutine that then
+// wakes the caller's. The wait has no timeout of its own: a timed futex
+// wait made the wake-up 2-4x slower on this project's VMs (an hrtimer
+// armed and cancelled each time). A peer that writes the word can only end
+// the wait early, or leave it to Wake.
+func (cq *CQ) Sleep() (rung bool) {
+	cq.peekMu.RLock() // the inbox stays mapped (detach)
+	defer cq.peekMu.RUnlock()
+	if len(cq.qps) != 1 || cq.closed.Load() {
+		return false
+	}
+	w := &cq.qps[0].in.hdr.sleeping
+	// Either Wake sees asleep and clears the bit (futex_wait then returns
+	// at once), or this sees its wakeup.
+	cq.asleep.Store(w)
+	if v := w.Load(); v&sleepFutex != 0 && !cq.wakeup.Load() {
+		_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWaitOp, uintptr(v), 0, 0, 0)
+	}
+	cq.asleep.Store(nil)
+	cq.wakeup.Store(false)
+	for {
+		v := w.Load()
+		if v == 0 {
+			// Rung: the producer swapped the word and woke the futex, not
+			// the link. The Arm is spent, unless a local completion's
+			// fire spent it first.
+			cq.armed.CompareAndSwap(armAll, 0)
+			return true
+		}
+		// Not rung: rings from now on go to the link (notify).
+		if v&sleepFutex == 0 || w.CompareAndSwap(v, v&^sleepFutex) {
+			return false
+		}
+	}
+}
+
+// Wake ends a Sleep (verbs.Sleeper): rings go to the link from now on.
+func (cq *CQ) Wake() {
+	cq.wakeup.Store(true)
+	if w := cq.asleep.Load(); w != nil {
+		if v := w.Load(); v&sleepFutex != 0 {
+			w.CompareAndSwap(v, v&^sleepFutex)
+		}
+		futexWake(w)
+	}
+}
+
+// futexWake wakes a thread waiting on w (CQ.Sleep), in either process.
+func futexWake(w *atomic.Uint32) {
+	_, _, _ = unix.Syscall(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, 1)
 }
 
 // fire calls notify, once per Arm, if the CQ is armed for a completion
@@ -185,6 +262,7 @@ func (cq *CQ) Close() error {
 		return verbs.ErrClosed
 	}
 	cq.armed.Store(0)
+	cq.Wake()
 	cq.peekMu.Lock()
 	cq.qps = nil
 	cq.peekMu.Unlock()
@@ -214,6 +292,7 @@ func (cq *CQ) attach(q *QP) bool {
 // detach removes q. Once it returns, neither Poll nor Arm touches q's
 // inbox.
 func (cq *CQ) detach(q *QP) {
+	cq.Wake()
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if i := slices.Index(cq.qps, q); i >= 0 {

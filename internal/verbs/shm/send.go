@@ -133,8 +133,12 @@ func (q *QP) enqueueLocked(payload []byte, solicited bool) verbs.Status {
 	copy(e.data[:], payload)
 	q.tail++
 	q.out.hdr.tail.Store(q.tail)
-	if v := q.out.hdr.sleeping.Load(); v != 0 && (v != armSolicited || solicited) && q.out.hdr.sleeping.CompareAndSwap(v, 0) {
-		q.link.peer.ring(q.peerID&0xffff, q.link.peerEvt, false)
+	if v := q.out.hdr.sleeping.Load(); v != 0 && (v&^sleepFutex != armSolicited || solicited) && q.out.hdr.sleeping.CompareAndSwap(v, 0) {
+		if v&sleepFutex != 0 {
+			futexWake(&q.out.hdr.sleeping)
+		} else {
+			q.link.peer.ring(q.peerID&0xffff, q.link.peerEvt, false)
+		}
 	}
 	return verbs.StatusSuccess
 }

@@ -327,3 +327,72 @@ func TestKickOverwrittenWords(t *testing.T) {
 	}
 	drain(t, a.cq)
 }
+
+// TestSleep: after ArmSleep, a peer's ring wakes Sleep itself (rung, no
+// notification, no eventfd write); Wake ends a Sleep and sends later rings
+// to the link (notify); a Sleep after a plain Arm returns at once.
+func TestSleep(t *testing.T) {
+	a, b := pair(t, 8)
+	b.postRecvs(t, 4, 64)
+	l := b.qp.link
+	eventfdWrites(t, l)
+	sleep := func() <-chan bool {
+		done := make(chan bool, 1)
+		go func() { done <- b.cq.Sleep() }()
+		for end := time.Now().Add(hangGuard); b.cq.asleep.Load() == nil; time.Sleep(10 * time.Microsecond) {
+			if time.Now().After(end) {
+				t.Fatal("Sleep never began to wait")
+			}
+		}
+		return done
+	}
+	result := func(done <-chan bool) bool {
+		select {
+		case r := <-done:
+			return r
+		case <-time.After(hangGuard):
+			t.Fatal("Sleep did not return")
+			return false
+		}
+	}
+
+	if err := b.cq.ArmSleep(); err != nil {
+		t.Fatal(err)
+	}
+	done := sleep()
+	sendInline(t, a, 1, []byte("ping"))
+	if !result(done) {
+		t.Error("a ring did not end the Sleep as rung")
+	}
+	if n := bellOf(b.cq).n.Load(); n != 0 {
+		t.Errorf("%d notifications for a ring that woke the Sleep, want 0", n)
+	}
+	if w := eventfdWrites(t, l); w != 0 {
+		t.Errorf("%d eventfd writes for a ring that woke the Sleep, want 0", w)
+	}
+	if wc := drain(t, b.cq); len(wc) != 1 {
+		t.Fatalf("%d completions after the ring, want 1", len(wc))
+	}
+
+	if err := b.cq.ArmSleep(); err != nil {
+		t.Fatal(err)
+	}
+	done = sleep()
+	b.cq.Wake()
+	if result(done) {
+		t.Error("Wake ended the Sleep as rung")
+	}
+	sendInline(t, a, 2, []byte("ping"))
+	if !notified(b.cq, hangGuard) {
+		t.Error("no notification for a ring after Wake")
+	}
+	drain(t, b.cq)
+
+	if err := b.cq.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	if b.cq.Sleep() {
+		t.Error("a Sleep after a plain Arm reported a ring")
+	}
+	drain(t, a.cq)
+}
