@@ -58,6 +58,7 @@ type entry struct {
 	// asleep: the call sleeps there, and signal must end it.
 	sleep  verbs.Sleeper
 	asleep atomic.Bool
+	nap    spinCtl // sleeping's window, as busy-polling's (guarded by mu)
 }
 
 // signal wakes e's call; a parked one counts as woken until it runs.
@@ -124,8 +125,11 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 		}
 	}
 	var slot *sleepSlot
-	if c.poller.Load() == nil {
+	napWin := time.Duration(spinPerPark * parkCost.Load())
+	if c.poller.Load() == nil && (os.Getenv("NONAP") != "" || e.nap.window(napWin) > 0) {
 		slot = c.sleepLocked(e, dl)
+	}
+	if c.poller.Load() == nil {
 		c.pollFor(e, slot != nil)
 	}
 	e.parked.Store(true)
@@ -134,10 +138,19 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 		(*h)(c)
 	}
 	var err error
+	napStart := time.Now()
 	if slot != nil && c.sleepFor(e, slot) {
 		c.stats.Wakeups.Add(1)
 		e.sigAt.Store(0) // not a park's cost
+		c.mu.Lock()
+		e.nap.record(napWin, time.Since(napStart), napWin)
+		c.mu.Unlock()
 	} else {
+		if slot != nil {
+			c.mu.Lock()
+			e.nap.record(napWin, time.Since(napStart), napWin)
+			c.mu.Unlock()
+		}
 		select {
 		case <-e.ch:
 			c.stats.Wakeups.Add(1)
