@@ -367,8 +367,10 @@ func (q *QP) localSGE(s *verbs.SGE) (*MR, error) {
 // Close moves the QP to the error state, so that everything outstanding
 // completes as flushed (into its CQ, unless that is closed), and releases
 // it. The peer is not told; its next transfer fails with
-// StatusRetryExceeded, as do transfers it has in flight. A second Close
-// returns verbs.ErrClosed.
+// StatusRetryExceeded, as do transfers it has in flight. With
+// Faults.LocalCompletion the peer is moved to the error state too, as the
+// end of an iWARP connection's TCP stream does. A second Close returns
+// verbs.ErrClosed.
 func (q *QP) Close() error {
 	p := q.lockWithPeer()
 	if q.state == stateClosed {
