@@ -47,6 +47,7 @@ const (
 // (capacity 1), and the channel that ends its waits (the Conn's close; nil
 // for Close's own).
 type entry struct {
+	lane   atomic.Pointer[laner] // EXPERIMENT: the lane the call waits on
 	ev     event
 	ch     chan struct{}
 	stop   <-chan struct{}
@@ -61,7 +62,22 @@ func (e *entry) signal() {
 		e.sigAt.Store(monotonic())
 	}
 	wake(e.ch)
+	if l := e.lane.Load(); l != nil {
+		(*l).InterruptLane()
+	}
 }
+
+// laner is an EXPERIMENT: a queue whose notification one parked call may
+// wait for in the netpoller itself (shm's lane).
+type laner interface {
+	ArmLane() bool
+	LaneDeadline(time.Time)
+	WaitLane()
+	InterruptLane()
+	ReleaseLane()
+}
+
+var laneOn = os.Getenv("RSOCK_X_LANE") != ""
 
 // init sets e up in place (an entry holds an atomic: it is not copied).
 func (e *entry) init(ev event, stop <-chan struct{}) *entry {
@@ -107,19 +123,50 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 	if c.poller.Load() == nil {
 		c.pollFor(e)
 	}
+	var lw laner
+	if laneOn && c.poller.Load() == e && c.err == nil {
+		if l, ok := c.ep.cq.(laner); ok && l.ArmLane() {
+			lw = l
+			lw.LaneDeadline(time.Now().Add(20 * time.Millisecond))
+			e.lane.Store(&lw)
+			c.progressLocked() // what came before the lane was armed
+		}
+	}
 	e.parked.Store(true)
 	c.mu.Unlock()
 	if h := testHookParking.Load(); h != nil {
 		(*h)(c)
 	}
 	var err error
-	select {
-	case <-e.ch:
-		c.stats.Wakeups.Add(1)
-	case <-dl.Wait():
-		err = os.ErrDeadlineExceeded
-	case <-e.stop:
-		err = net.ErrClosed
+	if lw != nil {
+		select {
+		case <-e.ch:
+		default:
+			lw.WaitLane()
+			select {
+			case <-e.ch:
+			default:
+			}
+		}
+		e.lane.Store(nil)
+		lw.ReleaseLane()
+		switch {
+		case dl.Expired():
+			err = os.ErrDeadlineExceeded
+		case isClosed(e.stop):
+			err = net.ErrClosed
+		default:
+			c.stats.Wakeups.Add(1)
+		}
+	} else {
+		select {
+		case <-e.ch:
+			c.stats.Wakeups.Add(1)
+		case <-dl.Wait():
+			err = os.ErrDeadlineExceeded
+		case <-e.stop:
+			err = net.ErrClosed
+		}
 	}
 	if !e.parked.CompareAndSwap(true, false) {
 		woken.Add(-1) // signal counted this call as woken

@@ -26,6 +26,7 @@ type CQ struct {
 	closed  atomic.Bool
 	overrun atomic.Bool
 	armed   atomic.Uint32 // 0, armAll or armSolicited: the inboxes' sleeping value too
+	lane    atomic.Pointer[link]
 
 	// mu serialises the consumers of the attached QPs' inboxes (Poll) and
 	// guards qps. It is taken before a QP's rmu, never after.
@@ -135,6 +136,7 @@ func (cq *CQ) ArmSolicited() error { return cq.arm(armSolicited) }
 const (
 	armAll       = 1
 	armSolicited = 2
+	armLane      = 4 // the QP's waiter waits on its link's lane (lane.go)
 )
 
 func (cq *CQ) arm(v uint32) error {

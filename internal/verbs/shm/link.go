@@ -32,11 +32,15 @@ type link struct {
 	pid    int32  // SO_PEERCRED of the peer, checked at setup
 	uid    uint32
 
-	own     bellPage        // rung by the peer, drained by dispatch
-	efile   *os.File        // this side's eventfd, waited on by dispatch
-	eraw    syscall.RawConn // efile's
-	peer    bellPage        // the peer's bell page
-	peerEvt int             // the peer's eventfd, or -1
+	own      bellPage        // rung by the peer, drained by dispatch
+	efile    *os.File        // this side's eventfd, waited on by dispatch
+	eraw     syscall.RawConn // efile's
+	peer     bellPage        // the peer's bell page
+	peerEvt  int             // the peer's eventfd, or -1
+	lane     *os.File        // this side's lane eventfd: one parked QP's own wake-up (lane.go)
+	laneRaw  syscall.RawConn // lane's
+	peerLane int             // the peer's lane eventfd, or -1
+	laneBusy atomic.Bool     // a QP's waiter holds the lane
 
 	wmu sync.Mutex // serialises writes on c
 
@@ -241,7 +245,7 @@ var liveLinks atomic.Int64
 
 func newLink() *link {
 	liveLinks.Add(1)
-	return &link{peerEvt: -1}
+	return &link{peerEvt: -1, peerLane: -1}
 }
 
 // release frees the link's resources; nothing uses them any more.
@@ -259,6 +263,13 @@ func (l *link) release() {
 	if l.peerEvt >= 0 {
 		_ = unix.Close(l.peerEvt)
 		l.peerEvt = -1
+	}
+	if l.peerLane >= 0 {
+		_ = unix.Close(l.peerLane)
+		l.peerLane = -1
+	}
+	if l.lane != nil {
+		_ = l.lane.Close()
 	}
 	if l.lnRef {
 		releaseListener()
@@ -519,10 +530,19 @@ func (l *link) sendDoorbell(c *net.UnixConn, msg []byte) error {
 		return err
 	}
 	l.own = own
-	err = writeMsg(c, msg, []int{efd, bfd})
+	lfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		_ = unix.Close(bfd)
+		return fmt.Errorf("shm: eventfd: %w", err)
+	}
+	l.lane = os.NewFile(uintptr(lfd), "rsock-shm-lane")
+	err = writeMsg(c, msg, []int{efd, bfd, lfd})
 	_ = unix.Close(bfd)
 	if err != nil {
 		return verbs.PeerFault("shm: sending to the peer's rendezvous", err)
+	}
+	if l.laneRaw, err = l.lane.SyscallConn(); err != nil {
+		return err
 	}
 	l.eraw, err = l.efile.SyscallConn()
 	return err
@@ -531,10 +551,16 @@ func (l *link) sendDoorbell(c *net.UnixConn, msg []byte) error {
 // mapPeerDoorbell validates and maps the peer's eventfd and bell page,
 // fds; it takes ownership of them on success and failure.
 func (l *link) mapPeerDoorbell(fds []int) error {
-	if len(fds) != 2 {
+	if len(fds) != 3 {
 		closeFDs(fds)
-		return fmt.Errorf("shm: %d file descriptors, want an eventfd and a bell page", len(fds))
+		return fmt.Errorf("shm: %d file descriptors, want an eventfd, a bell page and a lane", len(fds))
 	}
+	if err := checkEventfd(fds[2]); err != nil {
+		closeFDs(fds)
+		return err
+	}
+	l.peerLane = fds[2]
+	fds = fds[:2]
 	b, err := mapPeerBell(fds[1])
 	_ = unix.Close(fds[1])
 	if err == nil {
