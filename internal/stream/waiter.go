@@ -72,12 +72,13 @@ func (e *entry) signal() {
 type laner interface {
 	ArmLane() bool
 	LaneDeadline(time.Time)
-	WaitLane()
+	WaitLane() int64
 	InterruptLane()
 	ReleaseLane()
 }
 
 var laneOn = os.Getenv("RSOCK_X_LANE") != ""
+var laneRecord = os.Getenv("RSOCK_X_LANEREC") != ""
 
 // init sets e up in place (an entry holds an atomic: it is not copied).
 func (e *entry) init(ev event, stop <-chan struct{}) *entry {
@@ -142,7 +143,9 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 		select {
 		case <-e.ch:
 		default:
-			lw.WaitLane()
+			if ns := lw.WaitLane(); ns > 0 && laneRecord {
+				recordWake(ns)
+			}
 			select {
 			case <-e.ch:
 			default:

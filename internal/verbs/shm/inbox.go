@@ -64,7 +64,9 @@ type inboxHeader struct {
 	posted   atomic.Uint64
 	_        [128 - 8]byte
 	sleeping atomic.Uint32
-	_        [128 - 4]byte
+	_        uint32
+	laneAt   atomic.Int64 // EXPERIMENT: CLOCK_MONOTONIC of the producer's last lane write
+	_        [128 - 16]byte
 }
 
 // entry overlays one inbox entry.

@@ -4,6 +4,8 @@ package shm
 
 import (
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // EXPERIMENT: one parked waiter per link waits on a lane eventfd of its
@@ -52,11 +54,13 @@ func (cq *CQ) LaneDeadline(t time.Time) {
 	}
 }
 
-// WaitLane waits for an edge of the lane, until its deadline at the latest.
-func (cq *CQ) WaitLane() {
+// WaitLane waits for an edge of the lane, until its deadline at the
+// latest, and returns the time from the peer's lane write to now (ns; 0 if
+// not known).
+func (cq *CQ) WaitLane() int64 {
 	l := cq.lane.Load()
 	if l == nil {
-		return
+		return 0
 	}
 	first := true
 	_ = l.laneRaw.Read(func(uintptr) bool {
@@ -66,6 +70,21 @@ func (cq *CQ) WaitLane() {
 		}
 		return true
 	})
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if len(cq.qps) != 1 {
+		return 0
+	}
+	if at := cq.qps[0].in.hdr.laneAt.Swap(0); at != 0 {
+		return monoNow() - at
+	}
+	return 0
+}
+
+func monoNow() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
 }
 
 // InterruptLane ends a WaitLane now.

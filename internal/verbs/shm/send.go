@@ -136,6 +136,7 @@ func (q *QP) enqueueLocked(payload []byte, solicited bool) verbs.Status {
 	q.out.hdr.tail.Store(q.tail)
 	if v := q.out.hdr.sleeping.Load(); v != 0 && (v != armSolicited || solicited) && q.out.hdr.sleeping.CompareAndSwap(v, 0) {
 		if v == armLane {
+			q.out.hdr.laneAt.Store(monoNow())
 			_, _ = unix.Write(q.link.peerLane, eventOne[:])
 		} else {
 			q.link.peer.ring(q.peerID&0xffff, q.link.peerEvt, false)
