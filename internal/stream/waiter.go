@@ -295,9 +295,9 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 
 // spinAlone is how many polls a spinner makes before it yields its core
 // at every poll: a peer that runs on a core of its own answers within
-// them, and one that waits for this core runs at the next poll. (Yielding
-// every 64 polls only, a ping-pong on a loaded host fell into round trips
-// of 6.4 us instead of 1.0 us: BENCHMARKS.md.)
+// them, and past them any thread that waits for this core runs at the
+// next poll. (Yielding every 64 polls only, a ping-pong on a loaded host
+// fell into round trips of 6.4 us instead of 1.0 us: BENCHMARKS.md.)
 const spinAlone = 64
 
 func isClosed(ch <-chan struct{}) bool {
