@@ -20,6 +20,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -95,7 +96,7 @@ func child(mode string, args []string) {
 		}
 		buf := make([]byte, msgSize)
 		for {
-			if _, err := readFull(c, buf); err != nil {
+			if _, err := io.ReadFull(c, buf); err != nil {
 				return
 			}
 			_, _ = c.Write(buf)
@@ -124,18 +125,6 @@ func child(mode string, args []string) {
 	}
 }
 
-func readFull(c net.Conn, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		k, err := c.Read(b[n:])
-		n += k
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
-}
-
 func streamRun(network string) ([]time.Duration, *exec.Cmd) {
 	addr := "127.0.0.1:0"
 	if network == "unix" {
@@ -160,7 +149,7 @@ func streamRun(network string) ([]time.Duration, *exec.Cmd) {
 	buf := make([]byte, msgSize)
 	return loop(func() {
 		_, _ = c.Write(buf)
-		_, _ = readFull(c, buf)
+		_, _ = io.ReadFull(c, buf)
 	}), cmd
 }
 
