@@ -93,18 +93,9 @@ type hostID struct {
 	nsDev, nsIno uint64
 }
 
-var host struct {
-	once sync.Once
-	id   hostID
-	err  error
-}
-
 // localHost returns this process's host identity, probing once that the
 // kernel features shm needs work.
-func localHost() (hostID, error) {
-	host.once.Do(func() { host.id, host.err = probeHost() })
-	return host.id, host.err
-}
+var localHost = sync.OnceValues(probeHost)
 
 func probeHost() (hostID, error) {
 	var id hostID
