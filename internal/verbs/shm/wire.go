@@ -270,11 +270,9 @@ func parseRights(oob []byte) []int {
 	}
 	var fds []int
 	for i := range msgs {
-		if msgs[i].Header.Level == unix.SOL_SOCKET && msgs[i].Header.Type == unix.SCM_RIGHTS {
-			got, err := unix.ParseUnixRights(&msgs[i])
-			if err == nil {
-				fds = append(fds, got...)
-			}
+		// ParseUnixRights fails on anything but SOL_SOCKET, SCM_RIGHTS.
+		if got, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+			fds = append(fds, got...)
 		}
 	}
 	return fds
