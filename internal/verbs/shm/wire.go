@@ -213,19 +213,16 @@ func decodeHeader(b []byte) (byte, []byte, error) {
 // decodeExchange parses the body of an attach or accept message.
 func decodeExchange(kind byte, body []byte) (*exchange, error) {
 	x := &exchange{}
-	idLen := secretLen
-	if kind == msgAccept {
-		idLen = 4
-	}
-	if len(body) < idLen+12 {
+	switch {
+	case kind == msgAccept && len(body) >= 4+12:
+		x.dst = binary.LittleEndian.Uint32(body)
+		body = body[4:]
+	case kind != msgAccept && len(body) >= secretLen+12:
+		copy(x.secret[:], body)
+		body = body[secretLen:]
+	default:
 		return nil, fmt.Errorf("%w: %d bytes", errMsgFormat, len(body))
 	}
-	if kind == msgAccept {
-		x.dst = binary.LittleEndian.Uint32(body)
-	} else {
-		copy(x.secret[:], body)
-	}
-	body = body[idLen:]
 	x.src = binary.LittleEndian.Uint32(body)
 	x.inboxCap = uint64(binary.LittleEndian.Uint32(body[4:]))
 	n := int(binary.LittleEndian.Uint16(body[8:]))
