@@ -102,21 +102,16 @@ func Stats() RendezvousStats {
 func acquireListener() (string, error) {
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
-	if rv.ln == nil {
-		var err error
-		for range 4 { // a random name collides only by accident
-			var r [8]byte
-			_, _ = rand.Read(r[:])
-			name := fmt.Sprintf("%s%d-%s", namePrefix, os.Getpid(), hex.EncodeToString(r[:]))
-			var ln *net.UnixListener
-			ln, err = net.ListenUnix("unixpacket", &net.UnixAddr{Name: name, Net: "unixpacket"})
-			if err == nil {
-				rv.ln, rv.name = ln, name
-				go acceptLoop(ln)
-				break
-			}
-		}
-		if err != nil {
+	for try := 1; rv.ln == nil; try++ { // a random name collides only by accident
+		var r [8]byte
+		_, _ = rand.Read(r[:])
+		name := fmt.Sprintf("%s%d-%s", namePrefix, os.Getpid(), hex.EncodeToString(r[:]))
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: name, Net: "unixpacket"})
+		switch {
+		case err == nil:
+			rv.ln, rv.name = ln, name
+			go acceptLoop(ln)
+		case try == 4:
 			return "", fmt.Errorf("%w: shm: rendezvous listener: %v", verbs.ErrUnavailable, err)
 		}
 	}
