@@ -68,10 +68,7 @@ func (m *MR) Close() error {
 			time.Sleep(10 * time.Microsecond)
 		}
 	}
-	fd := m.dev.forgetMR(m)
-	if fd >= 0 {
-		_ = unix.Close(fd)
-	}
+	closeFD(m.dev.forgetMR(m))
 	return unmap(m.mem)
 }
 
@@ -260,10 +257,15 @@ func checkEventfd(fd int) error {
 	return nil
 }
 
+// closeFD closes fd unless it is negative (no descriptor).
+func closeFD(fd int) {
+	if fd >= 0 {
+		_ = unix.Close(fd)
+	}
+}
+
 func closeFDs(fds []int) {
 	for _, fd := range fds {
-		if fd >= 0 {
-			_ = unix.Close(fd)
-		}
+		closeFD(fd)
 	}
 }

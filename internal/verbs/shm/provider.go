@@ -190,9 +190,7 @@ func (d *Device) AllocMR(size int, access verbs.Access) (verbs.MR, error) {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		if mr.fd >= 0 {
-			_ = unix.Close(mr.fd)
-		}
+		closeFD(mr.fd)
 		_ = unmap(mr.mem)
 		return nil, verbs.ErrClosed
 	}

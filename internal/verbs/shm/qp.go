@@ -10,8 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
@@ -291,9 +289,7 @@ func (q *QP) install(p *peerSide, l *link, id, peerID uint32) error {
 	q.cmu.Unlock()
 	q.rmu.Unlock()
 	q.smu.Unlock()
-	if inFD >= 0 {
-		_ = unix.Close(inFD)
-	}
+	closeFD(inFD)
 	q.dev.settle()
 	return nil
 }
@@ -354,9 +350,7 @@ func (q *QP) Close() error {
 	}
 	q.cq.detach(q) // from here on, neither Poll nor Arm reads q.in
 	q.in.release()
-	if inFD >= 0 {
-		_ = unix.Close(inFD)
-	}
+	closeFD(inFD)
 	q.dev.forgetQP(q)
 	if lnRef {
 		releaseListener()
