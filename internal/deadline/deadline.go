@@ -39,6 +39,7 @@ type Deadline struct {
 	cancel  chan struct{} // closed when the deadline passes; replaced under mu; nil until waited
 	cur     atomic.Value  // cancel's current value (a chan struct{}), for the lock-free readers
 	passed  atomic.Bool   // the deadline has passed: cancel, if any, is closed
+	watch   atomic.Pointer[func()]
 }
 
 // epoch anchors clock: time.Since reads the monotonic clock.
@@ -67,6 +68,7 @@ func (d *Deadline) replace() {
 func (d *Deadline) Set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	defer d.notify()
 	d.at.Store(0) // a pending timer finds no deadline, or the new one
 	if t.IsZero() {
 		if d.passed.Load() {
@@ -130,6 +132,20 @@ func (d *Deadline) expireLocked() {
 		if d.cancel != nil {
 			close(d.cancel)
 		}
+		d.notify()
+	}
+}
+
+// Watch makes fn be called, until Watch(nil), whenever the deadline is
+// set and when it passes (the latter only once Wait has been called): for
+// a waiter blocked somewhere other than on Wait's channel, which fn wakes
+// to look again. fn runs with the Deadline's lock held: it must not block
+// or call the Deadline. One watcher at a time.
+func (d *Deadline) Watch(fn *func()) { d.watch.Store(fn) }
+
+func (d *Deadline) notify() {
+	if fn := d.watch.Load(); fn != nil {
+		(*fn)()
 	}
 }
 

@@ -125,6 +125,7 @@ func (c *Conn) Close() error {
 	c.life = lifeClosing
 	c.rd.stop.Store(true)
 	close(c.done)
+	c.wakeLocked(evRead | evWrite) // a call waiting on a lane does not watch done
 	c.bs.stop()
 	c.st.SetClose()
 	ended := c.sayGoodbye(final)

@@ -33,6 +33,7 @@ type Conn struct {
 	direct []byte       // the peer's ring mapped here (shm), or nil
 	inline int          // QP's MaxInline
 	peek   verbs.Peeker // nil if the queue cannot tell cheaply whether a poll would find anything
+	lane   verbs.Laner  // nil if no parked call can wait on the queue's notification itself
 
 	rd   recvHalf // Read, CopyTo, CloseRead (recv.go)
 	wr   sendHalf // Write, CloseWrite (send.go)
@@ -125,6 +126,7 @@ func (e *Endpoint) Start(peer Ring, owner Owner, rdl, wdl *deadline.Deadline) (*
 	c.rd.e.init(evRead, c.done)
 	c.wr.e.init(evWrite, c.done)
 	c.peek, _ = e.cq.(verbs.Peeker)
+	c.lane, _ = e.cq.(verbs.Laner)
 	if m, ok := e.qp.(verbs.RemoteMapper); ok {
 		if c.direct, err = m.MapRemote(peer.Addr, peer.RKey, int(peer.Size)); err != nil {
 			return nil, err

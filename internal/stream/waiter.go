@@ -8,6 +8,7 @@ import (
 
 	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/sysdep"
+	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
 // Waiting: one mechanism for every blocked call on every provider
@@ -30,9 +31,10 @@ import (
 // background progress.
 
 // Test hooks: a call about to park (after it became the poller or found
-// one, with mu released), and a poller that has let go of the role and
-// not yet polled (mu held).
-var testHookParking, testHookLeaving atomic.Pointer[func(*Conn)]
+// one, with mu released), a poller that has let go of the role and not
+// yet polled (mu held), and a call about to wait on its lane (after its
+// last check, mu released).
+var testHookParking, testHookLeaving, testHookLane atomic.Pointer[func(*Conn)]
 
 // event is what a blocked call waits for.
 type event uint8
@@ -52,6 +54,9 @@ type entry struct {
 	stop   <-chan struct{}
 	parked atomic.Bool  // the call is parked; whoever clears it first, signal or the call, counts the wake-up
 	sigAt  atomic.Int64 // when signal woke the parked call (monotonic), for parkCost; 0: it did not
+	onLane atomic.Bool  // the call waits on lane (waitLane): signal interrupts it
+	lane   verbs.Laner  // set once, before onLane is first stored
+	sigFn  func()       // signal, for a Deadline's Watch
 }
 
 // signal wakes e's call; a parked one counts as woken until it runs.
@@ -61,11 +66,15 @@ func (e *entry) signal() {
 		e.sigAt.Store(monotonic())
 	}
 	wake(e.ch)
+	if e.onLane.Load() {
+		e.lane.InterruptLane()
+	}
 }
 
 // init sets e up in place (an entry holds an atomic: it is not copied).
 func (e *entry) init(ev event, stop <-chan struct{}) *entry {
 	e.ev, e.ch, e.stop = ev, make(chan struct{}, 1), stop
+	e.sigFn = e.signal
 	return e
 }
 
@@ -108,18 +117,23 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 		c.pollFor(e)
 	}
 	e.parked.Store(true)
+	lane := sc != nil && spun == 0 && c.takeLaneLocked(e)
 	c.mu.Unlock()
 	if h := testHookParking.Load(); h != nil {
 		(*h)(c)
 	}
 	var err error
-	select {
-	case <-e.ch:
+	if lane && c.waitLane(e, dl) {
 		c.stats.Wakeups.Add(1)
-	case <-dl.Wait():
-		err = os.ErrDeadlineExceeded
-	case <-e.stop:
-		err = net.ErrClosed
+	} else {
+		select {
+		case <-e.ch:
+			c.stats.Wakeups.Add(1)
+		case <-dl.Wait():
+			err = os.ErrDeadlineExceeded
+		case <-e.stop:
+			err = net.ErrClosed
+		}
 	}
 	if !e.parked.CompareAndSwap(true, false) {
 		woken.Add(-1) // signal counted this call as woken
@@ -132,6 +146,49 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 		sc.record(spun, time.Since(start), win)
 	}
 	return err
+}
+
+// takeLaneLocked lets the poller e, about to park, take its queue's lane
+// (verbs.Laner), and polls for what came before. mu is held. Only a wait
+// that did not poll takes it: after a poll that missed, a lane cost net/http
+// and gRPC at one connection 5-20% (BENCHMARKS.md).
+func (c *Conn) takeLaneLocked(e *entry) bool {
+	if c.lane == nil || c.poller.Load() != e || c.err != nil || !c.lane.TakeLane(laneHold) {
+		return false
+	}
+	if e.lane == nil {
+		e.lane = c.lane
+	}
+	c.progressLocked()
+	return true
+}
+
+// laneHold is how long a call parked on the lane keeps it from a newer
+// parked call of another connection of its link: then that one takes it
+// from it (the older call parks as usual), so that an idle connection
+// does not keep it from the busy ones. (A variable for tests.)
+var laneHold = time.Millisecond
+
+// waitLane waits for e's queue's lane, which takeLaneLocked took, until
+// its notification, a signal of e, dl moving or passing, the Conn's close
+// or a newer call taking the lane, and gives the lane back. It reports
+// whether the notification came; if not, the queue is armed as by Arm,
+// and the call parks as usual, where a signal waits for it if one ended
+// the lane. mu is not held.
+func (c *Conn) waitLane(e *entry, dl *deadline.Deadline) bool {
+	e.onLane.Store(true) // from here on, signal interrupts the lane
+	dl.Watch(&e.sigFn)
+	dl.Wait() // its passing needs its timer
+	woke := false
+	if len(e.ch) == 0 && !dl.Expired() && !isClosed(e.stop) {
+		if h := testHookLane.Load(); h != nil {
+			(*h)(c)
+		}
+		woke = c.lane.WaitLane()
+	}
+	dl.Watch(nil)
+	e.onLane.Store(false)
+	return c.lane.ReleaseLane() || woke
 }
 
 // pollFor makes e the poller: the queue's notification goes to e (armed

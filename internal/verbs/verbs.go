@@ -466,3 +466,24 @@ type Kicker interface {
 type Peeker interface {
 	Pending() bool
 }
+
+// Laner is implemented by CQs whose notification one parked caller at a
+// time can wait for itself, in the Go netpoller, rather than through a
+// dispatcher goroutine and the notify function (shm's lane: an eventfd per
+// process pair and direction, which the peer writes). The sequence:
+// TakeLane, a Poll, WaitLane unless the Poll found something, then
+// ReleaseLane. TakeLane arms the CQ as Arm does, for WaitLane; it reports
+// false, having armed nothing, when the CQ cannot take a lane or another
+// CQ holds it (which it interrupts, if that one took it over kickAfter
+// ago). WaitLane blocks until the notification (true) or InterruptLane
+// (false). Any goroutine may call InterruptLane, to end the current or
+// next WaitLane of the CQ until its next TakeLane. ReleaseLane turns an
+// arm not yet consumed into an ordinary Arm (whose notification calls
+// notify), and reports whether the notification had come: then the
+// caller has had it.
+type Laner interface {
+	TakeLane(kickAfter time.Duration) bool
+	WaitLane() bool
+	InterruptLane()
+	ReleaseLane() bool
+}

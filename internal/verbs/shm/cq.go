@@ -23,9 +23,11 @@ type CQ struct {
 	depth  int
 	notify func()
 
-	closed  atomic.Bool
-	overrun atomic.Bool
-	armed   atomic.Uint32 // 0, armAll or armSolicited: the inboxes' sleeping value too
+	closed   atomic.Bool
+	overrun  atomic.Bool
+	armed    atomic.Uint32        // 0, armAll or armSolicited: the inboxes' sleeping value too
+	lane     atomic.Pointer[QP]   // the QP whose inbox says armLane (lane.go)
+	laneLink atomic.Pointer[link] // the link of the lane taken last
 
 	// mu serialises the consumers of the attached QPs' inboxes (Poll) and
 	// guards qps. It is taken before a QP's rmu, never after.
@@ -135,6 +137,7 @@ func (cq *CQ) ArmSolicited() error { return cq.arm(armSolicited) }
 const (
 	armAll       = 1
 	armSolicited = 2
+	armLane      = 4 // only in an inbox: the peer writes the lane (lane.go)
 )
 
 func (cq *CQ) arm(v uint32) error {

@@ -32,11 +32,17 @@ type link struct {
 	pid    int32  // SO_PEERCRED of the peer, checked at setup
 	uid    uint32
 
-	own     bellPage        // rung by the peer, drained by dispatch
-	efile   *os.File        // this side's eventfd, waited on by dispatch
-	eraw    syscall.RawConn // efile's
-	peer    bellPage        // the peer's bell page
-	peerEvt int             // the peer's eventfd, or -1
+	own        bellPage           // rung by the peer, drained by dispatch
+	efile      *os.File           // this side's eventfd, waited on by dispatch
+	eraw       syscall.RawConn    // efile's
+	peer       bellPage           // the peer's bell page
+	peerEvt    int                // the peer's eventfd, or -1
+	lane       *os.File           // this side's lane eventfd, waited on by laneHolder (lane.go)
+	laneRaw    syscall.RawConn    // lane's
+	peerLane   int                // the peer's lane eventfd, or -1
+	laneHolder atomic.Pointer[CQ] // the CQ whose WaitLane the lane is for
+	laneSince  atomic.Int64       // when laneHolder took it (since laneEpoch)
+	laneCut    atomic.Bool        // InterruptLane moved the lane's deadline
 
 	wmu sync.Mutex // serialises writes on c
 
@@ -241,7 +247,7 @@ var liveLinks atomic.Int64
 
 func newLink() *link {
 	liveLinks.Add(1)
-	return &link{peerEvt: -1}
+	return &link{peerEvt: -1, peerLane: -1}
 }
 
 // release frees the link's resources; nothing uses them any more.
@@ -253,13 +259,14 @@ func (l *link) release() {
 	if l.efile != nil {
 		_ = l.efile.Close() // dispatch returns
 	}
+	if l.lane != nil {
+		_ = l.lane.Close()
+	}
 	l.dispWG.Wait()
 	l.own.release()
 	l.peer.release()
-	if l.peerEvt >= 0 {
-		_ = unix.Close(l.peerEvt)
-		l.peerEvt = -1
-	}
+	closeFDs([]int{l.peerEvt, l.peerLane})
+	l.peerEvt, l.peerLane = -1, -1
 	if l.lnRef {
 		releaseListener()
 	}
@@ -504,47 +511,66 @@ func (l *link) finishSetup(err error) {
 	close(l.ready)
 }
 
-// sendDoorbell makes this side's eventfd and bell page for the link,
-// sends msg on c with both attached (the eventfd, then the bell page), then
-// closes the bell page's memfd (the peer has it) and wraps the eventfd for
-// the Go netpoller. What it made stays with l (release) on every path.
+// sendDoorbell makes this side's eventfd, bell page and lane for the
+// link, sends msg on c with the three attached in that order, then closes
+// the bell page's memfd (the peer has it) and wraps the eventfds for the
+// Go netpoller. What it made stays with l (release) on every path.
 func (l *link) sendDoorbell(c *net.UnixConn, msg []byte) error {
-	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		return fmt.Errorf("shm: eventfd: %w", err)
+	var efd, lfd int
+	var err error
+	if l.efile, l.eraw, efd, err = newEventfd("rsock-shm-link"); err != nil {
+		return err
 	}
-	l.efile = os.NewFile(uintptr(efd), "rsock-shm-link")
+	if l.lane, l.laneRaw, lfd, err = newEventfd("rsock-shm-lane"); err != nil {
+		return err
+	}
 	bfd, own, err := newBell()
 	if err != nil {
 		return err
 	}
 	l.own = own
-	err = writeMsg(c, msg, []int{efd, bfd})
+	err = writeMsg(c, msg, []int{efd, bfd, lfd})
 	_ = unix.Close(bfd)
 	if err != nil {
 		return verbs.PeerFault("shm: sending to the peer's rendezvous", err)
 	}
-	l.eraw, err = l.efile.SyscallConn()
-	return err
+	return nil
 }
 
-// mapPeerDoorbell validates and maps the peer's eventfd and bell page,
-// fds; it takes ownership of them on success and failure.
+// newEventfd makes a non-blocking eventfd wrapped for the Go netpoller
+// (f owns fd; f.Fd would make it blocking).
+func newEventfd(name string) (f *os.File, raw syscall.RawConn, fd int, err error) {
+	if fd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+		return nil, nil, -1, fmt.Errorf("shm: eventfd: %w", err)
+	}
+	f = os.NewFile(uintptr(fd), name)
+	if raw, err = f.SyscallConn(); err != nil {
+		_ = f.Close()
+		return nil, nil, -1, err
+	}
+	return f, raw, fd, nil
+}
+
+// mapPeerDoorbell validates and maps the peer's eventfd, bell page and
+// lane, fds; it takes ownership of them on success and failure.
 func (l *link) mapPeerDoorbell(fds []int) error {
-	if len(fds) != 2 {
+	if len(fds) != 3 {
 		closeFDs(fds)
-		return fmt.Errorf("shm: %d file descriptors, want an eventfd and a bell page", len(fds))
+		return fmt.Errorf("shm: %d file descriptors, want an eventfd, a bell page and a lane", len(fds))
 	}
 	b, err := mapPeerBell(fds[1])
 	_ = unix.Close(fds[1])
 	if err == nil {
 		err = checkEventfd(fds[0])
 	}
+	if err == nil {
+		err = checkEventfd(fds[2])
+	}
 	if err != nil {
 		b.release()
-		_ = unix.Close(fds[0])
+		closeFDs([]int{fds[0], fds[2]})
 		return err
 	}
-	l.peer, l.peerEvt = b, fds[0]
+	l.peer, l.peerEvt, l.peerLane = b, fds[0], fds[2]
 	return nil
 }

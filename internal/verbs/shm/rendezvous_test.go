@@ -83,8 +83,8 @@ func waitRefused(t *testing.T, before RendezvousStats, n uint64) RendezvousStats
 }
 
 // craftFDs returns what a well-behaved active side sends: with a link's
-// connect message an eventfd and a bell page, and with an attach an inbox
-// memfd of capacity c (the last fd).
+// connect message an eventfd, a bell page and a lane eventfd, and with an
+// attach an inbox memfd of capacity c (the last fd).
 func craftFDs(t *testing.T, c uint64) []int {
 	t.Helper()
 	fd, in, err := newInbox(int(c))
@@ -101,7 +101,11 @@ func craftFDs(t *testing.T, c uint64) []int {
 		t.Fatal(err)
 	}
 	b.release()
-	return []int{efd, bfd, fd}
+	lfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []int{efd, bfd, lfd, fd}
 }
 
 // linkByHand sets up a link on c with secret as a well-behaved active side
@@ -109,13 +113,13 @@ func craftFDs(t *testing.T, c uint64) []int {
 func linkByHand(t *testing.T, c *net.UnixConn, secret []byte) {
 	t.Helper()
 	fds := craftFDs(t, minInboxCap)
-	err := writeMsg(c, append(appendHeader(nil, msgConnect), secret...), fds[:2])
+	err := writeMsg(c, append(appendHeader(nil, msgConnect), secret...), fds[:3])
 	closeFDs(fds)
 	if err != nil {
 		t.Fatalf("write: %v", err)
 	}
-	if b, n, err := readListener(c); err != nil || decodeLinked(b) != nil || n != 2 {
-		t.Fatalf("the listener answered %q with %d fds (%v), want linked with 2", b, n, err)
+	if b, n, err := readListener(c); err != nil || decodeLinked(b) != nil || n != 3 {
+		t.Fatalf("the listener answered %q with %d fds (%v), want linked with 3", b, n, err)
 	}
 }
 
@@ -225,23 +229,23 @@ func TestRendezvousBadExchange(t *testing.T) {
 	}
 	inbox := func(t *testing.T) int {
 		fds := craftFDs(t, minInboxCap)
-		closeFDs(fds[:2])
-		return fds[2]
+		closeFDs(fds[:3])
+		return fds[3]
 	}
-	// doorbell returns craftFDs' eventfd and bell page, fds[i] replaced by
-	// fd (-1: dropped).
+	// doorbell returns craftFDs' eventfd, bell page and lane, fds[i]
+	// replaced by fd (-1: dropped).
 	doorbell := func(t *testing.T, i, fd int) []int {
 		fds := craftFDs(t, minInboxCap)
-		_ = unix.Close(fds[2])
+		_ = unix.Close(fds[3])
 		if i < 0 {
-			return fds[:2]
+			return fds[:3]
 		}
 		_ = unix.Close(fds[i])
 		if fd < 0 {
-			return fds[:1]
+			return append(fds[:i], fds[i+1:3]...)
 		}
 		fds[i] = fd
-		return fds[:2]
+		return fds[:3]
 	}
 	pipe := func(t *testing.T) int {
 		var p [2]int
@@ -257,12 +261,14 @@ func TestRendezvousBadExchange(t *testing.T) {
 		fds  func(t *testing.T) []int
 	}{
 		{"NoFDs", func(t *testing.T) []int { return nil }},
-		{"OneFD", func(t *testing.T) []int { return doorbell(t, 1, -1) }},
-		{"ThreeFDs", func(t *testing.T) []int { return append(doorbell(t, -1, 0), inbox(t)) }},
+		{"NoBell", func(t *testing.T) []int { return doorbell(t, 1, -1) }},
+		{"NoLane", func(t *testing.T) []int { return doorbell(t, 2, -1) }},
+		{"FourFDs", func(t *testing.T) []int { return append(doorbell(t, -1, 0), inbox(t)) }},
 		{"BellWrongSize", func(t *testing.T) []int { return doorbell(t, 1, memfd(t, 4096, true)) }},
 		{"BellZeroHeader", func(t *testing.T) []int { return doorbell(t, 1, memfd(t, bellPageBytes, true)) }},
 		{"InboxForBell", func(t *testing.T) []int { return doorbell(t, 1, inbox(t)) }},
 		{"PipeForEventfd", func(t *testing.T) []int { return doorbell(t, 0, pipe(t)) }},
+		{"PipeForLane", func(t *testing.T) []int { return doorbell(t, 2, pipe(t)) }},
 	}
 	mr := mrRecord{rkey: 7, addr: 1 << 36, size: 8192}
 	// The inbox and regions sent with an attach.

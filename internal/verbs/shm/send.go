@@ -5,6 +5,8 @@ package shm
 import (
 	"fmt"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
@@ -133,7 +135,11 @@ func (q *QP) enqueueLocked(payload []byte, solicited bool) verbs.Status {
 	copy(e.data[:], payload)
 	q.tail++
 	q.out.hdr.tail.Store(q.tail)
-	if v := q.out.hdr.sleeping.Load(); v != 0 && (v != armSolicited || solicited) && q.out.hdr.sleeping.CompareAndSwap(v, 0) {
+	switch v := q.out.hdr.sleeping.Load(); {
+	case v == 0 || v == armSolicited && !solicited || !q.out.hdr.sleeping.CompareAndSwap(v, 0):
+	case v == armLane:
+		_, _ = unix.Write(q.link.peerLane, eventOne[:])
+	default:
 		q.link.peer.ring(q.peerID&0xffff, q.link.peerEvt, false)
 	}
 	return verbs.StatusSuccess
