@@ -13,7 +13,6 @@ import (
 // row and reopens it by a probe that hits (docs/protocol.md §4.1).
 const (
 	spinLimit  = 2   // misses in a row that close the window
-	missSlack  = 2   // a wait over within missSlack windows is no miss (a parked peer's answer)
 	firstProbe = 8   // waits from the window closing to the first probe
 	probeEvery = 256 // the longest gap between probes
 )
@@ -108,7 +107,7 @@ func (s *spinCtl) record(spun, took, w time.Duration) {
 	case w <= 0 || spun == 0:
 	case took <= w:
 		s.misses, s.closed = 0, false
-	case took > missSlack*w:
+	default:
 		s.misses++
 		switch {
 		case s.closed: // a probe missed

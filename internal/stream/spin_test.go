@@ -41,10 +41,6 @@ func TestSpinCtl(t *testing.T) {
 		if got := waits(&s, 1000, 3*us, 10*us); got != 1000 {
 			t.Fatalf("spun %d of 1000 waits", got)
 		}
-		// A peer that parks answers a little after the window: no miss.
-		if got := waits(&s, 1000, missSlack*max, missSlack*max); got != 1000 {
-			t.Fatalf("near misses: spun %d of 1000 waits", got)
-		}
 		// One long wait (a hiccup) does not close it.
 		s.record(max, time.Millisecond, max)
 		if got := waits(&s, 100, 3*us, 10*us); got != 100 {

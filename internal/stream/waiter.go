@@ -113,11 +113,13 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 			spun = w
 		}
 	}
+	lane := false
 	if c.poller.Load() == nil {
-		c.pollFor(e)
+		if lane = sc != nil && spun == 0 && c.takeLaneLocked(e); !lane {
+			c.pollFor(e)
+		}
 	}
 	e.parked.Store(true)
-	lane := sc != nil && spun == 0 && c.takeLaneLocked(e)
 	c.mu.Unlock()
 	if h := testHookParking.Load(); h != nil {
 		(*h)(c)
@@ -148,13 +150,18 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 	return err
 }
 
-// takeLaneLocked lets the poller e, about to park, take its queue's lane
-// (verbs.Laner), and polls for what came before. mu is held. Only a wait
-// that did not poll takes it: after a poll that missed, a lane cost net/http
-// and gRPC at one connection 5-20% (BENCHMARKS.md).
+// takeLaneLocked makes e, about to park, the poller on its queue's lane
+// (verbs.Laner) in place of pollFor, if it can take the lane, and polls
+// for what came before. mu is held. Only a wait that did not poll takes
+// it: after a poll that missed, a lane cost net/http and gRPC at one
+// connection 5-20% (BENCHMARKS.md).
 func (c *Conn) takeLaneLocked(e *entry) bool {
-	if c.lane == nil || c.poller.Load() != e || c.err != nil || !c.lane.TakeLane(laneHold) {
+	if c.lane == nil || c.err != nil {
 		return false
+	}
+	c.poller.Store(e) // before the arm: a notification goes to e
+	if !c.lane.TakeLane(laneHold) {
+		return false // pollFor arms
 	}
 	if e.lane == nil {
 		e.lane = c.lane
