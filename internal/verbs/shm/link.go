@@ -7,8 +7,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -182,20 +184,15 @@ var linkLinger atomic.Int64 // a time.Duration
 
 func init() { linkLinger.Store(int64(time.Second)) }
 
-// endLinger ends the linger gen of l, unless a QP has taken it over (or a
-// later linger replaced it).
+// endLinger ends the linger gen of l (0: whichever linger it is in),
+// unless a QP has taken it over (or a later linger replaced it): it closes
+// the link and drops the hold the linger took.
 func (l *link) endLinger(gen uint64) {
 	l.mu.Lock()
-	if !l.lingering || l.lingerGen != gen {
+	if !l.lingering || gen != 0 && l.lingerGen != gen {
 		l.mu.Unlock()
 		return
 	}
-	l.endLingerUnlock()
-}
-
-// endLingerUnlock ends l's linger: it closes the link and drops the hold
-// the linger took. It unlocks mu.
-func (l *link) endLingerUnlock() {
 	l.lingering = false
 	l.closeLocked()
 	l.dropUnlock()
@@ -205,18 +202,10 @@ func (l *link) endLingerUnlock() {
 // after linkLinger: for tests and tools that count descriptors and links.
 func EndIdleLinks() {
 	links.mu.Lock()
-	var all []*link
-	for _, l := range links.byName {
-		all = append(all, l)
-	}
+	all := slices.Collect(maps.Values(links.byName))
 	links.mu.Unlock()
 	for _, l := range all {
-		l.mu.Lock()
-		if !l.lingering {
-			l.mu.Unlock()
-			continue
-		}
-		l.endLingerUnlock() // its timer then finds it not lingering
+		l.endLinger(0) // its timer then finds it not lingering
 	}
 }
 
