@@ -303,11 +303,8 @@ func (l *link) readLoop() {
 	oob := make([]byte, unix.CmsgSpace(4*maxMsgFDs))
 	for {
 		b, fds, err := readMsg(l.c, buf, oob)
-		if err != nil {
-			break
-		}
-		if !l.handle(b, fds) {
-			break // a protocol violation: the link is unusable
+		if err != nil || !l.handle(b, fds) {
+			break // the connection ended, or a protocol violation made it unusable
 		}
 	}
 	l.mu.Lock()
