@@ -82,10 +82,10 @@ type attachReply struct {
 }
 
 // The links this process dialed, by the peer's rendezvous name.
-var links struct {
+var links = struct {
 	mu     sync.Mutex
 	byName map[string]*link
-}
+}{byName: map[string]*link{}}
 
 func linkID(slot uint32, gen uint16) uint32 { return uint32(gen)<<16 | slot }
 
@@ -110,9 +110,6 @@ func (l *link) bind(q *QP, wait chan attachReply) (uint32, bool) {
 	l.slots[s].q = q
 	id := linkID(s, l.slots[s].gen)
 	if wait != nil {
-		if l.attaching == nil {
-			l.attaching = map[uint32]chan attachReply{}
-		}
 		l.attaching[id] = wait
 	}
 	return id, true
@@ -236,7 +233,7 @@ var liveLinks atomic.Int64
 
 func newLink() *link {
 	liveLinks.Add(1)
-	return &link{peerEvt: -1, peerLane: -1}
+	return &link{peerEvt: -1, peerLane: -1, attaching: map[uint32]chan attachReply{}}
 }
 
 // release frees the link's resources; nothing uses them any more.
@@ -432,9 +429,6 @@ func (l *link) write(b []byte, fds []int) error {
 func getLink(ctx context.Context, q *QP, info *peerInfo, wait chan attachReply) (*link, uint32, error) {
 	for {
 		links.mu.Lock()
-		if links.byName == nil {
-			links.byName = map[string]*link{}
-		}
 		l := links.byName[info.name]
 		if l != nil {
 			l.mu.Lock()
