@@ -88,10 +88,7 @@ func (q *QP) attach(ctx context.Context, l *link, id uint32, info *peerInfo, wai
 		l.mu.Unlock()
 		select {
 		case r = <-wait:
-			closeFDs(r.fds)
-			if r.x != nil {
-				_ = l.write(appendID(appendHeader(nil, msgGone), r.x.src), nil)
-			}
+			l.deliverAttach(id, r) // to nobody: it closes the fds, tells an accepted peer QP
 		default:
 		}
 		l.unbind(id)
