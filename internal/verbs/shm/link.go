@@ -87,8 +87,6 @@ var links = struct {
 	byName map[string]*link
 }{byName: map[string]*link{}}
 
-func linkID(slot uint32, gen uint16) uint32 { return uint32(gen)<<16 | slot }
-
 // bind gives q a slot; it fails once the link is closing or full.
 func (l *link) bind(q *QP, wait chan attachReply) (uint32, bool) {
 	l.mu.Lock()
@@ -108,7 +106,7 @@ func (l *link) bind(q *QP, wait chan attachReply) (uint32, bool) {
 		return 0, false
 	}
 	l.slots[s].q = q
-	id := linkID(s, l.slots[s].gen)
+	id := uint32(l.slots[s].gen)<<16 | s
 	if wait != nil {
 		l.attaching[id] = wait
 	}
