@@ -494,7 +494,7 @@ func (l *link) finishSetup(err error) {
 // the bell page's memfd (the peer has it) and wraps the eventfds for the
 // Go netpoller. What it made stays with l (release) on every path.
 func (l *link) sendDoorbell(c *net.UnixConn, msg []byte) error {
-	var efd, lfd int
+	var efd, lfd, bfd int
 	var err error
 	if l.efile, l.eraw, efd, err = newEventfd("rsock-shm-link"); err != nil {
 		return err
@@ -502,11 +502,9 @@ func (l *link) sendDoorbell(c *net.UnixConn, msg []byte) error {
 	if l.lane, l.laneRaw, lfd, err = newEventfd("rsock-shm-lane"); err != nil {
 		return err
 	}
-	bfd, own, err := newBell()
-	if err != nil {
+	if bfd, l.own, err = newBell(); err != nil {
 		return err
 	}
-	l.own = own
 	err = writeMsg(c, msg, []int{efd, bfd, lfd})
 	_ = unix.Close(bfd)
 	if err != nil {
