@@ -240,12 +240,8 @@ func (l *link) release() {
 	if l.c != nil {
 		_ = l.c.Close()
 	}
-	if l.efile != nil {
-		_ = l.efile.Close() // dispatch returns
-	}
-	if l.lane != nil {
-		_ = l.lane.Close()
-	}
+	_ = l.efile.Close() // dispatch returns (nil before sendDoorbell: ErrInvalid)
+	_ = l.lane.Close()
 	l.dispWG.Wait()
 	l.own.release()
 	l.peer.release()
