@@ -48,7 +48,7 @@ var maxHeld = 4096
 
 // The rendezvous listener (Connection and trust model in the package
 // documentation), with the secrets of passive QPs registered.
-var rv struct {
+var rv = struct {
 	mu          sync.Mutex
 	ln          *net.UnixListener
 	name        string
@@ -63,7 +63,7 @@ var rv struct {
 
 	accepted atomic.Uint64
 	refused  atomic.Uint64
-}
+}{peers: map[int32]*peerQueue{}}
 
 // peerQueue is one peer process's share of the rendezvous listener.
 type peerQueue struct {
@@ -233,9 +233,6 @@ func admit(p pendingConn) {
 		return
 	}
 	rv.mu.Lock()
-	if rv.peers == nil {
-		rv.peers = map[int32]*peerQueue{}
-	}
 	pq := rv.peers[cred.Pid]
 	if pq == nil {
 		pq = &peerQueue{}
