@@ -266,10 +266,7 @@ func (cq *CQ) popLocal(wc []verbs.Completion) int {
 		wc[i] = e.c
 		e.used.Add(-e.slots)
 		*e = localEntry{}
-		cq.lhead++
-		if cq.lhead == len(cq.local) {
-			cq.lhead = 0
-		}
+		cq.lhead = (cq.lhead + 1) % len(cq.local)
 	}
 	cq.lcount.Add(int32(-n))
 	return n

@@ -49,10 +49,7 @@ func (q *QP) PostRecv(wr *verbs.RecvWR) error {
 func (q *QP) popRecvLocked() recvWR {
 	r := q.recvs[q.rfirst]
 	q.recvs[q.rfirst] = recvWR{}
-	q.rfirst++
-	if q.rfirst == len(q.recvs) {
-		q.rfirst = 0
-	}
+	q.rfirst = (q.rfirst + 1) % len(q.recvs)
 	q.rcount--
 	return r
 }
