@@ -42,9 +42,7 @@ func (q *QP) PostSend(wr *verbs.SendWR) error {
 		if err := q.usable(true); err != nil {
 			return err
 		}
-		switch wr.Op {
-		case verbs.OpWrite, verbs.OpSend:
-		default:
+		if wr.Op != verbs.OpWrite && wr.Op != verbs.OpSend {
 			return fmt.Errorf("shm: send work request with opcode %v", wr.Op)
 		}
 		src, mr := wr.Inline, (*MR)(nil)
