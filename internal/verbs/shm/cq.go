@@ -57,6 +57,7 @@ type localEntry struct {
 var (
 	_ verbs.CQ     = (*CQ)(nil)
 	_ verbs.Peeker = (*CQ)(nil)
+	_ verbs.Laner  = (*CQ)(nil) // lane.go
 )
 
 // eventOne is the value written to an eventfd to signal it.

@@ -2,16 +2,10 @@
 
 package shm
 
-import (
-	"time"
-
-	"github.com/rdmanet/rdmanet/internal/verbs"
-)
+import "time"
 
 // The lane: one parked caller per link and side waits on the lane eventfd
 // itself (verbs.Laner; Sleeping in the package documentation).
-
-var _ verbs.Laner = (*CQ)(nil)
 
 // TakeLane (verbs.Laner) takes the link of the CQ's one QP, whose peer
 // then writes the lane where it would ring the bell.
