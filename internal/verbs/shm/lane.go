@@ -64,12 +64,10 @@ func (cq *CQ) WaitLane() bool {
 // of a CQ that took the lane after this one, spuriously.)
 func (cq *CQ) InterruptLane() {
 	if l := cq.laneLink.Load(); l != nil {
-		_ = l.lane.SetReadDeadline(aLongTimeAgo) // a closed lane returns an error
-		l.laneCut.Store(true)                    // after the deadline: TakeLane clears both
+		_ = l.lane.SetReadDeadline(time.Unix(1, 0)) // a closed lane returns an error
+		l.laneCut.Store(true)                       // after the deadline: TakeLane clears both
 	}
 }
-
-var aLongTimeAgo = time.Unix(1, 0)
 
 // ReleaseLane (verbs.Laner) turns the QP's armLane back into armAll, or
 // finds it swapped by the peer: then the Arm's one notification was the
