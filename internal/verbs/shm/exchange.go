@@ -104,11 +104,7 @@ func (q *QP) attach(ctx context.Context, l *link, id uint32, info *peerInfo, wai
 		l.unbind(id)
 		return verbs.PeerFault("shm: mapping the peer's regions", err)
 	}
-	if err := q.install(p, l, id, r.x.src); err != nil {
-		l.unbind(id)
-		return err
-	}
-	return nil
+	return q.install(p, l, id, r.x.src)
 }
 
 // setup dials the peer's rendezvous, proves the secret of info's QP in a

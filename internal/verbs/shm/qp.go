@@ -263,8 +263,8 @@ func (p *peerSide) release() {
 
 // install makes p the peer and binds q to link id (the peer's QP is
 // peerID), moving the QP from connecting to connected. It fails
-// (releasing p) if the QP was closed or failed meanwhile (the caller
-// unbinds it).
+// (releasing p, telling the peer QP and unbinding id) if the QP was closed
+// or failed meanwhile.
 func (q *QP) install(p *peerSide, l *link, id, peerID uint32) error {
 	q.smu.Lock()
 	q.rmu.Lock()
@@ -276,6 +276,7 @@ func (q *QP) install(p *peerSide, l *link, id, peerID uint32) error {
 		q.smu.Unlock()
 		p.release()
 		_ = l.write(appendID(appendHeader(nil, msgGone), peerID), nil)
+		l.unbind(id)
 		if closing {
 			return verbs.ErrClosed
 		}

@@ -430,9 +430,5 @@ func (q *QP) acceptActive(l *link, x *exchange, fds []int) error {
 		l.unbind(id)
 		return err
 	}
-	if err := q.install(p, l, id, x.src); err != nil {
-		l.unbind(id)
-		return err
-	}
-	return nil
+	return q.install(p, l, id, x.src)
 }
