@@ -214,11 +214,9 @@ func (l *link) closeLocked() {
 	}
 }
 
-// forget removes a closing dialed link from the table.
+// forget removes a closing dialed link from the table (an accepted link,
+// whose name is empty, is not in it).
 func (l *link) forget() {
-	if !l.dialed {
-		return
-	}
 	links.mu.Lock()
 	if links.byName[l.name] == l {
 		delete(links.byName, l.name)
