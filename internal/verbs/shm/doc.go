@@ -21,9 +21,7 @@
 //     the peer's to WRITE (verbs.MR).
 //
 // So rsock's connection (one QP per device, its ring registered before it
-// connects) keeps no memfd open once connected. Addr is a distinct non-zero
-// multiple of 1<<36; RKey is a keyed bijection of a per-device counter, so
-// it looks random and is never reused by the device.
+// connects) keeps no memfd open once connected.
 //
 // # Inbox
 //
@@ -36,11 +34,7 @@
 // with StatusRNR (RC's receiver-not-ready). A RECV is posted before its
 // count is published, and the count minus the consumed entries never
 // exceeds RecvDepth, so an honest peer never finds the inbox full.
-//
-// CQ.Poll turns entries into receive completions, matching them in order
-// with the posted RECVs. Send completions are made in the sender's process
-// when the request is posted (it has fully executed by then) and queued in
-// its CQ.
+// Completions: CQ, QP.PostSend.
 //
 // # Memory ordering
 //
