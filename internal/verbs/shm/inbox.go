@@ -8,12 +8,10 @@ import (
 	"unsafe"
 )
 
-// Inbox layout. An inbox is one memfd: a header page, then capacity
-// entries of EntrySize bytes. The QP that owns it (the consumer) creates
-// it; the connected peer (the single producer) maps it and writes entries.
-//
-// Fields of different writers are in different 128-byte blocks (two cache
-// lines, so the adjacent-line prefetcher does not couple them):
+// Inbox layout (Inbox in the package documentation): a memfd the owner
+// creates, a header page, then capacity entries. Fields of different
+// writers are in different 128-byte blocks (two cache lines, so the
+// adjacent-line prefetcher does not couple them):
 //
 //	offset   writer    field
 //	0        owner     magic, version, capacity (at creation); state (ready,
