@@ -165,14 +165,10 @@
 // on every path. A malformed message on a link is a protocol violation that
 // ends the link, and with it the QPs of that peer process only.
 //
-// The listener never blocks its accept loop: it reads each connection's
-// SO_PEERCRED as it accepts it, serves at most 16 first messages of one
-// peer process at once and queues that process's further connections (up
-// to 1024), and each connection has 2 s from its accept to send its first
-// message. With 4096 held in all, a new connection takes the place of one
-// of the process that holds the most. So a local process, or many, that
-// open silent connections to the (public) socket name delay only their
-// own exchanges.
+// The listener never blocks its accept loop, and bounds what each peer
+// process holds (rendezvous.go), so a local process, or many, that open
+// silent connections to the (public) socket name delay only their own
+// exchanges.
 //
 // # Deviations from RC
 //

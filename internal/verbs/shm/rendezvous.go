@@ -20,31 +20,28 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
+// The listener never blocks its accept loop (Connection and trust model in
+// the package documentation): it reads each connection's SO_PEERCRED as it
+// accepts it and serves at most maxPerPeer first messages of one peer
+// process (pid) at once; that process's further connections wait, in
+// order, up to maxQueuedPerPeer (a connection past that is refused at
+// once: its peer falls back to TCP). Each has firstMessageTimeout from
+// its accept to send its first message, which a real peer sends at once.
+// With maxHeld connections held in all, a new one takes the place of one
+// of the process that holds the most (evictLocked).
 const (
-	// rendezvousTimeout bounds one exchange on the passive side, and on the
-	// active side when ctx has no earlier deadline.
-	rendezvousTimeout = 10 * time.Second
-	// maxPerPeer bounds the exchanges served at once for one peer process
-	// (by SO_PEERCRED pid); its further connections wait in a queue, in
-	// order, and connections of other processes are not held up by them.
-	maxPerPeer = 16
-	// maxQueuedPerPeer bounds the connections of one peer process that wait
-	// for one of its slots; past it a new connection is refused at once
-	// (its peer falls back to TCP).
-	maxQueuedPerPeer = 1024
-	// firstMessageTimeout bounds how long a connection may wait, from its
-	// accept, before its connect message arrives: a real peer sends it at
-	// once, so a local process cannot hold its slots for long.
+	maxPerPeer          = 16
+	maxQueuedPerPeer    = 1024
 	firstMessageTimeout = 2 * time.Second
 	// queuedGrace is the least time left for the first message (which a
 	// real peer sent long ago) of a connection queued past firstMessageTimeout.
 	queuedGrace = 10 * time.Millisecond
+	// rendezvousTimeout bounds one exchange on the passive side, and on the
+	// active side when ctx has no earlier deadline.
+	rendezvousTimeout = 10 * time.Second
 )
 
-// maxHeld bounds the connections held in all; past it a new one takes
-// the place of one of the process that holds the most (evictLocked). A
-// variable for tests.
-var maxHeld = 4096
+var maxHeld = 4096 // a variable for tests
 
 // The rendezvous listener (Connection and trust model in the package
 // documentation), with the secrets of passive QPs registered.
