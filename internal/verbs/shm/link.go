@@ -371,10 +371,9 @@ func (l *link) deliverAttach(id uint32, r attachReply) {
 	}
 }
 
-// serveAttach runs the passive side of an attach on an established link:
-// the peer proves it knows the secret of a registered QP (one use, compared
-// in constant time); a wrong secret or a bad exchange is refused without
-// touching the link.
+// serveAttach runs the passive side of an attach on an established link
+// (claimRegistration checks the secret); a wrong secret or a bad exchange
+// is refused without touching the link.
 func (l *link) serveAttach(body []byte, fds []int) bool {
 	x, err := decodeExchange(msgAttach, body)
 	if err != nil {

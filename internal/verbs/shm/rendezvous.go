@@ -116,10 +116,8 @@ func acquireListener() (string, error) {
 	return rv.name, nil
 }
 
-// holdListener takes a reference to the listener if it is up: a link it
-// accepted keeps it (and so its name) while the link lasts, so that the
-// peer's next QP finds its link under that name even when no QP of this
-// process is open in between (the peer's link lingers: link.go).
+// holdListener takes a reference to the listener if it is up, for a link
+// it accepted (Connection and trust model in the package documentation).
 func holdListener() bool {
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
@@ -335,11 +333,9 @@ func serveQueued(p pendingConn) {
 	}
 }
 
-// serveRendezvous runs the passive side of a new link's setup: the
-// connect message must present the secret of a registered QP before the
-// fds it carries are looked at. Anything wrong closes c and leaves the
-// registrations alone. On success the link's reader and dispatcher take
-// over c, and the QPs attach.
+// serveRendezvous runs the passive side of a new link's setup (Connection
+// and trust model in the package documentation); on success the link's
+// reader and dispatcher take over c, and the QPs attach.
 func serveRendezvous(p pendingConn) {
 	c, cred := p.c, p.cred
 	_ = c.SetDeadline(time.Now().Add(rendezvousTimeout))
