@@ -11,16 +11,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Bell page layout. Each side of a link owns one bell page (a memfd it
-// creates, passes to the peer at link setup and then closes): the peer's
-// QPs set bits in it to ring this side's CQs, and this side's dispatcher
-// (link.go) clears them (protocol: Sleeping in the package documentation).
+// Bell page layout (protocol: Sleeping in the package documentation).
+// Each side of a link creates one, passes its memfd to the peer at link
+// setup and then closes it.
 //
 //	offset   writer     field
 //	0        creator    magic, version (at creation)
 //	128      both       armed: set by the dispatcher before it sleeps,
-//	                    swapped to 0 by the producer that then writes the
-//	                    eventfd
+//	                    swapped to 0 by the producer that writes the eventfd
 //	256      producer   summary: bit w = bitmap word w non-zero
 //	4096     producer   bitmap: bit s = ring the CQ of slot s's QP
 //
@@ -99,9 +97,8 @@ func (b *bellPage) release() {
 }
 
 // ring sets slot's bit in the peer's bell page and writes the peer's
-// eventfd efd if its dispatcher sleeps, or if force. The Ors and the load
-// of armed are sequentially consistent: either the dispatcher's drain after
-// it stored armed sees the bit, or this load sees armed set.
+// eventfd efd if its dispatcher sleeps (step 2 of Sleeping in the package
+// documentation, which says why no ring is lost), or if force.
 func (b *bellPage) ring(slot uint32, efd int, force bool) {
 	w := (slot % maxLinkSlots) / 64
 	b.bits[w].Or(1 << (slot % 64))

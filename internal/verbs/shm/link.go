@@ -260,10 +260,8 @@ func (l *link) start() {
 	go l.readLoop()
 }
 
-// dispatch waits for edges of the link's eventfd in the Go netpoller and,
-// each time it wakes, drains the bell page and fires the CQ of every QP
-// rung (Sleeping in the package documentation). It returns when the
-// eventfd is closed (release).
+// dispatch is the link's dispatcher (step 3 of Sleeping in the package
+// documentation). It returns when the eventfd is closed (release).
 func (l *link) dispatch() {
 	defer l.dispWG.Done()
 	woke := false

@@ -122,11 +122,10 @@ func (q *QP) creditLocked() verbs.Status {
 }
 
 // enqueueLocked writes a SEND's entry into the peer's inbox, publishes it
-// with the store of tail (which orders the entry, and data copied before
-// it, before the peer's load of tail) and rings the peer if its sleeping
-// word asks (Sleeping in the package documentation: either the Poll after
-// Arm sees the entry or this load sees the word). A change of the word
-// meanwhile makes the swap fail; the peer's poll after it finds the entry.
+// with the store of tail and, if the peer's sleeping word asks, rings the
+// peer or writes its lane (Memory ordering and Sleeping in the package
+// documentation). A change of the word meanwhile makes the swap fail; the
+// peer's poll after it finds the entry.
 func (q *QP) enqueueLocked(payload []byte, solicited bool) verbs.Status {
 	e := q.out.entryAt(q.tail)
 	e.op, e.length = entrySend, uint32(len(payload))
