@@ -59,11 +59,12 @@
 //  1. CQ.Arm stores sleeping=1 in the inbox of each attached QP
 //     (ArmSolicited 2); the caller then polls once more, loading tail.
 //  2. The producer stores tail, then loads sleeping; if it is set (2: and
-//     the SEND is solicited) it swaps it to 0 and rings: it sets the bit of
-//     the consumer QP's link slot in the consumer's bell page (bell.go) and
-//     that word's bit in the page's summary, then loads the page's armed
-//     word and, if set, swaps it to 0 and writes the consumer's eventfd of
-//     that link.
+//     the SEND is solicited) it swaps it to 0 and rings (4, set by
+//     CQ.TakeLane: it writes the link's lane eventfd instead, lane.go): it
+//     sets the bit of the consumer QP's link slot in the consumer's bell
+//     page (bell.go) and that word's bit in the page's summary, then loads
+//     the page's armed word and, if set, swaps it to 0 and writes the
+//     consumer's eventfd of that link.
 //  3. The link's one dispatcher goroutine (link.go) waits on that eventfd
 //     in the Go netpoller (RawConn.Read, edge-triggered; it never reads the
 //     counter). Each time it wakes it stores armed=1, then swaps the summary
@@ -129,9 +130,9 @@
 // A link (link.go; SMC-D's link group, UCX's per-peer endpoint) is what two
 // processes share for all their QPs: one connection to the peer's
 // rendezvous listener, dialed by the first active QP towards it, and a
-// doorbell per direction (a bell page and an eventfd, traded in the link's
-// first message, which proves the secret of a registered QP, and its
-// answer). Every QP to that process, the first one too, then attaches to
+// doorbell per direction (a bell page, an eventfd and a lane eventfd,
+// traded in the link's first message, which proves the secret of a
+// registered QP, and its answer). Every QP to that process, the first one too, then attaches to
 // the link: one message each way, carrying the secret and the QPs' fds.
 // The dialing side closes the link a second after its last QP closed
 // (linkLinger), unless another QP to that process took it over by then, so
@@ -140,8 +141,8 @@
 // listener until then, so that the lingering link's name stays valid. A
 // QP's close tells its peer QP; the link's end tells every QP on it that
 // the peer process is gone. So a connection costs no file descriptor of its
-// own: each process holds, per peer process, one Unix socket, its own
-// eventfd and the peer's.
+// own: each process holds, per peer process, one Unix socket, its own two
+// eventfds and the peer's.
 //
 // The secret travels only inside the Info exchanged over rsock's TCP
 // bootstrap connection, so only the process at the other end of that

@@ -19,8 +19,9 @@ import (
 //	128      producer  tail (entries published), fault (access violation)
 //	256      owner     head (entries consumed)
 //	384      owner     posted (RECVs ever posted)
-//	512      both      sleeping (1 after Arm, 2 after ArmSolicited; cleared
-//	                   by the producer that rings: see Sleeping in doc.go)
+//	512      both      sleeping (1 after Arm, 2 after ArmSolicited, 4 after
+//	                   TakeLane; swapped to 0 by the producer that rings or
+//	                   writes the lane: Sleeping in doc.go)
 //	4096     producer  entries
 //
 // What either side reads of the other is validated: see Hostile shared

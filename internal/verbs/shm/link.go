@@ -173,8 +173,8 @@ func (l *link) dropUnlock() {
 
 // linkLinger is how long a dialed link outlives its last QP, for a QP to
 // the same peer process to attach to it instead of setting up a new one
-// (BENCHMARKS.md). Meanwhile the link costs each side three descriptors
-// (the Unix socket, both eventfds) and two parked goroutines.
+// (BENCHMARKS.md). Meanwhile the link costs each side five descriptors
+// (the Unix socket, four eventfds) and two parked goroutines.
 var linkLinger atomic.Int64 // a time.Duration
 
 func init() { linkLinger.Store(int64(time.Second)) }

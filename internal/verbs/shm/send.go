@@ -24,7 +24,7 @@ import (
 //
 // Any failure moves the QP to the error state. It makes no system call and
 // does not allocate, but for one eventfd write when the peer's CQ is armed
-// (once per Arm) and its link's dispatcher sleeps.
+// (once per Arm) and its link's dispatcher sleeps or its lane is taken.
 //
 // Errors (the request, and those after it, then have no effect):
 // verbs.ErrClosed after Close; verbs.ErrQPState before the connection is

@@ -101,9 +101,9 @@ func checkSameHost(local, peer hostID) error {
 // sender's:
 //
 //	header  magic "rsrv", version, kind, 2 reserved bytes
-//	connect secret (32)                   fds: eventfd, bell page
+//	connect secret (32)                   fds: eventfd, bell page, lane
 //	                                      (a link's first message)
-//	linked  (empty)                       fds: eventfd, bell page
+//	linked  (empty)                       fds: eventfd, bell page, lane
 //	attach  secret (32), src, exchange    fds: inbox, regions
 //	accept  dst, src, exchange            fds: inbox, regions
 //	refuse  dst, why (text, at most 200 bytes)   (an attach, or with
