@@ -93,11 +93,9 @@ func (cq *CQ) Poll(wc []verbs.Completion) (int, error) {
 	if cq.lcount.Load() > 0 {
 		n = cq.popLocal(wc)
 	}
-	if k := len(cq.qps); k > 0 {
-		cq.rr++
-		for i := 0; i < k && n < len(wc); i++ {
-			n += cq.qps[(cq.rr+i)%k].pollInbox(wc[n:])
-		}
+	cq.rr++
+	for i, k := 0, len(cq.qps); i < k && n < len(wc); i++ {
+		n += cq.qps[(cq.rr+i)%k].pollInbox(wc[n:])
 	}
 	// Failures found in an inbox queue their completions locally.
 	if n < len(wc) && cq.lcount.Load() > 0 {
