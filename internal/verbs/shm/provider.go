@@ -319,9 +319,8 @@ func (d *Device) exportFDs(fds []int, max int) ([]int, []mrRecord) {
 	return fds, recs
 }
 
-// settle closes the memfd of every remote-writable region once the device
-// has QPs and none of them is still to connect (see Memory and Deviations
-// in the package documentation).
+// settle closes the regions' memfds when Memory in the package
+// documentation says (Deviations: what follows).
 func (d *Device) settle() {
 	d.mu.Lock()
 	defer d.mu.Unlock()

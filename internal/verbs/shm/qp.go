@@ -111,11 +111,10 @@ func newQP(d *Device, cq *CQ, attr verbs.QPAttr) (*QP, error) {
 	return q, nil
 }
 
-// Info describes this end: host identity (boot id, network namespace), this
-// QP's secret, and the name of this process's rendezvous listener, which
-// the first call starts if needed (one per process, while any QP that took
-// part in it is open). Without a listener (it could not start) the name is
-// empty and a peer cannot connect actively to this QP.
+// Info describes this end: host identity, this QP's secret and the name of
+// this process's rendezvous listener, which it starts if needed (Connection
+// and trust model in the package documentation); without one (it could not
+// start) the name is empty and a peer cannot connect actively to this QP.
 func (q *QP) Info() []byte {
 	h, _ := localHost() // the device could not have been opened otherwise
 	q.cmu.Lock()
