@@ -131,7 +131,7 @@ func (l *link) setup(ctx context.Context, info *peerInfo) error {
 	if int(cred.Uid) != os.Geteuid() {
 		return fmt.Errorf("%w: shm: the peer's rendezvous runs as uid %d (pid %d)", verbs.ErrPeerInfo, cred.Uid, cred.Pid)
 	}
-	l.pid, l.uid = cred.Pid, cred.Uid
+	l.cred = cred
 	if err := l.sendDoorbell(c, append(appendHeader(nil, msgConnect), info.secret[:]...)); err != nil {
 		return err
 	}

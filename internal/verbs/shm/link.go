@@ -28,11 +28,10 @@ import (
 // reach the QP that reuses its slot.
 type link struct {
 	c      *net.UnixConn
-	dialed bool   // this side dialed (it closes the link after its last QP: linkLinger)
-	lnRef  bool   // accepted: it holds a reference to the rendezvous listener
-	name   string // dialed: the peer's rendezvous name (the table key)
-	pid    int32  // SO_PEERCRED of the peer, checked at setup
-	uid    uint32
+	dialed bool        // this side dialed (it closes the link after its last QP: linkLinger)
+	lnRef  bool        // accepted: it holds a reference to the rendezvous listener
+	name   string      // dialed: the peer's rendezvous name (the table key)
+	cred   *unix.Ucred // SO_PEERCRED of the peer, checked at setup
 
 	own        bellPage           // rung by the peer, drained by dispatch
 	efile      *os.File           // this side's eventfd, waited on by dispatch
@@ -379,10 +378,7 @@ func (l *link) serveAttach(body []byte, fds []int) bool {
 		return false
 	}
 	refuseAttach := func(why string) {
-		rv.refused.Add(1)
-		rv.mu.Lock()
-		rv.lastRefusal = fmt.Sprintf("%s (peer pid %d, uid %d)", why, l.pid, l.uid)
-		rv.mu.Unlock()
+		refuse(nil, l.cred, why)
 		_ = l.write(appendRefuse(x.src, why), nil)
 	}
 	q := claimRegistration(x.secret[:], false)

@@ -282,7 +282,7 @@ func (q *QP) install(p *peerSide, l *link, id, peerID uint32) error {
 		return fmt.Errorf("%w: shm: queue pair failed while connecting", verbs.ErrQPState)
 	}
 	q.out, q.peerMRs = p.in, p.mrs
-	q.peerPID, q.peerUID = l.pid, l.uid
+	q.peerPID, q.peerUID = l.cred.Pid, l.cred.Uid
 	q.link, q.id, q.peerID = l, id, peerID
 	inFD := q.inFD // the peer has its own copy now
 	q.inFD = -1

@@ -187,8 +187,11 @@ func claimRegistration(secret []byte, link bool) *QP {
 // while it runs).
 var testHookLinkRefused atomic.Pointer[func()]
 
+// refuse closes c (nil: an attach on a link) and records the refusal.
 func refuse(c *net.UnixConn, cred *unix.Ucred, why string) {
-	_ = c.Close()
+	if c != nil {
+		_ = c.Close()
+	}
 	rv.refused.Add(1)
 	if cred != nil {
 		why = fmt.Sprintf("%s (peer pid %d, uid %d)", why, cred.Pid, cred.Uid)
@@ -369,7 +372,7 @@ func serveRendezvous(p pendingConn) {
 	}
 	// The setup holds the link (qps) until the reader runs.
 	l := newLink()
-	l.c, l.pid, l.uid, l.qps = c, cred.Pid, cred.Uid, 1
+	l.c, l.cred, l.qps = c, cred, 1
 	l.lnRef = holdListener()
 	err = l.mapPeerDoorbell(fds)
 	if err == nil {
