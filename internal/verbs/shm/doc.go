@@ -132,17 +132,16 @@
 // rendezvous listener, dialed by the first active QP towards it, and a
 // doorbell per direction (a bell page, an eventfd and a lane eventfd,
 // traded in the link's first message, which proves the secret of a
-// registered QP, and its answer). Every QP to that process, the first one too, then attaches to
-// the link: one message each way, carrying the secret and the QPs' fds.
-// The dialing side closes the link a second after its last QP closed
-// (linkLinger), unless another QP to that process took it over by then, so
-// a client that connects, talks and closes in a loop does not set up a link
-// each time. The accepting side closes the link when it ends, and holds its
-// listener until then, so that the lingering link's name stays valid. A
-// QP's close tells its peer QP; the link's end tells every QP on it that
-// the peer process is gone. So a connection costs no file descriptor of its
-// own: each process holds, per peer process, one Unix socket, its own two
-// eventfds and the peer's.
+// registered QP, and its answer). Every QP to that process, the first one
+// too, then attaches to the link as above. The dialing side closes the link
+// a second after its last QP closed (linkLinger), unless another QP to that
+// process took it over by then, so a client that connects, talks and closes
+// in a loop does not set up a link each time. The accepting side closes the
+// link when it ends, and holds its listener until then, so that the
+// lingering link's name stays valid. A QP's close tells its peer QP; the
+// link's end tells every QP on it that the peer process is gone. So a
+// connection costs no file descriptor of its own: each process holds, per
+// peer process, one Unix socket, its own two eventfds and the peer's.
 //
 // The secret travels only inside the Info exchanged over rsock's TCP
 // bootstrap connection, so only the process at the other end of that
