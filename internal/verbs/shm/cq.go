@@ -66,10 +66,6 @@ var eventOne = func() (b [8]byte) {
 	return b
 }()
 
-func newCQ(d *Device, depth int, notify func()) *CQ {
-	return &CQ{dev: d, depth: depth, notify: notify, local: make([]localEntry, min(depth, 64))}
-}
-
 // Poll moves up to len(wc) completions into wc and returns how many: queued
 // local completions first, then the incoming messages of the attached QPs.
 // It does not block, make a system call or allocate unless a QP fails (its

@@ -229,7 +229,7 @@ func (d *Device) NewCQ(depth int, notify func()) (verbs.CQ, error) {
 	if depth <= 0 || depth > MaxCQDepth {
 		return nil, fmt.Errorf("shm: completion queue depth %d (allowed 1..%d)", depth, MaxCQDepth)
 	}
-	cq := newCQ(d, depth, notify)
+	cq := &CQ{dev: d, depth: depth, notify: notify, local: make([]localEntry, min(depth, 64))}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
