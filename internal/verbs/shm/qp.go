@@ -333,12 +333,8 @@ func (q *QP) Close() error {
 	q.rmu.Unlock()
 
 	q.cmu.Lock()
-	l, id, peerID := q.link, q.id, q.peerID
-	q.link = nil
-	inFD := q.inFD
-	q.inFD = -1
-	lnRef := q.lnRef
-	q.lnRef = false
+	l, id, peerID, inFD, lnRef := q.link, q.id, q.peerID, q.inFD, q.lnRef
+	q.link, q.inFD, q.lnRef = nil, -1, false
 	q.cmu.Unlock()
 	peer := peerSide{in: q.out, mrs: q.peerMRs}
 	peer.release()
