@@ -261,10 +261,7 @@ func admit(p pendingConn) {
 		pq.queue = append(pq.queue, p)
 		rv.held++
 		rv.mu.Unlock()
-	default:
-		if pq.active == 0 && len(pq.queue) == 0 {
-			delete(rv.peers, cred.Pid)
-		}
+	default: // pq holds maxPerPeer served connections: it stays
 		rv.mu.Unlock()
 		refuse(p.c, cred, fmt.Sprintf("the process has %d connections waiting for an exchange", maxPerPeer+maxQueuedPerPeer))
 	}
