@@ -34,7 +34,7 @@
 // with StatusRNR (RC's receiver-not-ready). A RECV is posted before its
 // count is published, and the count minus the consumed entries never
 // exceeds RecvDepth, so an honest peer never finds the inbox full.
-// Completions: CQ, QP.PostSend.
+// How completions are made: CQ and QP.PostSend.
 //
 // # Memory ordering
 //

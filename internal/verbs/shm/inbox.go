@@ -8,8 +8,8 @@ import (
 	"unsafe"
 )
 
-// Inbox layout (Inbox in the package documentation): a memfd the owner
-// creates, a header page, then capacity entries. Fields of different
+// Inbox layout (Inbox in the package documentation): the memfd its owner
+// creates holds a header page, then capacity entries. Fields of different
 // writers are in different 128-byte blocks (two cache lines, so the
 // adjacent-line prefetcher does not couple them):
 //

@@ -319,8 +319,8 @@ func (d *Device) exportFDs(fds []int, max int) ([]int, []mrRecord) {
 	return fds, recs
 }
 
-// settle closes the regions' memfds when Memory in the package
-// documentation says (Deviations: what follows).
+// settle closes the regions' memfds once the device has QPs and none is
+// still to connect (Memory and Deviations in the package documentation).
 func (d *Device) settle() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
