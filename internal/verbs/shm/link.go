@@ -256,10 +256,8 @@ func (l *link) release() {
 	l.dispWG.Wait()
 	l.own.release()
 	l.peer.release()
-	if l.peerEvt >= 0 {
-		_ = unix.Close(l.peerEvt)
-		l.peerEvt = -1
-	}
+	closeFD(l.peerEvt)
+	l.peerEvt = -1
 	if l.lnRef {
 		releaseListener()
 	}

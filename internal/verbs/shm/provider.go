@@ -334,10 +334,8 @@ func (d *Device) settle() {
 		}
 	}
 	for mr := range d.mrs {
-		if mr.fd >= 0 {
-			_ = unix.Close(mr.fd)
-			mr.fd = -1
-		}
+		closeFD(mr.fd)
+		mr.fd = -1
 	}
 }
 
