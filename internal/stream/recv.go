@@ -32,7 +32,7 @@ type recvHalf struct {
 	mu   sync.Mutex // serialises Reads and CopyTo
 	e    entry
 	dl   *deadline.Deadline // the caller's (Endpoint.Start)
-	spin spinCtl            // guarded by mu
+	spin runq               // guarded by mu
 	stop atomic.Bool        // Close or CloseRead was called: no more Reads from a lease; set under Conn.mu
 	shut bool               // CloseRead was called; guarded by Conn.mu
 	lent bool               // readable bytes are lent outside Conn.mu (a lease, a CopyTo piece): CloseRead leaves them to their holder; guarded by Conn.mu

@@ -16,7 +16,7 @@ type sendHalf struct {
 	mu   sync.Mutex
 	e    entry
 	dl   *deadline.Deadline // the caller's (Endpoint.Start)
-	spin spinCtl            // guarded by mu
+	spin runq               // guarded by mu
 	shut bool               // CloseWrite was called; guarded by Conn.mu
 	busy bool               // a Write holds wr.mu (writeNow waits its turn); guarded by Conn.mu
 	// chunk: a Write copies a chunk outside Conn.mu, to the destination

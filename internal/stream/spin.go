@@ -2,21 +2,16 @@ package stream
 
 import (
 	"runtime"
+	"runtime/metrics"
 	"sync/atomic"
 	"time"
 )
 
-// Adaptive busy-polling: a blocked call may poll the completion queue for
-// a window before it parks, which saves the wake-up when the answer comes
-// within the window. The window is spinPerPark times parkCost, at most
-// Options.BusyPoll; each direction closes it after spinLimit misses in a
-// row and reopens it by a probe that hits (docs/protocol.md §4.1).
-const (
-	spinLimit  = 2   // misses in a row that close the window
-	missSlack  = 2   // a wait over within missSlack windows is no miss (a parked peer's answer)
-	firstProbe = 8   // waits from the window closing to the first probe
-	probeEvery = 256 // the longest gap between probes
-)
+// Busy-polling: a blocked call may poll the completion queue for a window
+// before it parks, which saves the wake-up when the answer comes within the
+// window. The window is spinPerPark times parkCost, at most
+// Options.BusyPoll. A spinner hands its P to any goroutine of its process
+// that waits for one (docs/protocol.md §4.1).
 
 // spinPerPark is the window in wake-ups of a parked call (parkCost): a
 // parked ring wait costs about two, and a spinner may wait through its
@@ -35,10 +30,11 @@ const (
 
 func init() { parkCost.Store(initialParkCost) }
 
-// spinWindow is how long a wait polls before it parks, with the window
-// open: spinPerPark parks, at most max; 0 with busy-polling off (max <= 0).
+// spinWindow is how long a wait polls before it parks: spinPerPark parks,
+// at most max; 0 with busy-polling off (max <= 0) or on a runtime without
+// the runnable count (canSpin).
 func spinWindow(max time.Duration) time.Duration {
-	if max <= 0 {
+	if max <= 0 || !canSpin {
 		return 0
 	}
 	return min(max, time.Duration(spinPerPark*parkCost.Load()))
@@ -76,48 +72,31 @@ func monotonic() int64 { return int64(time.Since(clockBase)) }
 
 var clockBase = time.Now()
 
-// spinCtl is one direction's adaptive window. Waits of one direction are
-// serialised (the halves' mu), which guards it.
-type spinCtl struct {
-	closed bool // spinLimit misses in a row, and no hit since
-	misses int  // misses in a row
-	gap    int  // waits between probes while closed
-	n      int  // waits since the window closed or the last probe
+// runq reads how many goroutines of the process wait for a P, from the
+// runtime's metrics (Go 1.26). Each direction has its own (a Sample read
+// into does not allocate), guarded by the half's mu, which serialises its
+// waits.
+type runq [1]metrics.Sample
+
+const runnableMetric = "/sched/goroutines/runnable:goroutines"
+
+// waiting reports whether a goroutine of this process waits for a P. It
+// takes the scheduler's lock briefly (about 50 ns).
+func (r *runq) waiting() bool {
+	r[0].Name = runnableMetric
+	metrics.Read(r[:])
+	return r[0].Value.Uint64() > 0
 }
 
-// window returns how long the next wait should spin: w (spinWindow's), or
-// 0 to park at once.
-func (s *spinCtl) window(w time.Duration) time.Duration {
-	if w <= 0 {
-		return 0
-	}
-	if !s.closed {
-		return w
-	}
-	if s.n++; s.n >= s.gap {
-		s.n = 0
-		return w // a probe
-	}
-	return 0
-}
-
-// record records a wait that spun for spun (0: none), possibly parked, and
-// was over after took; w is the window it spun for.
-func (s *spinCtl) record(spun, took, w time.Duration) {
-	switch {
-	case w <= 0 || spun == 0:
-	case took <= w:
-		s.misses, s.closed = 0, false
-	case took > missSlack*w:
-		s.misses++
-		switch {
-		case s.closed: // a probe missed
-			s.gap = min(2*s.gap, probeEvery)
-		case s.misses >= spinLimit:
-			s.closed, s.gap, s.n = true, firstProbe, 0
-		}
-	}
-}
+// canSpin is whether the runtime counts runnable goroutines: a spinner
+// that could not hand its P on would hold up its process's goroutines, so
+// without it nothing busy-polls.
+var canSpin = func() bool {
+	var r runq
+	r[0].Name = runnableMetric
+	metrics.Read(r[:])
+	return r[0].Value.Kind() == metrics.KindUint64
+}()
 
 // At most spinSlots calls of the process busy-poll at once, and none
 // starts while a call woken from parking has not run yet (woken): a

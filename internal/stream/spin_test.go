@@ -3,89 +3,14 @@ package stream
 import (
 	"errors"
 	"os"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
-
-// The adaptive window as a state machine: no clocks, the durations are
-// given.
-func TestSpinCtl(t *testing.T) {
-	const max = 10 * time.Microsecond
-	const us = time.Microsecond
-
-	// waits runs n waits: a spinning wait takes spinTook, a parked one
-	// parkTook. It returns how many spun.
-	waits := func(s *spinCtl, n int, spinTook, parkTook time.Duration) (spun int) {
-		for range n {
-			if w := s.window(max); w > 0 {
-				spun++
-				s.record(w, spinTook, max)
-			} else {
-				s.record(0, parkTook, max)
-			}
-		}
-		return spun
-	}
-
-	t.Run("Off", func(t *testing.T) {
-		var s spinCtl
-		if w := s.window(0); w != 0 {
-			t.Fatalf("busy-poll off: window %v", w)
-		}
-	})
-
-	t.Run("PingPong", func(t *testing.T) {
-		// Answers within the window: every wait spins.
-		var s spinCtl
-		if got := waits(&s, 1000, 3*us, 10*us); got != 1000 {
-			t.Fatalf("spun %d of 1000 waits", got)
-		}
-		// A peer that parks answers a little after the window: no miss.
-		if got := waits(&s, 1000, missSlack*max, missSlack*max); got != 1000 {
-			t.Fatalf("near misses: spun %d of 1000 waits", got)
-		}
-		// One long wait (a hiccup) does not close it.
-		s.record(max, time.Millisecond, max)
-		if got := waits(&s, 100, 3*us, 10*us); got != 100 {
-			t.Fatalf("after one miss: spun %d of 100 waits", got)
-		}
-	})
-
-	t.Run("Misses", func(t *testing.T) {
-		// Answers after 1 ms: spinLimit misses close the window, then only
-		// the probes spin, their gap doubling from firstProbe to
-		// probeEvery as they miss.
-		var s spinCtl
-		if got := waits(&s, spinLimit, time.Millisecond, time.Millisecond); got != spinLimit {
-			t.Fatalf("spun %d of the first %d waits", got, spinLimit)
-		}
-		for gap := firstProbe; gap < probeEvery; gap *= 2 {
-			if got := waits(&s, gap, time.Millisecond, time.Millisecond); got != 1 {
-				t.Fatalf("spun %d of %d waits with a probe gap of %d, want 1", got, gap, gap)
-			}
-		}
-		if got := waits(&s, 10*probeEvery, time.Millisecond, time.Millisecond); got != 10 {
-			t.Fatalf("spun %d of %d waits, want only the %d probes", got, 10*probeEvery, 10)
-		}
-		// A probe that hits reopens it.
-		probed := false
-		for range probeEvery {
-			if s.window(max) == max {
-				probed = true
-				break
-			}
-			s.record(0, time.Millisecond, max)
-		}
-		if !probed {
-			t.Fatalf("no probe in %d waits", probeEvery)
-		}
-		s.record(max, 3*us, max)
-		if got := waits(&s, 100, 3*us, 10*us); got != 100 {
-			t.Fatalf("after a probe hit: spun %d of 100 waits", got)
-		}
-	})
-}
 
 // At most spinSlots calls spin at once; a slot given back is free again.
 func TestSpinSlots(t *testing.T) {
@@ -295,4 +220,47 @@ func TestParkCostFromWaits(t *testing.T) {
 	if parkCost.Load() == 0 {
 		t.Fatal("50 round trips of parked calls left no sample of a wake-up")
 	}
+}
+
+// A spinner hands its P to a goroutine of its process that waits for one,
+// and spins on: with one P, this goroutine, runnable again at each turn,
+// runs while a Read spins (its window 10 s here), and the Read ends by a
+// poll, not a wake-up. Without the hand-on this goroutine would run only
+// when the runtime preempted the spinner, and the hook would never fire.
+func TestSpinnerHandsOnItsP(t *testing.T) {
+	if !canSpin {
+		t.Skip("this runtime does not count runnable goroutines (Go 1.26)")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	defer SetParkCost(10 * time.Second)()
+	opts := eventOnly
+	opts.BusyPoll = 10 * time.Second
+	a, b := newPair(t, opts)
+	var yielded, parked atomic.Bool
+	withHook(t, &testHookYield, func(c *Conn) {
+		if c == b {
+			yielded.Store(true)
+		}
+	})
+	withHook(t, &testHookParking, func(c *Conn) {
+		if c == b {
+			parked.Store(true)
+		}
+	})
+	read := make(chan error, 1)
+	go func() {
+		_, err := b.Read(make([]byte, 1))
+		read <- err
+	}()
+	for end := time.Now().Add(5 * time.Second); !yielded.Load(); {
+		if time.Now().After(end) {
+			t.Fatal("a spinning Read kept its P from a goroutine that waited for it")
+		}
+		runtime.Gosched()
+	}
+	_, err := a.Write([]byte{1})
+	require.NoError(t, err)
+	require.NoError(t, <-read)
+	require.False(t, parked.Load(), "the Read parked")
+	require.Equal(t, uint64(1), b.Stats().SpinHits.Load())
 }

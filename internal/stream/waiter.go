@@ -3,6 +3,7 @@ package stream
 import (
 	"net"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,10 @@ import (
 // one, with mu released), and a poller that has let go of the role and
 // not yet polled (mu held).
 var testHookParking, testHookLeaving atomic.Pointer[func(*Conn)]
+
+// testHookYield runs when a spinner is about to hand its P to a goroutine
+// that waits for one.
+var testHookYield atomic.Pointer[func(*Conn)]
 
 // event is what a blocked call waits for.
 type event uint8
@@ -83,25 +88,18 @@ func (c *Conn) wakeLocked(ev event) {
 // condition under it; mu is released while the call spins or parks, and
 // held again on return. It returns nil when woken (the caller checks
 // again: spurious wake-ups happen), os.ErrDeadlineExceeded or
-// net.ErrClosed. With sc non-nil and BusyPoll set, it first polls for the
-// adaptive window (spin.go).
-func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
+// net.ErrClosed. With rq non-nil and BusyPoll set, it first polls for the
+// window (spin.go).
+func (c *Conn) wait(e *entry, dl *deadline.Deadline, rq *runq) error {
 	c.waiting = append(c.waiting, e)
 	defer c.leaveLocked(e)
-	start := time.Now()
-	var spun, win time.Duration
-	if sc != nil && c.opts.BusyPoll > 0 {
-		win = spinWindow(c.opts.BusyPoll)
-		if w := sc.window(win); w > 0 && takeSpinSlot() {
-			done, err := c.spin(e, dl, w)
+	if rq != nil {
+		if w := spinWindow(c.opts.BusyPoll); w > 0 && takeSpinSlot() {
+			done, err := c.spin(e, dl, w, rq)
 			spinning.Add(-1)
 			if done {
-				if err == nil {
-					sc.record(w, time.Since(start), win)
-				}
 				return err
 			}
-			spun = w
 		}
 	}
 	if c.poller.Load() == nil {
@@ -128,9 +126,6 @@ func (c *Conn) wait(e *entry, dl *deadline.Deadline, sc *spinCtl) error {
 		recordWake(monotonic() - at)
 	}
 	c.mu.Lock()
-	if err == nil && sc != nil && spun > 0 {
-		sc.record(spun, time.Since(start), win)
-	}
 	return err
 }
 
@@ -252,8 +247,10 @@ func (c *Conn) exitLocked() {
 // done when e was signalled, the deadline passed or the Conn closed. With
 // no poller the queue is disarmed meanwhile, so the peer pays no
 // notification; whoever parks or leaves next arms it again. mu is held on
-// entry and on return, not while polling.
-func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool, err error) {
+// entry and on return, not while polling. Past spinAlone polls it yields
+// its thread's core at every poll, and its P whenever a goroutine of the
+// process waits for one (rq).
+func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration, rq *runq) (done bool, err error) {
 	if c.poller.Load() == nil {
 		c.ep.cq.Disarm()
 	}
@@ -278,6 +275,12 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 			continue
 		}
 		sysdep.Yield() // a system call; the core goes only to a thread runnable on it
+		if rq.waiting() {
+			if h := testHookYield.Load(); h != nil {
+				(*h)(c)
+			}
+			runtime.Gosched() // the P goes to the goroutine that waits for it
+		}
 		if i%64 != 0 { // the clock and the deadline cost more than a poll
 			continue
 		}
@@ -294,10 +297,12 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 }
 
 // spinAlone is how many polls a spinner makes before it yields its core
-// at every poll: a peer that runs on a core of its own answers within
-// them, and past them any thread that waits for this core runs at the
-// next poll. (Yielding every 64 polls only, a ping-pong on a loaded host
-// fell into round trips of 6.4 us instead of 1.0 us: BENCHMARKS.md.)
+// and its P at every poll: a peer that runs on a core of its own answers
+// within them, and past them any thread or goroutine that waits for this
+// core or P runs at the next poll. (Yielding every 64 polls only, a
+// ping-pong on a loaded host fell into round trips of 6.4 us instead of
+// 1.0 us; the P handed on every 64 polls only cost gRPC at one connection
+// a fifth: BENCHMARKS.md.)
 const spinAlone = 64
 
 func isClosed(ch <-chan struct{}) bool {
