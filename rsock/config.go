@@ -49,14 +49,16 @@ type Config struct {
 
 	// BusyPoll bounds how long a blocked Read or Write polls for
 	// completions before it parks its goroutine. The window within that
-	// bound follows what a park costs in this process, and each direction
-	// of a connection stops polling while it does not pay (docs/protocol.md
-	// §4.1). A blocked call on an idle connection soon costs no CPU; while
-	// a connection ping-pongs with polling, the waiting side keeps its core
-	// busy. At most half the process's cores poll at once. Negative (or 0
-	// in the environment) disables it; more than MaxBusyPoll is a
-	// ConfigError. Env RSOCK_BUSY_POLL (a Go duration such as 50us).
-	// Default DefaultBusyPoll.
+	// bound follows what a park costs in this process, and a polling call
+	// hands its P to any goroutine of the process that waits for one
+	// (docs/protocol.md §4.1). A blocked call polls one window and then
+	// parks, so an idle connection soon costs no CPU; while a connection
+	// ping-pongs, the waiting side keeps its core busy. At most half the
+	// process's cores poll at once. It needs Go 1.26's count of runnable
+	// goroutines; on an older runtime nothing polls. Negative (or 0 in the
+	// environment) disables it; more than MaxBusyPoll is a ConfigError. Env
+	// RSOCK_BUSY_POLL (a Go duration such as 50us). Default
+	// DefaultBusyPoll.
 	BusyPoll time.Duration
 
 	// HandshakeTimeout bounds the whole handshake once it has started, on

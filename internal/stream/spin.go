@@ -13,10 +13,11 @@ import (
 // Options.BusyPoll. A spinner hands its P to any goroutine of its process
 // that waits for one (docs/protocol.md §4.1).
 
-// spinPerPark is the window in wake-ups of a parked call (parkCost): a
-// parked ring wait costs about two, and a spinner may wait through its
-// peer's park too.
-const spinPerPark = 3
+// spinPerPark is the window in wake-ups of a parked call (parkCost). A
+// park costs more than the wake-up parkCost samples: the peer's eventfd
+// write and the provider's hand-off to the call, on each side. Chosen from
+// gRPC at one connection, whose answers take longer than three (BENCHMARKS.md).
+const spinPerPark = 10
 
 // parkCost is the average wake-up latency of a parked call, in
 // nanoseconds: an exponentially weighted average (weight 1/8) of
