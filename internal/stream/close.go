@@ -75,7 +75,7 @@ func (c *Conn) awaitFinal(final uint64) {
 	for c.err == nil && c.life < lifeClosing {
 		drain(e.ch)
 		c.progressLocked()
-		if c.st.PeerProd() >= final || c.err != nil || c.life >= lifeClosing || c.wait(e, dl, nil) != nil {
+		if c.st.PeerProd() >= final || c.err != nil || c.life >= lifeClosing || c.wait(e, dl, false) != nil {
 			break
 		}
 	}
@@ -196,7 +196,7 @@ func (c *Conn) sayGoodbye(final bool) <-chan struct{} {
 		if c.err != nil {
 			break
 		}
-		if err := c.wait(e, dl, nil); err != nil {
+		if err := c.wait(e, dl, false); err != nil {
 			// Say why, for the peer's log and ours: no credit to send it,
 			// or sent and not acknowledged.
 			polled := c.progressLocked()

@@ -32,7 +32,6 @@ type recvHalf struct {
 	mu   sync.Mutex // serialises Reads and CopyTo
 	e    entry
 	dl   *deadline.Deadline // the caller's (Endpoint.Start)
-	spin runq               // guarded by mu
 	stop atomic.Bool        // Close or CloseRead was called: no more Reads from a lease; set under Conn.mu
 	shut bool               // CloseRead was called; guarded by Conn.mu
 	lent bool               // readable bytes are lent outside Conn.mu (a lease, a CopyTo piece): CloseRead leaves them to their holder; guarded by Conn.mu
@@ -134,7 +133,7 @@ func (c *Conn) awaitLeaseLocked(zero bool) error {
 		case zero:
 			return nil
 		}
-		if err := c.wait(&c.rd.e, c.rd.dl, &c.rd.spin); err != nil {
+		if err := c.wait(&c.rd.e, c.rd.dl, true); err != nil {
 			return err
 		}
 	}
@@ -301,7 +300,7 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 		case c.life == lifePeerGone:
 			return n, nil, nil
 		}
-		if err := c.wait(&c.rd.e, c.rd.dl, &c.rd.spin); err != nil {
+		if err := c.wait(&c.rd.e, c.rd.dl, true); err != nil {
 			return n, err, nil
 		}
 	}

@@ -16,7 +16,6 @@ type sendHalf struct {
 	mu   sync.Mutex
 	e    entry
 	dl   *deadline.Deadline // the caller's (Endpoint.Start)
-	spin runq               // guarded by mu
 	shut bool               // CloseWrite was called; guarded by Conn.mu
 	busy bool               // a Write holds wr.mu (writeNow waits its turn); guarded by Conn.mu
 	// chunk: a Write copies a chunk outside Conn.mu, to the destination
@@ -78,7 +77,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 				c.armBackstopLocked() // the peer's answer may be a notification that gets lost
 				c.stats.CreditStalls.Add(1)
 			}
-			if err := c.wait(&c.wr.e, c.wr.dl, &c.wr.spin); err != nil {
+			if err := c.wait(&c.wr.e, c.wr.dl, true); err != nil {
 				return written, err
 			}
 			continue
@@ -109,7 +108,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			// The bytes did not go; whether that is the peer's orderly
 			// close or a failure is decided shortly (suspectLocked).
 			c.suspectLocked(reset("posting a write", err))
-			if err := c.wait(&c.wr.e, c.wr.dl, nil); err != nil {
+			if err := c.wait(&c.wr.e, c.wr.dl, false); err != nil {
 				return written, err
 			}
 			continue

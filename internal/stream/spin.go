@@ -3,6 +3,7 @@ package stream
 import (
 	"runtime"
 	"runtime/metrics"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -73,30 +74,36 @@ func monotonic() int64 { return int64(time.Since(clockBase)) }
 
 var clockBase = time.Now()
 
-// runq reads how many goroutines of the process wait for a P, from the
-// runtime's metrics (Go 1.26). Each direction has its own (a Sample read
-// into does not allocate), guarded by the half's mu, which serialises its
-// waits.
-type runq [1]metrics.Sample
-
+// The runtime's count of goroutines that wait for a P (Go 1.26). One
+// spinner at a time reads it, into runnableSample under runnableMu, and
+// the others use the last value read (runnableSeen): a read takes the
+// runtime's metrics and scheduler locks, which many spinners at once
+// would contend for.
 const runnableMetric = "/sched/goroutines/runnable:goroutines"
 
-// waiting reports whether a goroutine of this process waits for a P. It
-// takes the scheduler's lock briefly (about 50 ns).
-func (r *runq) waiting() bool {
-	r[0].Name = runnableMetric
-	metrics.Read(r[:])
-	return r[0].Value.Uint64() > 0
+var (
+	runnableMu     sync.Mutex
+	runnableSample = []metrics.Sample{{Name: runnableMetric}}
+	runnableSeen   atomic.Uint64
+)
+
+// pWanted reports whether a goroutine of this process waits for a P, as
+// last read (about 50 ns when this call reads it).
+func pWanted() bool {
+	if runnableMu.TryLock() {
+		metrics.Read(runnableSample)
+		runnableSeen.Store(runnableSample[0].Value.Uint64())
+		runnableMu.Unlock()
+	}
+	return runnableSeen.Load() > 0
 }
 
 // canSpin is whether the runtime counts runnable goroutines: a spinner
 // that could not hand its P on would hold up its process's goroutines, so
 // without it nothing busy-polls.
 var canSpin = func() bool {
-	var r runq
-	r[0].Name = runnableMetric
-	metrics.Read(r[:])
-	return r[0].Value.Kind() == metrics.KindUint64
+	metrics.Read(runnableSample)
+	return runnableSample[0].Value.Kind() == metrics.KindUint64
 }()
 
 // At most spinSlots calls of the process busy-poll at once, and none

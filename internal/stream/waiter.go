@@ -88,14 +88,14 @@ func (c *Conn) wakeLocked(ev event) {
 // condition under it; mu is released while the call spins or parks, and
 // held again on return. It returns nil when woken (the caller checks
 // again: spurious wake-ups happen), os.ErrDeadlineExceeded or
-// net.ErrClosed. With rq non-nil and BusyPoll set, it first polls for the
-// window (spin.go).
-func (c *Conn) wait(e *entry, dl *deadline.Deadline, rq *runq) error {
+// net.ErrClosed. With poll set (a Read's or Write's wait for the peer)
+// and BusyPoll set, it first polls for the window (spin.go).
+func (c *Conn) wait(e *entry, dl *deadline.Deadline, poll bool) error {
 	c.waiting = append(c.waiting, e)
 	defer c.leaveLocked(e)
-	if rq != nil {
+	if poll {
 		if w := spinWindow(c.opts.BusyPoll); w > 0 && takeSpinSlot() {
-			done, err := c.spin(e, dl, w, rq)
+			done, err := c.spin(e, dl, w)
 			spinning.Add(-1)
 			if done {
 				return err
@@ -249,8 +249,8 @@ func (c *Conn) exitLocked() {
 // notification; whoever parks or leaves next arms it again. mu is held on
 // entry and on return, not while polling. Past spinAlone polls it yields
 // its thread's core at every poll, and its P whenever a goroutine of the
-// process waits for one (rq).
-func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration, rq *runq) (done bool, err error) {
+// process waits for one (pWanted).
+func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool, err error) {
 	if c.poller.Load() == nil {
 		c.ep.cq.Disarm()
 	}
@@ -275,7 +275,7 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration, rq *runq) 
 			continue
 		}
 		sysdep.Yield() // a system call; the core goes only to a thread runnable on it
-		if rq.waiting() {
+		if pWanted() {
 			if h := testHookYield.Load(); h != nil {
 				(*h)(c)
 			}
