@@ -248,8 +248,8 @@ func (c *Conn) exitLocked() {
 // no poller the queue is disarmed meanwhile, so the peer pays no
 // notification; whoever parks or leaves next arms it again. mu is held on
 // entry and on return, not while polling. Past spinAlone polls it yields
-// its thread's core at every poll, and its P whenever a goroutine of the
-// process waits for one (pWanted).
+// its thread's core (see spinAlone), and its P at every poll while a
+// goroutine of the process waits for one (pWanted).
 func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool, err error) {
 	if c.poller.Load() == nil {
 		c.ep.cq.Disarm()
@@ -257,6 +257,7 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 	c.mu.Unlock()
 	defer c.mu.Lock()
 	end := time.Now().Add(w)
+	crowded := false // the last yield ran another thread
 	for i := 1; ; i++ {
 		select {
 		case <-e.ch:
@@ -274,7 +275,11 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 		if i < spinAlone {
 			continue
 		}
-		sysdep.Yield() // a system call; the core goes only to a thread runnable on it
+		if crowded || i%spinAlone == 0 {
+			t := monotonic()
+			sysdep.Yield() // a system call; the core goes only to a thread runnable on it
+			crowded = monotonic()-t >= yieldRan
+		}
 		if pWanted() {
 			if h := testHookYield.Load(); h != nil {
 				(*h)(c)
@@ -296,14 +301,22 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 	}
 }
 
-// spinAlone is how many polls a spinner makes before it yields its core
-// and its P at every poll: a peer that runs on a core of its own answers
-// within them, and past them any thread or goroutine that waits for this
-// core or P runs at the next poll. (Yielding every 64 polls only, a
-// ping-pong on a loaded host fell into round trips of 6.4 us instead of
-// 1.0 us; the P handed on every 64 polls only cost gRPC at one connection
-// a fifth: BENCHMARKS.md.)
+// spinAlone is how many polls a spinner makes before it yields its core,
+// and how many it makes between yields while its last yield ran no other
+// thread: a peer that runs on a core of its own answers within them. A
+// yield is a system call (about 0.4 us here), and at every poll it made 64
+// B round trips 3.5 us instead of 2.0 whenever the host placed our two
+// cores where a cache line takes 0.5 us, not 0.08, to go there and back
+// (BENCHMARKS.md). A yield that took yieldRan or more ran another thread:
+// the spinner then yields at every poll, and that thread, or the next
+// that waits for this core, runs at once. (Yielding every 64 polls only,
+// whatever the yields found, a ping-pong on a loaded host fell into round
+// trips of 6.4 us instead of 1.0 us; the P handed on every 64 polls only
+// cost gRPC at one connection a fifth.)
 const spinAlone = 64
+
+// yieldRan is how long a yield that ran no other thread takes at most.
+const yieldRan = int64(2 * time.Microsecond)
 
 func isClosed(ch <-chan struct{}) bool {
 	select {
