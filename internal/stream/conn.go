@@ -64,6 +64,7 @@ type Conn struct {
 	closeSig uint64   // ID of the signaled final message, 0 if none
 	linger   int      // SetLinger's seconds; negative: finalAckTimeout
 	waiting  []*entry // entries of the calls waiting now
+	armedAll bool     // the queue was last armed for every completion, not only solicited ones (waiter.go)
 	msgBuf   [ring.MsgLen]byte
 	chain    [4]verbs.SendWR // the requests of the next post (ringLocked)
 	nchain   int

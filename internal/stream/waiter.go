@@ -137,6 +137,7 @@ func (c *Conn) pollFor(e *entry) {
 	if c.err != nil {
 		return
 	}
+	c.armedAll = true
 	if err := c.ep.cq.Arm(); err != nil {
 		c.transportFailedLocked(reset("arming the completion queue", err))
 		return
@@ -182,8 +183,10 @@ func (c *Conn) idleLocked() {
 	var err error
 	switch {
 	case c.owesPeerLocked() || c.rd.shut:
+		c.armedAll = true
 		err = c.ep.cq.Arm()
 	case !c.rd.lent:
+		c.armedAll = false
 		err = c.ep.cq.ArmSolicited()
 	}
 	if err != nil {
@@ -245,14 +248,19 @@ func (c *Conn) exitLocked() {
 
 // spin polls the completion queue for up to w while e waits, and reports
 // done when e was signalled, the deadline passed or the Conn closed. With
-// no poller the queue is disarmed meanwhile, so the peer pays no
-// notification; whoever parks or leaves next arms it again. mu is held on
+// no poller a queue armed for every completion is disarmed meanwhile, so
+// the peer pays no notification; whoever parks or leaves next arms it
+// again. One armed for solicited completions stays so: the peer's data
+// does not ring it, and on shm each arm and disarm takes a cache line
+// from the peer (64 B round trips 2.1-2.6 us instead of 1.8-1.9 where the
+// host's two cores exchange lines slowly, BENCHMARKS.md). mu is held on
 // entry and on return, not while polling. Past spinAlone polls it yields
 // its thread's core (see spinAlone), and its P at every poll while a
 // goroutine of the process waits for one (pWanted).
 func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool, err error) {
-	if c.poller.Load() == nil {
+	if c.poller.Load() == nil && c.armedAll {
 		c.ep.cq.Disarm()
+		c.armedAll = false
 	}
 	c.mu.Unlock()
 	defer c.mu.Lock()

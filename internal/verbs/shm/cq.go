@@ -150,7 +150,9 @@ func (cq *CQ) arm(v uint32) error {
 	// that must follow (Sleeping in the package documentation).
 	cq.armed.Store(v)
 	for _, q := range cq.qps {
-		q.in.hdr.sleeping.Store(v)
+		if q.in.hdr.sleeping.Load() != v { // Sleeping in the package documentation
+			q.in.hdr.sleeping.Store(v)
+		}
 	}
 	return nil
 }

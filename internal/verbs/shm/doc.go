@@ -63,7 +63,9 @@
 // owns no file descriptor.
 //
 //  1. CQ.Arm stores sleeping=1 in the inbox of each attached QP
-//     (ArmSolicited 2); the caller then polls once more, loading tail.
+//     (ArmSolicited 2) unless it holds that value already (the producer
+//     loads it at every SEND: a store would take its line from the
+//     producer); the caller then polls once more, loading tail.
 //  2. The producer stores tail, then loads sleeping; if it is set (2: and
 //     the SEND is solicited) it swaps it to 0 and rings: it sets the bit of
 //     the consumer QP's link slot in the consumer's bell page (bell.go) and
