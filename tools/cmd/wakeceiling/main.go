@@ -2,13 +2,17 @@
 
 // Command wakeceiling measures what a 64-byte round trip between two Go
 // processes costs by how the waiting side sleeps, with no rsock code: the
-// ceilings that BENCHMARKS.md quotes for rsock's event-only mode.
+// ceilings that BENCHMARKS.md quotes for rsock's event-only and busy-polled
+// round trips.
 //
 //	tcp      TCP loopback, the waiter parked in the Go netpoller
 //	unix     a Unix stream socket, parked in the netpoller
 //	eventfd  an eventfd each way, parked in the netpoller
 //	futex    a word in shared memory, the waiter's thread blocked in
 //	         FUTEX_WAIT (no timeout; -timed gives it one)
+//	spin     the same word, polled by the waiter, which never sleeps: the
+//	         floor of a busy-polled round trip, set by how fast the host
+//	         moves cache lines between the two processes' cores
 //
 // Each round runs every mode for -duration, interleaved, and prints each
 // mode's p50 and its ratio to TCP's in the same round, and the CPU both
@@ -56,7 +60,8 @@ func main() {
 		{"tcp", func() ([]time.Duration, *exec.Cmd) { return streamRun("tcp") }},
 		{"unix", func() ([]time.Duration, *exec.Cmd) { return streamRun("unix") }},
 		{"eventfd", eventfdRun},
-		{"futex", futexRun},
+		{"futex", func() ([]time.Duration, *exec.Cmd) { return sharedRun("futex") }},
+		{"spin", func() ([]time.Duration, *exec.Cmd) { return sharedRun("spin") }},
 	}
 	for r := range *rounds {
 		line := fmt.Sprintf("round %d:", r)
@@ -113,11 +118,11 @@ func child(mode string, args []string) {
 			}
 			_, _ = theirs.Write(one)
 		}
-	case "futex":
+	case "futex", "spin":
 		m := mapShared(args[0])
 		var seen uint32
 		for {
-			m.ping.wait(seen)
+			m.ping.wait(seen, mode == "spin")
 			seen = m.ping.seq.Load()
 			copy(m.pong.msg[:], m.ping.msg[:])
 			m.pong.post()
@@ -187,9 +192,12 @@ type mailbox struct {
 }
 
 // wait returns once seq differs from old, its thread blocked in the kernel
-// meanwhile.
-func (m *mailbox) wait(old uint32) {
+// meanwhile, or, with spin, polling seq.
+func (m *mailbox) wait(old uint32, spin bool) {
 	for m.seq.Load() == old {
+		if spin {
+			continue
+		}
 		m.waiting.Store(1)
 		if m.seq.Load() != old {
 			break
@@ -230,19 +238,20 @@ func mapShared(path string) *shared {
 	return (*shared)(unsafe.Pointer(&b[0]))
 }
 
-func futexRun() ([]time.Duration, *exec.Cmd) {
+// sharedRun runs the futex or spin mode.
+func sharedRun(mode string) ([]time.Duration, *exec.Cmd) {
 	path := fmt.Sprintf("/dev/shm/wakeceiling-%d", os.Getpid())
 	_ = os.Remove(path)
 	m := mapShared(path)
 	defer os.Remove(path)
-	cmd := start("futex", path)
+	cmd := start(mode, path)
 	if err := cmd.Start(); err != nil {
 		panic(err)
 	}
 	return loop(func() {
 		old := m.pong.seq.Load()
 		m.ping.post()
-		m.pong.wait(old)
+		m.pong.wait(old, mode == "spin")
 	}), cmd
 }
 
