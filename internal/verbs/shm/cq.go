@@ -114,7 +114,7 @@ func (cq *CQ) Pending() bool {
 	cq.peekMu.RLock()
 	defer cq.peekMu.RUnlock()
 	for _, q := range cq.qps {
-		if q.in.hdr.tail.Load() != q.head.Load() || q.in.hdr.fault.Load() != 0 {
+		if q.in.ready(q.head.Load()) || q.in.hdr.fault.Load() != 0 {
 			return true
 		}
 	}

@@ -30,8 +30,9 @@
 // Each QP owns an inbox (layout in inbox.go): a single-producer
 // single-consumer queue that the connected peer writes and this side reads,
 // of a power-of-two capacity at least RecvDepth and 64. Entries are
-// EntrySize (64) bytes: opcode (SEND), length and up to MaxSend (48) bytes
-// of payload, copied in when the SEND is posted. The header also carries
+// EntrySize (64) bytes: a sequence word (the entry's number plus one, which
+// says it is there), opcode (SEND), length and up to MaxSend (48) bytes of
+// payload, copied in when the SEND is posted. The header also carries
 // the owner's published count of posted RECVs; a SEND beyond it completes
 // with StatusRNR (RC's receiver-not-ready). A RECV is posted before its
 // count is published, and the count minus the consumed entries never
@@ -45,8 +46,9 @@
 // # Memory ordering
 //
 // The producer writes the entry (after copying any WRITE data into the
-// peer's region) with plain stores, then stores tail with sync/atomic; the
-// consumer loads tail with sync/atomic, then reads the entry and the data.
+// peer's region) with plain stores, then stores its sequence word with
+// sync/atomic; the consumer loads that word with sync/atomic, then reads
+// the entry and the data.
 // Go's atomics are sequentially consistent, so the store releases and the
 // load acquires. That holds across processes, because the guarantee comes
 // from the instructions (amd64: plain MOV load, XCHG store; arm64: LDAR,
@@ -65,13 +67,14 @@
 //  1. CQ.Arm stores sleeping=1 in the inbox of each attached QP
 //     (ArmSolicited 2) unless it holds that value already (the producer
 //     loads it at every SEND: a store would take its line from the
-//     producer); the caller then polls once more, loading tail.
-//  2. The producer stores tail, then loads sleeping; if it is set (2: and
-//     the SEND is solicited) it swaps it to 0 and rings: it sets the bit of
-//     the consumer QP's link slot in the consumer's bell page (bell.go) and
-//     that word's bit in the page's summary, then loads the page's armed
-//     word and, if set, swaps it to 0 and writes the consumer's eventfd of
-//     that link.
+//     producer); the caller then polls once more, loading the next
+//     entry's sequence word.
+//  2. The producer stores the sequence word, then loads sleeping; if it is
+//     set (2: and the SEND is solicited) it swaps it to 0 and rings: it
+//     sets the bit of the consumer QP's link slot in the consumer's bell
+//     page (bell.go) and that word's bit in the page's summary, then loads
+//     the page's armed word and, if set, swaps it to 0 and writes the
+//     consumer's eventfd of that link.
 //  3. The link's one dispatcher goroutine (link.go) waits on that eventfd
 //     in the Go netpoller (RawConn.Read, edge-triggered; it never reads the
 //     counter). Each time it wakes it stores armed=1, then swaps the summary
@@ -85,7 +88,7 @@
 // No notification is lost. Both levels are Dekker's pattern: each side
 // stores, then loads what the other stores, with sequentially consistent
 // atomics (XCHG and LOCK OR are full barriers), so at least one of them
-// sees the other's store. Inbox: either the poll after Arm sees tail, or
+// sees the other's store. Inbox: either the poll after Arm sees the entry, or
 // the producer sees sleeping and rings. Link: armed starts set; either the
 // drain after the dispatcher stored armed sees the bit, or the producer
 // sees armed and writes the eventfd. Every eventfd write is an edge that
@@ -108,11 +111,13 @@
 //
 // Either side treats everything the other can write as hostile. Neither
 // side reads back a counter it owns: the consumer keeps head and the posted
-// count privately, the producer keeps tail. The consumer rejects a tail
-// behind its head or more than the capacity ahead, an unknown opcode, a
-// SEND longer than MaxSend and an entry without a posted RECV: the QP moves
-// to the error state, its oldest RECV completes with StatusFatal and the
-// others are flushed. The producer writes entries at its own tail modulo
+// count privately, the producer its count of entries. The consumer reads
+// an entry only once its sequence word is the number its head expects
+// (another value leaves it unread: the producer stalls only itself), and
+// rejects an unknown opcode, a SEND longer than MaxSend and an entry
+// without a posted RECV: the QP moves to the error state, its oldest RECV
+// completes with StatusFatal and the others are flushed. The producer
+// writes entries at its own count modulo
 // the capacity it validated at connect time, whatever head and the posted
 // count say (an impossible pair completes with StatusFatal). Received memfds
 // must be regular files of exactly the announced size, sealed against

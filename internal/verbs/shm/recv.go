@@ -61,7 +61,7 @@ func (q *QP) popRecvLocked() recvWR {
 // and returns how many. Called by CQ.Poll with the CQ's mu held. The check
 // for new entries takes no lock.
 func (q *QP) pollInbox(wc []verbs.Completion) int {
-	if q.in.hdr.tail.Load() == q.head.Load() && q.in.hdr.fault.Load() == 0 {
+	if !q.in.ready(q.head.Load()) && q.in.hdr.fault.Load() == 0 {
 		return 0
 	}
 	q.rmu.Lock()
@@ -88,20 +88,17 @@ func (q *QP) pollInbox(wc []verbs.Completion) int {
 // its oldest remaining RECV (StatusFatal for a corrupt inbox, StatusFlushed
 // after a length error).
 //
-// The inbox is the peer's to write: tail is checked against the private
-// head and the capacity, each entry field is read once and validated, and
-// a payload is copied only within the entry and the posted buffer.
+// The inbox is the peer's to write: an entry is read only once its seq
+// says it is the one the private head expects, each field is read once
+// and validated, and a payload is copied only within the entry and the
+// posted buffer. Each entry takes a posted RECV, which bounds the loop.
 func (q *QP) consumeLocked(wc []verbs.Completion) (int, verbs.Status) {
 	toLocal := wc == nil
 	h := q.head.Load()
-	avail := q.in.hdr.tail.Load() - h
 	fail := verbs.StatusSuccess
-	if avail > q.in.cap { // also a tail behind head
-		avail, fail = 0, verbs.StatusFatal
-	}
 	n := 0
 	var one [1]verbs.Completion
-	for ; avail > 0 && (toLocal || n < len(wc)); avail-- {
+	for (toLocal || n < len(wc)) && q.in.ready(h) {
 		e := q.in.entryAt(h)
 		op, length := e.op, e.length
 		if q.rcount == 0 || op != entrySend || length > MaxSend {
