@@ -104,7 +104,7 @@ func (c *Conn) copyLease(b []byte) uint64 {
 // nothing taken), or why the Read ends; with zero set it does not wait, and
 // returns nil also when nothing is readable. rd.mu and mu are held.
 func (c *Conn) awaitLeaseLocked(zero bool) error {
-	for first := true; ; first = false {
+	for {
 		// What this loop checks answers any wake-up sent so far (they are
 		// sent under mu): drop it, or the next wait returns for nothing.
 		drain(c.rd.e.ch)
@@ -113,7 +113,7 @@ func (c *Conn) awaitLeaseLocked(zero bool) error {
 			return net.ErrClosed
 		case c.rd.shut:
 			return io.EOF
-		case first && c.rd.dl.Expired(): // later, the wait ends at the deadline
+		case c.rd.dl.Expired():
 			return os.ErrDeadlineExceeded
 		case errors.Is(c.err, ErrMoving):
 			return c.err // what is readable is Detach's now

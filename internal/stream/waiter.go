@@ -246,15 +246,14 @@ func (c *Conn) exitLocked() {
 	c.calls.Done()
 }
 
-// spin polls the completion queue for w (from its 64th poll) while e
-// waits, and reports done when e was signalled, the deadline passed or the
-// Conn closed. With no poller a queue armed for every completion is
-// disarmed meanwhile, so the peer pays no notification; whoever parks or
-// leaves next arms it again. One armed for solicited completions stays
-// so: the peer's data does not ring it, and on shm each arm and disarm
-// takes a cache line from the peer (64 B round trips 2.1-2.6 us instead of
-// 1.8-1.9 where the host's two cores exchange lines slowly,
-// BENCHMARKS.md). mu is held on
+// spin polls the completion queue for up to w while e waits, and reports
+// done when e was signalled, the deadline passed or the Conn closed. With
+// no poller a queue armed for every completion is disarmed meanwhile, so
+// the peer pays no notification; whoever parks or leaves next arms it
+// again. One armed for solicited completions stays so: the peer's data
+// does not ring it, and on shm each arm and disarm takes a cache line
+// from the peer (64 B round trips 2.1-2.6 us instead of 1.8-1.9 where the
+// host's two cores exchange lines slowly, BENCHMARKS.md). mu is held on
 // entry and on return, not while polling. Past spinAlone polls it yields
 // its thread's core (see spinAlone), and its P at every poll while a
 // goroutine of the process waits for one (pWanted).
@@ -265,8 +264,8 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 	}
 	c.mu.Unlock()
 	defer c.mu.Lock()
-	var end time.Time // w from the first look at the clock, at poll 64: most waits end sooner
-	crowded := false  // the last yield ran another thread
+	end := time.Now().Add(w)
+	crowded := false // the last yield ran another thread
 	for i := 1; ; i++ {
 		select {
 		case <-e.ch:
@@ -304,9 +303,7 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 		if isClosed(e.stop) {
 			return true, net.ErrClosed
 		}
-		if now := time.Now(); end.IsZero() {
-			end = now.Add(w)
-		} else if now.After(end) {
+		if time.Now().After(end) {
 			return false, nil
 		}
 	}
