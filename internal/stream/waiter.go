@@ -249,14 +249,13 @@ func (c *Conn) exitLocked() {
 // spin polls the completion queue for up to w while e waits, and reports
 // done when e was signalled, the deadline passed or the Conn closed. With
 // no poller a queue armed for every completion is disarmed meanwhile, so
-// the peer pays no notification; whoever parks or leaves next arms it
-// again. One armed for solicited completions stays so: the peer's data
-// does not ring it, and on shm each arm and disarm takes a cache line
-// from the peer (64 B round trips 2.1-2.6 us instead of 1.8-1.9 where the
-// host's two cores exchange lines slowly, BENCHMARKS.md). mu is held on
-// entry and on return, not while polling. Past spinAlone polls it yields
-// its thread's core (see spinAlone), and its P at every poll while a
-// goroutine of the process waits for one (pWanted).
+// the peer pays no notification, and one armed for solicited completions
+// stays so (the peer's data does not ring it, and on shm a disarm and the
+// next arm each take a cache line from the peer); whoever parks or leaves
+// next arms it again. mu is held on entry and on return, not while
+// polling. Past spinAlone polls it yields its thread's core (see
+// spinAlone), and its P at every poll while a goroutine of the process
+// waits for one (pWanted).
 func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool, err error) {
 	if c.poller.Load() == nil && c.armedAll {
 		c.ep.cq.Disarm()
@@ -310,17 +309,12 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 }
 
 // spinAlone is how many polls a spinner makes before it yields its core,
-// and how many it makes between yields while its last yield ran no other
-// thread: a peer that runs on a core of its own answers within them. A
-// yield is a system call (about 0.4 us here), and at every poll it made 64
-// B round trips 3.5 us instead of 2.0 whenever the host placed our two
-// cores where a cache line takes 0.5 us, not 0.08, to go there and back
-// (BENCHMARKS.md). A yield that took yieldRan or more ran another thread:
-// the spinner then yields at every poll, and that thread, or the next
-// that waits for this core, runs at once. (Yielding every 64 polls only,
-// whatever the yields found, a ping-pong on a loaded host fell into round
-// trips of 6.4 us instead of 1.0 us; the P handed on every 64 polls only
-// cost gRPC at one connection a fifth.)
+// and between yields while its last yield ran no other thread (took less
+// than yieldRan): a peer on a core of its own answers within them, and a
+// yield, a system call, at every poll slows the answer where the cores
+// exchange cache lines slowly. Once a yield ran another thread the spinner
+// yields at every poll, so that a thread waiting for this core runs at
+// once (BENCHMARKS.md, Defaults).
 const spinAlone = 64
 
 // yieldRan is how long a yield that ran no other thread takes at most.
