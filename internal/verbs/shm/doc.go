@@ -111,20 +111,19 @@
 //
 // Either side treats everything the other can write as hostile. Neither
 // side reads back a counter it owns: the consumer keeps head and the posted
-// count privately, the producer its count of entries. The consumer reads
-// an entry only once its sequence word is the number its head expects
-// (another value leaves it unread: the producer stalls only itself), and
-// rejects an unknown opcode, a SEND longer than MaxSend and an entry
-// without a posted RECV: the QP moves to the error state, its oldest RECV
-// completes with StatusFatal and the others are flushed. The producer
-// writes entries at its own count modulo
-// the capacity it validated at connect time, whatever head and the posted
-// count say (an impossible pair completes with StatusFatal). Received memfds
-// must be regular files of exactly the announced size, sealed against
-// shrinking; the eventfd must be an eventfd in non-blocking mode. (A
-// connected peer could later clear O_NONBLOCK on its own eventfd and fill
-// its counter, making our signalling write block; that takes the secret,
-// and stalls only the posting goroutine's thread.)
+// count privately, the producer its count of entries. The consumer reads an
+// entry only once its sequence word is the number its head expects (another
+// value leaves it unread: the producer stalls only itself), and rejects an
+// unknown opcode, a SEND longer than MaxSend and an entry without a posted
+// RECV: the QP moves to the error state, its oldest RECV completes with
+// StatusFatal and the others are flushed. The producer writes entries at
+// its own count modulo the capacity it validated at connect time, whatever
+// head and the posted count say (an impossible pair completes with
+// StatusFatal). Received memfds must be regular files of exactly the
+// announced size, sealed against shrinking; the eventfd must be an eventfd
+// in non-blocking mode. (A connected peer could later clear O_NONBLOCK on
+// its own eventfd and fill its counter, making our signalling write block;
+// that takes the secret, and stalls only the posting goroutine's thread.)
 //
 // # Connection and trust model
 //

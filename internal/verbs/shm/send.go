@@ -122,8 +122,8 @@ func (q *QP) creditLocked() verbs.Status {
 }
 
 // enqueueLocked writes a SEND's entry into the peer's inbox, publishes it
-// with the store of its seq (which orders the entry, and data copied
-// before it, before the peer's load of seq) and rings the peer if its sleeping
+// with the store of its seq (which orders the entry, and data copied before
+// it, before the peer's load of seq) and rings the peer if its sleeping
 // word asks (Sleeping in the package documentation: either the Poll after
 // Arm sees the entry or this load sees the word). A change of the word
 // meanwhile makes the swap fail; the peer's poll after it finds the entry.
