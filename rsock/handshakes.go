@@ -18,10 +18,24 @@ import (
 	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
-// handshakeConn runs raw's handshake on a goroutine of its own, unless
-// the listener has closed, and queues the connection for Accept.
+// handshakeConn answers raw's hello here, on the accept loop, when it
+// came whole with the connection: a client sends its magic and hello in
+// one write, and most often they have arrived by the time it is accepted.
+// That takes a goroutine hand-off out of every such setup, and nothing in
+// it waits but for room in the ready queue, as the loop would anyway (the
+// answer is the fresh socket's first write). Any other socket's handshake
+// runs on a goroutine of its own, unless the listener has closed.
 func (l *Listener) handshakeConn(raw *net.TCPConn) {
 	l.handedOff.Add(1)
+	var buf [128]byte
+	n, err := sysdep.Arrived(raw, buf[:])
+	if hello, k := switchHelloIn(buf[:n]); err == nil && hello != nil {
+		peer := raw.RemoteAddr()
+		c, err := l.s.serveSwitch(l, raw, hello, switchFrom{withMagic: true}, buf[k:n])
+		l.deliver(c, err, peer)
+		return
+	}
+	first := bytes.Clone(buf[:n])
 	l.pending.Add(1)
 	// Counted in wg under running's lock, which Close takes before it
 	// waits for wg.
@@ -35,7 +49,7 @@ func (l *Listener) handshakeConn(raw *net.TCPConn) {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		l.serveConn(raw)
+		l.serveConn(raw, first, err)
 		l.handshakeOver()
 	}()
 }
@@ -105,25 +119,30 @@ func (f *inflight) end() {
 	}
 }
 
-// serveConn sniffs raw's first bytes and runs the handshake, then hands the
-// result to Accept.
-func (l *Listener) serveConn(raw *net.TCPConn) {
+// serveConn runs the handshake of raw, whose first bytes (read with
+// err) are first, then hands the result to Accept.
+func (l *Listener) serveConn(raw *net.TCPConn, first []byte, err error) {
 	if !l.running.add(raw) {
 		raw.Close() // the listener closed under us
 		return
 	}
 	peer := raw.RemoteAddr() // before the handshake, which may close raw
-	c, err := l.handshake(raw)
-	ended := !l.running.remove(raw)
+	c, err := l.handshake(raw, first, err)
+	if !l.running.remove(raw) && err == nil {
+		c.Close() // the listener closed under us
+		return
+	}
+	l.deliver(c, err, peer)
+}
+
+// deliver counts and logs the handshake's outcome, and waits until c is
+// queued for Accept, or the listener closes.
+func (l *Listener) deliver(c *Conn, err error, peer net.Addr) {
 	if err != nil {
 		l.dropped(err, peer)
 		return
 	}
 	l.s.logConn(c, "server")
-	if ended {
-		c.Close() // the listener closed under us
-		return
-	}
 	select {
 	case l.ready <- c:
 	case <-l.done:
@@ -139,13 +158,16 @@ func (l *Listener) dropped(err error, peer net.Addr) {
 		slog.String("reason", err.Error()), slog.String("peer", fmt.Sprint(peer)))
 }
 
-func (l *Listener) handshake(raw *net.TCPConn) (*Conn, error) {
+// handshake runs raw's handshake, its first bytes (read with err) being
+// first: the sniff of the magic, then the hello.
+func (l *Listener) handshake(raw *net.TCPConn, arrived []byte, err error) (*Conn, error) {
 	s := l.s
-	// The first read takes whatever has arrived: a client sends its magic
-	// and hello in one write, so most often the sniff needs no deadline.
 	var buf [128]byte
 	first := buf[:]
-	n, err := sysdep.Arrived(raw, first)
+	n := copy(first, arrived)
+	if n == 0 && err == nil {
+		n, err = sysdep.Arrived(raw, first) // what came since
+	}
 	timed := false
 	if err == nil && n < len(handshake.Magic) && handshake.MatchesMagicPrefix(first[:n]) {
 		testHookSniff.run(nil)

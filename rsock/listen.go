@@ -63,7 +63,8 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 }
 
 // Listener accepts rsock connections, and plain TCP clients on the same
-// port. Handshakes run in their own goroutines, off the Accept path: a
+// port. A hello that came whole with its connection is answered at once;
+// other handshakes run in goroutines of their own, off the Accept path: a
 // slow, silent or hostile client never delays the others. While 64
 // connections wait for Accept, or 4096 handshakes run, the listener
 // accepts no more, and the kernel's backlog holds the next clients back,
