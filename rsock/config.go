@@ -1,6 +1,7 @@
 package rsock
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -349,13 +350,35 @@ func (c *Config) resolve() (*settings, error) {
 	if s.ringStart, err = ringField("RingStart", cfg.RingStart, "RSOCK_RING_START", DefaultRingStart); err != nil {
 		return nil, err
 	}
-	var from string
-	if s.credits, from, err = intField("Credits", cfg.Credits, "RSOCK_CREDITS", DefaultCredits, strconv.Atoi); err != nil {
-		return nil, err
+	// Each integer with its bounds [lo, hi]; why says them.
+	ints := []struct {
+		field, env string
+		v, def     int
+		dst        *int
+		parse      func(string) (int, error)
+		lo, hi     int
+		why        string
+	}{
+		{"Credits", "RSOCK_CREDITS", cfg.Credits, DefaultCredits, &s.credits, strconv.Atoi, ring.MinCredits, ring.MaxCredits, fmt.Sprintf("not in [%d, %d]", ring.MinCredits, ring.MaxCredits)},
+		{"UpgradeBytes", "RSOCK_UPGRADE_BYTES", cfg.UpgradeBytes, DefaultUpgradeBytes, &s.upgradeBytes, parseSize, 1, math.MaxInt, "must be positive"},
+		{"EndpointPool", "RSOCK_ENDPOINT_POOL", cfg.EndpointPool, DefaultEndpointPool, &s.pool, strconv.Atoi, math.MinInt, math.MaxInt, ""},
+		{"Port", "RSOCK_PORT", cfg.Port, 0, &s.port, strconv.Atoi, 0, 255, "not in [1, 255]"},
+		{"GIDIndex", "RSOCK_GID_INDEX", cfg.GIDIndex, -1, &s.gidIndex, strconv.Atoi, -1, 255, "not in [0, 255]"},
+		{"TrafficClass", "RSOCK_TRAFFIC_CLASS", cfg.TrafficClass, -1, &s.tclass, strconv.Atoi, -1, 255, "not in [0, 255]"},
+		{"ServiceLevel", "RSOCK_SERVICE_LEVEL", cfg.ServiceLevel, -1, &s.sl, strconv.Atoi, -1, 15, "not in [0, 15]"},
+		{"RetryCount", "RSOCK_RETRY_COUNT", cfg.RetryCount, 0, &s.retries, strconv.Atoi, 0, 6, "not in [1, 6]"},
 	}
-	if s.credits < ring.MinCredits || s.credits > ring.MaxCredits {
-		return nil, &ConfigError{Field: "Credits", Env: from, Value: strconv.Itoa(s.credits), Err: fmt.Errorf("not in [%d, %d]", ring.MinCredits, ring.MaxCredits)}
+	for _, f := range ints {
+		n, from, err := intField(f.field, f.v, f.env, f.def, f.parse)
+		if err == nil && (n < f.lo || n > f.hi || f.field == "RetryCount" && from != "" && n == 0) {
+			err = &ConfigError{Field: f.field, Env: from, Value: strconv.Itoa(n), Err: errors.New(f.why)}
+		}
+		if err != nil {
+			return nil, err
+		}
+		*f.dst = n
 	}
+	s.pool = max(s.pool, 0)
 	// Each duration with its bound: positive, or at most max (BusyPoll).
 	durs := []struct {
 		field    string
@@ -389,12 +412,6 @@ func (c *Config) resolve() (*settings, error) {
 	if s.busyPoll < 0 {
 		s.busyPoll = 0
 	}
-	if s.upgradeBytes, from, err = intField("UpgradeBytes", cfg.UpgradeBytes, "RSOCK_UPGRADE_BYTES", DefaultUpgradeBytes, parseSize); err != nil {
-		return nil, err
-	}
-	if s.upgradeBytes <= 0 {
-		return nil, &ConfigError{Field: "UpgradeBytes", Env: from, Value: strconv.Itoa(s.upgradeBytes), Err: fmt.Errorf("must be positive")}
-	}
 	noFailover, err := boolField("NoFailover", cfg.NoFailover, "RSOCK_NO_FAILOVER")
 	if err != nil {
 		return nil, err
@@ -406,10 +423,6 @@ func (c *Config) resolve() (*settings, error) {
 	}
 	s.earlyDial = early && !cfg.NoEarlyDial
 	s.upgradeReason = fmt.Sprintf("on TCP until the upgrade (after %v or %d bytes)", s.upgradeAfter, s.upgradeBytes)
-	if s.pool, _, err = intField("EndpointPool", cfg.EndpointPool, "RSOCK_ENDPOINT_POOL", DefaultEndpointPool, strconv.Atoi); err != nil {
-		return nil, err
-	}
-	s.pool = max(s.pool, 0)
 	if err := s.resolveDevice(&cfg); err != nil {
 		return nil, err
 	}
@@ -422,48 +435,16 @@ func (s *settings) resolveDevice(cfg *Config) error {
 	if s.device == "" {
 		s.device = strings.TrimSpace(rsockenv.Get("RSOCK_DEVICE"))
 	}
-	port, from, err := intField("Port", cfg.Port, "RSOCK_PORT", 0, strconv.Atoi)
-	if err != nil {
+	var err error
+	if s.viaCM, err = boolField("ConnectionManager", cfg.ConnectionManager, "RSOCK_VERBS_CM"); err != nil {
 		return err
 	}
-	if s.port = port; s.port < 0 || s.port > 255 {
-		return &ConfigError{Field: "Port", Env: from, Value: strconv.Itoa(s.port), Err: fmt.Errorf("not in [1, 255]")}
-	}
-	s.viaCM = cfg.ConnectionManager
-	if e := strings.TrimSpace(rsockenv.Get("RSOCK_VERBS_CM")); e != "" && !s.viaCM {
-		if s.viaCM, err = strconv.ParseBool(e); err != nil {
-			return &ConfigError{Field: "ConnectionManager", Env: "RSOCK_VERBS_CM", Value: e, Err: err}
-		}
-	}
-	if s.gidIndex, from, err = intField("GIDIndex", cfg.GIDIndex, "RSOCK_GID_INDEX", -1, strconv.Atoi); err != nil {
-		return err
-	}
-	if s.gidIndex < -1 || s.gidIndex > 255 {
-		return &ConfigError{Field: "GIDIndex", Env: from, Value: strconv.Itoa(s.gidIndex), Err: fmt.Errorf("not in [0, 255]")}
-	}
-	if s.tclass, from, err = intField("TrafficClass", cfg.TrafficClass, "RSOCK_TRAFFIC_CLASS", -1, strconv.Atoi); err != nil {
-		return err
-	}
-	if s.tclass < -1 || s.tclass > 255 {
-		return &ConfigError{Field: "TrafficClass", Env: from, Value: strconv.Itoa(s.tclass), Err: fmt.Errorf("not in [0, 255]")}
-	}
-	if s.sl, from, err = intField("ServiceLevel", cfg.ServiceLevel, "RSOCK_SERVICE_LEVEL", -1, strconv.Atoi); err != nil {
-		return err
-	}
-	if s.sl < -1 || s.sl > 15 {
-		return &ConfigError{Field: "ServiceLevel", Env: from, Value: strconv.Itoa(s.sl), Err: fmt.Errorf("not in [0, 15]")}
-	}
+	var from string
 	if s.ackTimeout, from, err = durField("AckTimeout", cfg.AckTimeout, "RSOCK_ACK_TIMEOUT", 0); err != nil {
 		return err
 	}
 	if s.ackTimeout < 0 || s.ackTimeout > time.Hour {
 		return &ConfigError{Field: "AckTimeout", Env: from, Value: s.ackTimeout.String(), Err: fmt.Errorf("not in (0, 1h]")}
-	}
-	if s.retries, from, err = intField("RetryCount", cfg.RetryCount, "RSOCK_RETRY_COUNT", 0, strconv.Atoi); err != nil {
-		return err
-	}
-	if s.retries < 0 || s.retries > 6 || from != "" && s.retries == 0 {
-		return &ConfigError{Field: "RetryCount", Env: from, Value: strconv.Itoa(s.retries), Err: fmt.Errorf("not in [1, 6]")}
 	}
 	return nil
 }

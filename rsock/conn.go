@@ -41,7 +41,7 @@ type Conn struct {
 	// most part of the magic read: its first Read runs rescueLateHello.
 	late atomic.Bool
 
-	// Counters for the tcp transport (the stream keeps its own).
+	// Counters of the bytes on TCP (a ring keeps its own).
 	bytesRead, bytesWritten, writes atomic.Uint64
 
 	keepAliveOnce sync.Once // keep-alive was turned on (keepAlive)
@@ -60,18 +60,6 @@ type label struct {
 	code      string // why, as a reason code (registry.go)
 	reason    string // why this transport (for tcp: why not another)
 	fallback  bool   // an accelerated transport was possible but TCP is used
-}
-
-func newConn(network string, l label) *Conn {
-	c := &Conn{}
-	c.init(network, &l)
-	return c
-}
-
-// init sets up c, on network, with its first label l.
-func (c *Conn) init(network string, l *label) {
-	c.network = network
-	c.label.Store(l)
 }
 
 // ring is the stream carrying c on a ring since an upgrade, or nil.
@@ -155,11 +143,10 @@ func (c *Conn) Info() ConnInfo {
 	ci := ConnInfo{Transport: l.transport, Fallback: l.fallback, Reason: l.reason, Code: l.code}
 	var s *stream.Conn
 	var name string
+	ci.Paths = []PathBytes{{Transport: "tcp", BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load()}}
+	ci.Writes = c.writes.Load()
 	if c.w != nil {
 		s, name = c.w.info(&ci)
-	} else {
-		ci.Paths = []PathBytes{{Transport: "tcp", BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load()}}
-		ci.Writes = c.writes.Load()
 	}
 	if s != nil {
 		st := s.Stats()

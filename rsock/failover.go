@@ -42,16 +42,8 @@ func (w *swConn) TransportFailed(r *stream.Conn, cause error) {
 	installed := w.ring == r
 	w.mu.Unlock()
 	if installed { // else setRing finds r.Moving() once it installs r
-		go func() { _ = w.failover("the ring failed: " + causeText(cause)) }()
+		go func() { _ = w.failover("the ring failed: " + stream.Why(cause)) }()
 	}
-}
-
-func causeText(err error) string {
-	var re *stream.ResetError
-	if errors.As(err, &re) {
-		return re.Why()
-	}
-	return err.Error()
 }
 
 // failover moves the connection off its ring (see above), once; a call
@@ -62,10 +54,7 @@ func (w *swConn) failover(cause string) error {
 	if w.moving != nil {
 		ch := w.moving
 		w.mu.Unlock()
-		select {
-		case <-ch:
-		case <-w.done:
-		}
+		w.await(ch)
 		return nil
 	}
 	r := w.ring
@@ -103,7 +92,7 @@ func (w *swConn) failover(cause string) error {
 	from := w.c.label.Load().transport
 	w.mu.Lock()
 	w.ringPaths = append(w.ringPaths, PathBytes{Transport: w.ringName, BytesRead: st.BytesRead.Load(), BytesWritten: st.BytesWritten.Load()})
-	w.writes.Add(st.Writes.Load())
+	w.c.writes.Add(st.Writes.Load())
 	w.ring = nil
 	recv := w.rcvd
 	if w.recv == recvRing {
@@ -190,9 +179,7 @@ func (w *swConn) peerResumed(r uint64) error {
 	if agreed && wait != nil {
 		// Our side of an agreed ring may still be starting (the server
 		// after Confirm{0}): fail over once it is installed.
-		select {
-		case <-wait:
-		case <-w.done:
+		if !w.await(wait) {
 			return nil
 		}
 	}
@@ -259,11 +246,7 @@ func (w *swConn) resendLocked(dl *deadline.Deadline) error {
 			if dl.Expired() {
 				return os.ErrDeadlineExceeded
 			}
-			select {
-			case <-w.wnote.C():
-			case <-dl.Wait():
-			case <-w.done:
-			}
+			w.awaitDL(w.wnote.C(), dl)
 			continue
 		}
 		w.mu.Unlock()
@@ -299,7 +282,7 @@ func (w *swConn) resendLocked(dl *deadline.Deadline) error {
 // taken the connection off r; it returns err if err is not the ring's
 // failover (or the connection failed instead).
 func (w *swConn) offRing(r *stream.Conn, err error, dl *deadline.Deadline, n *note) error {
-	if !errors.Is(err, stream.ErrMoving) && !errors.Is(err, net.ErrClosed) {
+	if !moved(err) {
 		return err
 	}
 	for {
@@ -323,11 +306,7 @@ func (w *swConn) offRing(r *stream.Conn, err error, dl *deadline.Deadline, n *no
 		if dl.Expired() {
 			return os.ErrDeadlineExceeded
 		}
-		select {
-		case <-n.C():
-		case <-dl.Wait():
-		case <-w.done:
-		}
+		w.awaitDL(n.C(), dl)
 	}
 }
 
@@ -337,10 +316,7 @@ func (w *swConn) awaitMove() {
 	ch := w.moving
 	w.mu.Unlock()
 	if ch != nil {
-		select {
-		case <-ch:
-		case <-w.done:
-		}
+		w.await(ch)
 	}
 }
 

@@ -6,12 +6,12 @@ package rsock
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/rdmanet/rdmanet/internal/handshake"
@@ -37,16 +37,7 @@ func (l *Listener) handshakeConn(raw *net.TCPConn) {
 	}
 	first := bytes.Clone(buf[:n])
 	l.pending.Add(1)
-	// Counted in wg under running's lock, which Close takes before it
-	// waits for wg.
-	l.running.mu.Lock()
-	defer l.running.mu.Unlock()
-	if l.running.ended {
-		raw.Close()
-		l.handshakeOver()
-		return
-	}
-	l.wg.Add(1)
+	l.wg.Add(1) // the loop's own count orders this before Close's Wait
 	go func() {
 		defer l.wg.Done()
 		l.serveConn(raw, first, err)
@@ -62,59 +53,16 @@ func (l *Listener) handshakeOver() {
 	}
 }
 
-// inflight is the set of sockets whose handshake runs. Once ended (the
-// listener closed) it interrupts each, and takes no more.
-type inflight struct {
-	mu    sync.Mutex
-	m     map[*net.TCPConn]struct{}
-	ended bool
-}
-
-// add puts raw in the set: false if the set has ended.
-func (f *inflight) add(raw *net.TCPConn) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.ended {
-		return false
-	}
-	if f.m == nil {
-		f.m = make(map[*net.TCPConn]struct{})
-	}
-	f.m[raw] = struct{}{}
-	return true
-}
-
-// remove takes raw out of the set: false if the set ended while raw was
-// in it (and its I/O was interrupted).
-func (f *inflight) remove(raw *net.TCPConn) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.m, raw)
-	return !f.ended
-}
-
 // setDeadline sets raw's read deadline (both, if both) to t, unless the
-// set has ended: then its deadlines stay in the past, where end put them,
-// and Close does not wait for t.
-func (f *inflight) setDeadline(raw *net.TCPConn, t time.Time, both bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.ended {
-		t = aLongTimeAgo
-	}
+// listener has closed: its deadlines then stay in the past, where Close
+// put them (serveConn), and Close does not wait for t.
+func (l *Listener) setDeadline(raw *net.TCPConn, t time.Time, both bool) {
 	if both {
 		_ = raw.SetDeadline(t)
 	} else {
 		_ = raw.SetReadDeadline(t)
 	}
-}
-
-// end interrupts the I/O of every socket in the set, now and after.
-func (f *inflight) end() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.ended = true
-	for raw := range f.m {
+	if l.ctx.Err() != nil {
 		_ = raw.SetDeadline(aLongTimeAgo)
 	}
 }
@@ -122,13 +70,16 @@ func (f *inflight) end() {
 // serveConn runs the handshake of raw, whose first bytes (read with
 // err) are first, then hands the result to Accept.
 func (l *Listener) serveConn(raw *net.TCPConn, first []byte, err error) {
-	if !l.running.add(raw) {
+	if l.ctx.Err() != nil {
 		raw.Close() // the listener closed under us
 		return
 	}
+	// Close ends the handshake's I/O.
+	stop := context.AfterFunc(l.ctx, func() { _ = raw.SetDeadline(aLongTimeAgo) })
 	peer := raw.RemoteAddr() // before the handshake, which may close raw
 	c, err := l.handshake(raw, first, err)
-	if !l.running.remove(raw) && err == nil {
+	stop()
+	if l.ctx.Err() != nil && err == nil {
 		c.Close() // the listener closed under us
 		return
 	}
@@ -171,7 +122,7 @@ func (l *Listener) handshake(raw *net.TCPConn, arrived []byte, err error) (*Conn
 	timed := false
 	if err == nil && n < len(handshake.Magic) && handshake.MatchesMagicPrefix(first[:n]) {
 		testHookSniff.run(nil)
-		l.running.setDeadline(raw, time.Now().Add(s.sniffTimeout()), false)
+		l.setDeadline(raw, time.Now().Add(s.sniffTimeout()), false)
 		timed = true
 		n, err = sniffMagic(raw, first, n)
 	}
@@ -230,7 +181,7 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 	s := l.s
 	// An rsock client: the whole handshake is bounded from here, and until
 	// its hello is complete it holds one of its source's waiting places.
-	l.running.setDeadline(raw, time.Now().Add(s.handshake), true)
+	l.setDeadline(raw, time.Now().Add(s.handshake), true)
 	src := l.waiting.add(raw)
 	waiting := true
 	defer func() {

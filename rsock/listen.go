@@ -76,10 +76,9 @@ type Listener struct {
 	s       *settings
 	ready   chan *Conn
 	done    chan struct{}
-	setups  chan struct{} // places of the handshakes preparing an endpoint
-	waiting waitingSet    // handshakes between the magic and a complete hello
-	running inflight      // sockets whose handshake runs, for Close to end
-	ctx     context.Context
+	setups  chan struct{}   // places of the handshakes preparing an endpoint
+	waiting waitingSet      // handshakes between the magic and a complete hello
+	ctx     context.Context // cancelled by Close: ends the handshakes' I/O
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 
@@ -169,7 +168,6 @@ func (l *Listener) shutdown(cause error) error {
 		l.errMu.Unlock()
 		close(l.done)
 		l.cancel()
-		l.running.end()
 		err = l.ln.Close()
 	})
 	return err

@@ -137,8 +137,8 @@ func (r reasons) String() string              { return strings.Join(r, "; ") }
 // It clears the handshake's deadlines: from here on they are the user's.
 func plainConn(network string, raw *net.TCPConn, prefix []byte, code string, fallback bool, reason string) *Conn {
 	_ = raw.SetDeadline(time.Time{})
-	c := newConn(network, label{transport: "tcp", code: code, reason: reason, fallback: fallback})
-	c.tcp = raw
+	c := &Conn{network: network, tcp: raw}
+	c.label.Store(&label{transport: "tcp", code: code, reason: reason, fallback: fallback})
 	c.keepAlive()
 	if len(prefix) > 0 {
 		c.prefix = prefix
@@ -147,11 +147,6 @@ func plainConn(network string, raw *net.TCPConn, prefix []byte, code string, fal
 	c.register()
 	return c
 }
-
-// serveOrder is the order in which the server tries the transports a
-// client offers: host-local ones (shm) first, since a client offers them
-// only when it may be on this host; then the configured order.
-func (s *settings) serveOrder() []string { return s.served }
 
 // localFirst returns names with the host-local ones first, each group in
 // its order.

@@ -53,3 +53,13 @@ func TestNoteLosesNoWakeUp(t *testing.T) {
 		wg.Wait()
 	}
 }
+
+// receivable reports whether ch is closed or holds a value.
+func receivable(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

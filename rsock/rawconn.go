@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/rdmanet/rdmanet/internal/handshake"
-	"github.com/rdmanet/rdmanet/internal/stream"
 	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
@@ -102,55 +100,40 @@ func (r *rawConn) Write(f func(fd uintptr) bool) error {
 	return r.c.opError("raw-write", errRawUnsupported)
 }
 
-// readiness is what a Read of a Conn would find now.
-type readiness = sysdep.Readiness
-
-const readWaits, readData, readEnd = sysdep.Waits, sysdep.Data, sysdep.End
-
-// readinessOf turns stream.Conn.Poll's answer into a readiness.
-func readinessOf(readable bool, err error) readiness {
-	switch {
-	case readable:
-		return readData
-	case err != nil:
-		return readEnd
-	}
-	return readWaits
-}
-
 // poll is what a Read of c would find now, without waiting and without
 // taking anything; on TCP only while sniffed bytes wait (rawConn.onSocket).
-func (c *Conn) poll() readiness {
+func (c *Conn) poll() sysdep.Readiness {
 	if c.w != nil {
 		return c.w.poll()
 	}
-	return readData
+	return sysdep.Data
 }
 
 // poll is what a Read would find now. On TCP, when no one reads the
 // socket, it handles what has arrived without waiting (pollSocket).
-func (w *swConn) poll() readiness {
+func (w *swConn) poll() sysdep.Readiness {
 	for tries := 0; ; tries++ {
 		w.mu.Lock()
 		switch {
 		case w.closed:
 			w.mu.Unlock()
-			return readEnd
+			return sysdep.End
 		case w.rqLen > 0 && !w.rclosed:
 			w.mu.Unlock()
-			return readData
+			return sysdep.Data
 		case w.rclosed:
 			w.mu.Unlock()
-			return readEnd
+			return sysdep.End
 		case w.recv == recvRing:
 			r := w.ring
 			w.mu.Unlock()
-			ok, err := r.Poll()
-			if ok || err == nil {
-				return readinessOf(ok, err)
-			}
-			if !errors.Is(err, stream.ErrMoving) && !errors.Is(err, net.ErrClosed) {
-				return readEnd
+			switch ok, err := r.Poll(); {
+			case ok:
+				return sysdep.Data
+			case err == nil:
+				return sysdep.Waits
+			case !moved(err):
+				return sysdep.End
 			}
 			// The ring is left for TCP (offRing): what the failover
 			// leaves is what a Read finds next.
@@ -158,22 +141,22 @@ func (w *swConn) poll() readiness {
 			end := w.closed || w.err != nil
 			w.mu.Unlock()
 			if end {
-				return readEnd
+				return sysdep.End
 			}
-			return readWaits
+			return sysdep.Waits
 		case w.recv == recvEnd, w.err != nil:
 			w.mu.Unlock()
-			return readEnd
+			return sysdep.End
 		}
 		w.mu.Unlock()
 		if tries > 0 {
-			return readWaits
+			return sysdep.Waits
 		}
 		switch took, data := w.pollSocket(); {
 		case !took:
-			return readWaits
+			return sysdep.Waits
 		case data:
-			return readData
+			return sysdep.Data
 		}
 	}
 }
@@ -196,15 +179,12 @@ func (w *swConn) pollSocket() (took, data bool) {
 	data = w.in.data > 0
 	for !data {
 		testHookPollSocket.run(w)
-		h, msg, err := w.in.next(false)
+		msg, err := w.nextFrame(false)
 		if errors.Is(err, errWouldBlock) || errors.Is(err, os.ErrDeadlineExceeded) {
 			// Nothing more now; or readLoop was called for meanwhile
 			// (needReaderLocked moved the socket's deadline to end our
 			// turn), and takes over below.
 			break
-		}
-		if err == nil && h.Type == handshake.TypeData {
-			err = w.dataAllowed()
 		}
 		if err == nil && msg != nil {
 			var last bool

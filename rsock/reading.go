@@ -91,7 +91,7 @@ func (w *swConn) readFrames(b []byte) (int, error) {
 			}
 			return n, nil
 		}
-		msg, err := w.nextFrame()
+		msg, err := w.nextFrame(true)
 		if err != nil {
 			return 0, w.socketEnded(err)
 		}
@@ -233,7 +233,7 @@ func (w *swConn) readLoop() {
 		// over: its payload's rest comes first.
 		if w.in.data == 0 {
 			var msg handshake.Message
-			msg, err = w.nextFrame()
+			msg, err = w.nextFrame(true)
 			switch {
 			case err != nil || msg == nil:
 			case w.isClosed():
@@ -255,10 +255,11 @@ func (w *swConn) readLoop() {
 	}
 }
 
-// nextFrame reads the next frame: its message, or nil for a Data frame
-// (checked by dataAllowed), whose payload (in.data bytes) comes next.
-func (w *swConn) nextFrame() (handshake.Message, error) {
-	h, msg, err := w.in.next(true)
+// nextFrame reads the next frame, waiting for it if wait: its message, or
+// nil for a Data frame (checked by dataAllowed), whose payload (in.data
+// bytes) comes next.
+func (w *swConn) nextFrame(wait bool) (handshake.Message, error) {
+	h, msg, err := w.in.next(wait)
 	if err == nil && h.Type == handshake.TypeData {
 		err = w.dataAllowed()
 	}
@@ -321,10 +322,7 @@ func (w *swConn) readData(n int) error {
 		}
 		w.parked.Store(true)
 		w.mu.Unlock()
-		select {
-		case <-w.space.C():
-		case <-w.done:
-		}
+		w.await(w.space.C())
 		w.mu.Lock()
 		w.parked.Store(false)
 	}
@@ -366,10 +364,7 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		}
 		w.mu.Unlock()
 		if finishing != nil {
-			select {
-			case <-finishing:
-			case <-w.done:
-			}
+			w.await(finishing)
 		}
 		w.mu.Lock()
 		busy := w.up != upIdle || w.ring != nil || w.moving != nil || w.awaitResume
@@ -438,9 +433,7 @@ func (w *swConn) peerSwitched(x uint64) error {
 	if wait != nil {
 		// Our side of the ring may not be started or installed yet: the
 		// client switches right after its Confirm.
-		select {
-		case <-wait:
-		case <-w.done:
+		if !w.await(wait) {
 			return nil
 		}
 	}

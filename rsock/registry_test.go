@@ -347,3 +347,9 @@ func TestTotalsOnlyGrow(t *testing.T) {
 	assert.Equal(t, int64(2), t2.Fallbacks-t1.Fallbacks)
 	assert.Equal(t, map[string]int64{"sim": -2, "tcp": 2}, delta(t1.Open, t2.Open), "open, back on TCP")
 }
+
+func newConn(network string, l label) *Conn {
+	c := &Conn{network: network}
+	c.label.Store(&l)
+	return c
+}

@@ -26,7 +26,7 @@ const sendQueue = 256 << 10
 type sender struct {
 	raw *net.TCPConn
 	rc  syscall.RawConn           // raw's (init)
-	sys sysdep.Writer             // rc's calls: writeNow, delivered and quiet, guarded by mu
+	sys sysdep.Writer             // rc's calls (sendLocked, delivered, quiet), guarded by mu
 	hdr [handshake.HeaderLen]byte // data's frame header, guarded by mu
 
 	mu      sync.Mutex
@@ -60,12 +60,6 @@ const (
 	endShut                  // written after finish: FIN sent; the socket closes at the reader's end or lingerTimeout (shutLocked)
 )
 
-// queueLocked is sendLocked for a whole frame, which it takes (pooled).
-func (s *sender) queueLocked(frame []byte) {
-	s.sendLocked(frame, nil)
-	pool.Put(frame)
-}
-
 // sendLocked queues the frame of head and body, behind the held one, and
 // makes sure a goroutine writes the queue. With nothing queued it first
 // writes what the socket takes, without blocking, from the caller: most
@@ -75,7 +69,7 @@ func (s *sender) sendLocked(head, body []byte) {
 	s.held = nil
 	skip := 0
 	if !s.running && len(s.q) == 0 && s.err == nil {
-		skip = s.writeNow(held, head, body)
+		skip = s.sys.WriteNow(held, head, body) // 0 on an error, which run meets again
 	}
 	if rest := len(held) + len(head) + len(body) - skip; rest > 0 {
 		frame := pool.Get(rest)[:0]
@@ -118,7 +112,7 @@ func (s *sender) flushLocked() {
 	}
 }
 
-// init prepares s to write on raw, whose RawConn is rc (nil: writeNow
+// init prepares s to write on raw, whose RawConn is rc (nil: WriteNow
 // and delivered fail).
 func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
 	s.raw, s.rc = raw, rc
@@ -133,11 +127,6 @@ func (s *sender) closeSocket() {
 		close(s.ended)
 	})
 }
-
-// writeNow writes what of parts the socket takes without blocking and
-// returns how much (0 on any error, which the goroutine's write meets
-// again and reports). mu is held.
-func (s *sender) writeNow(parts ...[]byte) int { return s.sys.WriteNow(parts...) }
 
 // run writes queued frames until the queue is empty or the socket fails.
 func (s *sender) run() {
@@ -202,7 +191,8 @@ func (s *sender) sendAt(m func(cursor uint64) handshake.Message, last bool) (uin
 		pool.Put(frame)
 		return cursor, s.failureLocked()
 	}
-	s.queueLocked(frame)
+	s.sendLocked(frame, nil)
+	pool.Put(frame)
 	if last {
 		s.end = endFinish
 	}

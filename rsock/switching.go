@@ -70,8 +70,7 @@ type swConn struct {
 	upTimer    interface{ Stop() bool } // the client's upgrade policy; the server's reader (start), then ringDue
 	moved      atomic.Uint64            // bytes read and written on TCP, for the policy
 
-	bytesRead, bytesWritten, writes atomic.Uint64 // on TCP; the ring counts its own
-	ringPaths                       []PathBytes   // what the rings detached so far carried; guarded by mu
+	ringPaths []PathBytes // what the rings detached so far carried; guarded by mu
 
 	mu       sync.Mutex // guards what follows
 	rq       [][]byte   // Data payloads not yet read (pooled); rq[0] from roff
@@ -307,7 +306,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 		case w.rqLen > 0 && !w.rclosed:
 			n := w.takeLocked(b)
 			w.mu.Unlock()
-			w.bytesRead.Add(uint64(n))
+			w.c.bytesRead.Add(uint64(n))
 			w.counted(n)
 			return n, nil
 		case w.rclosed:
@@ -347,7 +346,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 		}
 		if n, took, err := w.readSocket(b); took {
 			if n > 0 {
-				w.bytesRead.Add(uint64(n))
+				w.c.bytesRead.Add(uint64(n))
 				w.counted(n)
 				return n, nil
 			}
@@ -356,11 +355,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 			}
 			continue // a frame changed the state, or the read was ended for a reason
 		}
-		select {
-		case <-w.rnote.C():
-		case <-w.rdl.Wait():
-		case <-w.done:
-		}
+		w.awaitDL(w.rnote.C(), &w.rdl)
 	}
 }
 
@@ -445,9 +440,9 @@ func (w *swConn) Write(b []byte) (int, error) {
 		end := min(len(b), n+handshake.MaxData)
 		k, err := w.out.data(b[n:end], &w.wdl, w.done)
 		n += k
-		w.bytesWritten.Add(uint64(k))
+		w.c.bytesWritten.Add(uint64(k))
 		if n == len(b) && k > 0 {
-			w.writes.Add(1)
+			w.c.writes.Add(1)
 		}
 		w.counted(k)
 		if err != nil {
@@ -551,6 +546,25 @@ func (w *swConn) settledChan() <-chan struct{} {
 	return w.settled.channel()
 }
 
+// await waits for ch, or Close: false after Close.
+func (w *swConn) await(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-w.done:
+		return false
+	}
+}
+
+// awaitDL waits for ch, the deadline dl, or Close.
+func (w *swConn) awaitDL(ch <-chan struct{}, dl *deadline.Deadline) {
+	select {
+	case <-ch:
+	case <-dl.Wait():
+	case <-w.done:
+	}
+}
+
 // signal is a one-time event, guarded by its owner's lock. Its channel is
 // made only for a caller that waits, and never replaced: a goroutine that
 // made it, or saw under the lock that it exists, may read ch after.
@@ -587,23 +601,7 @@ func (w *swConn) goneLocked() {
 	w.settleLocked()
 }
 
-// receivable reports whether ch is closed or holds a value.
-func receivable(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
-// note records a switch in the connection's log.
-func (w *swConn) note(dir, from, to, cause string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.noteLocked(dir, from, to, cause)
-}
-
+// noteLocked records a switch in the connection's log.
 func (w *swConn) noteLocked(dir, from, to, cause string) {
 	if len(w.log) < maxSwitchLog {
 		w.log = append(w.log, SwitchEvent{At: time.Now(), Direction: dir, From: from, To: to, Cause: cause})
@@ -883,16 +881,15 @@ func (h *hook) run(w *swConn) {
 	}
 }
 
-// info fills in ci's switch log and the bytes of every path but the
-// ring's, and returns the ring and its transport: one snapshot under mu,
-// in which a failover's ring bytes count once (ringPaths, or the ring).
+// info fills in ci's switch log and the bytes of the detached rings, and
+// returns the ring and its transport: one snapshot under mu, in which a
+// failover's ring bytes count once (ringPaths, or the ring).
 func (w *swConn) info(ci *ConnInfo) (*stream.Conn, string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ci.Switches = append([]SwitchEvent(nil), w.log...)
-	ci.Paths = append(ci.Paths, PathBytes{Transport: "tcp", BytesRead: w.bytesRead.Load(), BytesWritten: w.bytesWritten.Load()})
 	ci.Paths = append(ci.Paths, w.ringPaths...)
-	ci.Writes = w.writes.Load()
+	ci.Writes = w.c.writes.Load()
 	return w.ring, w.ringName
 }
 

@@ -33,31 +33,46 @@ func (s *settings) switchHello(names []string) *handshake.Hello {
 	return h
 }
 
-// serveSwitch answers a Hello with FlagSwitch (switchAnswer) and returns
-// the connection, on TCP, for Accept, or an error (a Decline). arrived is
-// an early client's first frames; the answer to an early hello is held
+// serveSwitch answers a Hello with FlagSwitch and returns the connection,
+// on TCP, for Accept, or an error. The answer is Upgrade, naming the
+// transports this server would take of those offered, in its order; or
+// Decline if there are none and TCP is not allowed. arrived is an early
+// client's first frames; the answer to an early hello is held
 // (sender.hold) until the server's first frame, or serverReaderAfter.
 func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, from switchFrom, arrived []byte) (*Conn, error) {
-	a := s.switchAnswer(hello.Offers)
-	if a.err != nil {
-		raw.Close()
-		return nil, fmt.Errorf("rsock: writing upgrade: %w", a.err)
+	var ts []handshake.Transport
+	for i, t := range s.servedT {
+		if _, built := transport.Lookup(s.served[i]); built && indexOffer(hello.Offers, t) >= 0 {
+			ts = append(ts, t)
+		}
 	}
-	frame := a.frame
-	if !from.withMagic {
+	reason := "on TCP until the client upgrades"
+	var answer handshake.Message = &handshake.Upgrade{Flags: handshake.UpgradeGrow | handshake.UpgradeEarly, RingMax: uint64(s.ringSize), Transports: ts}
+	if len(ts) == 0 {
+		reason = "no common transport: " + s.transportList()
+		if !s.fallback {
+			answer = &handshake.Decline{Code: handshake.DeclineNoCommonTransport, Reason: "no common transport"}
+		}
+	}
+	frame, err := handshake.Append(nil, answer)
+	if !from.withMagic && err == nil {
 		frame = frame[len(handshake.Magic):]
 	}
-	if !a.upgrade {
-		return nil, a.refuse(raw, frame)
-	}
-	st := switchStart{transports: a.transports, peer: peerRing{grows: hello.Flags&handshake.FlagGrow != 0, max: hello.RingMax}, reason: a.reason, arrived: arrived, untimed: !from.timed}
+	st := switchStart{transports: ts, peer: peerRing{grows: hello.Flags&handshake.FlagGrow != 0, max: hello.RingMax}, reason: reason, arrived: arrived, untimed: !from.timed}
 	// Only a connection that may upgrade has the reader timer that
 	// flushes a held answer.
-	if len(a.transports) > 0 && hello.Flags&handshake.FlagEarly != 0 {
+	if err == nil && len(ts) > 0 && hello.Flags&handshake.FlagEarly != 0 {
 		st.held = frame
-	} else if _, err := raw.Write(frame); err != nil {
+	} else if err == nil {
+		_, err = raw.Write(frame)
+	}
+	_, declined := answer.(*handshake.Decline)
+	if err != nil || declined {
 		raw.Close()
-		return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
+		if err != nil {
+			return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
+		}
+		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 	}
 	return s.switchConn(l.network, raw, l, st), nil
 }
@@ -66,49 +81,6 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 type switchFrom struct {
 	withMagic bool // the magic has not been sent: it goes with the answer
 	timed     bool // raw has a deadline, which the connection clears
-}
-
-// upAnswer is a switching server's answer to a hello (switchAnswer).
-type upAnswer struct {
-	upgrade    bool                  // Upgrade; otherwise Decline
-	transports []handshake.Transport // the Upgrade's
-	reason     string                // ConnInfo.Reason until the upgrade, or why not
-	frame      []byte                // the encoded answer, magic first
-	err        error                 // encoding it failed
-}
-
-// refuse sends the Decline frame and closes raw.
-func (a *upAnswer) refuse(raw *net.TCPConn, frame []byte) error {
-	_, err := raw.Write(frame)
-	raw.Close()
-	if err != nil {
-		return fmt.Errorf("rsock: writing upgrade: %w", err)
-	}
-	return fmt.Errorf("%w: %s", ErrNoTransport, a.reason)
-}
-
-// switchAnswer returns the answer to a switching hello's offers: Upgrade,
-// naming the transports this server would take of those offered, in its
-// order; Decline if there are none and TCP is not allowed.
-func (s *settings) switchAnswer(offers []handshake.Offer) *upAnswer {
-	order := s.serveOrder()
-	var ts []handshake.Transport
-	for i, t := range s.servedT {
-		if _, built := transport.Lookup(order[i]); built && indexOffer(offers, t) >= 0 {
-			ts = append(ts, t)
-		}
-	}
-	a := &upAnswer{upgrade: true, transports: ts, reason: "on TCP until the client upgrades"}
-	var answer handshake.Message = &handshake.Upgrade{Flags: handshake.UpgradeGrow | handshake.UpgradeEarly, RingMax: uint64(s.ringSize), Transports: ts}
-	if len(ts) == 0 {
-		a.reason = "no common transport: " + s.transportList()
-		if !s.fallback {
-			a.upgrade = false
-			answer = &handshake.Decline{Code: handshake.DeclineNoCommonTransport, Reason: "no common transport"}
-		}
-	}
-	a.frame, a.err = handshake.Append(nil, answer)
-	return a
 }
 
 // switchStart is how a switching connection starts (switchConn).
@@ -147,8 +119,8 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 		l label
 	}{l: l}
 	c := &both.c
-	c.init(network, &both.l)
-	c.tcp = raw
+	c.network, c.tcp = network, raw
+	c.label.Store(&both.l)
 	c.w = &both.w
 	c.w.init(c, s, raw, ln == nil)
 	c.w.ln = ln
@@ -189,10 +161,9 @@ func (w *swConn) stayOnTCP(code, reason string) {
 		w.fail(&stream.ResetError{Reason: "no transport could be agreed and TCP fallback is not allowed: " + reason, Err: ErrNoTransport})
 		return
 	}
-	w.note("", "tcp", "tcp", reason)
-	to := &label{transport: "tcp", code: code, fallback: true, reason: reason}
-	w.c.relabel(to)
+	w.c.relabel(&label{transport: "tcp", code: code, fallback: true, reason: reason})
 	w.mu.Lock()
+	w.noteLocked("", "tcp", "tcp", reason)
 	w.stayed = true
 	w.settleLocked()
 	w.mu.Unlock()
@@ -243,12 +214,8 @@ func (w *swConn) clientUpgrade() {
 	var ep *stream.Endpoint
 	var name string
 	for _, n := range localFirst(s.transports) {
-		t, ok := handshake.TransportByName(n)
-		if !ok || !slices.Contains(w.transports, t) {
-			continue
-		}
-		if hostLocal[n] && !maybeSameHost(w.raw) {
-			why.add(n, errNotSameHost)
+		// (The hello offered only what raw's peer may take: offerable.)
+		if !slices.Contains(w.transports, mustTransport(n)) {
 			continue
 		}
 		e, err := s.newEndpoint(n, w.raw, w.peer)
@@ -385,7 +352,9 @@ var clientSetups = make(chan struct{}, maxClientSetups)
 func (w *swConn) upgradeEnded(mine chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !receivable(mine) {
+	select {
+	case <-mine:
+	default:
 		w.up = upIdle
 		close(mine)
 	}

@@ -206,7 +206,7 @@ func (c *Conn) sayGoodbye(final bool) <-chan struct{} {
 	}
 	gb := &handshake.Goodbye{FinalProd: c.st.Prod()}
 	if c.err != nil {
-		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(resetWhy(c.err))}
+		gb = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(Why(c.err))}
 	}
 	c.mu.Unlock()
 	ended := c.owner.Goodbye(gb)

@@ -38,8 +38,8 @@ func (e *ResetError) Why() string {
 	return e.Reason
 }
 
-// resetWhy is err's Why if it is a *ResetError, else its message.
-func resetWhy(err error) string {
+// Why is err's Why if it is a *ResetError, else its message.
+func Why(err error) string {
 	if re, ok := err.(*ResetError); ok {
 		return re.Why()
 	}

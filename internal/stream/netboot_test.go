@@ -39,7 +39,7 @@ func (b *netBoot) Goodbye(g *handshake.Goodbye) <-chan struct{} {
 var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
 func (b *netBoot) Reset(_ *Conn, err error) {
-	b.Goodbye(&handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(resetWhy(err))})
+	b.Goodbye(&handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(Why(err))})
 }
 
 func (b *netBoot) TransportFailed(*Conn, error) { panic("the engine's tests run without Failover") }

@@ -108,35 +108,36 @@ func (c *Conn) awaitLeaseLocked(zero bool) error {
 		// What this loop checks answers any wake-up sent so far (they are
 		// sent under mu): drop it, or the next wait returns for nothing.
 		drain(c.rd.e.ch)
-		switch {
-		case c.life >= lifeClosing:
-			return net.ErrClosed
-		case c.rd.shut:
-			return io.EOF
-		case c.rd.dl.Expired():
-			return os.ErrDeadlineExceeded
-		case errors.Is(c.err, ErrMoving):
-			return c.err // what is readable is Detach's now
+		if err := c.stopLocked(true); err != nil {
+			return err
 		}
 		if err := c.syncLeaseLocked(); err != nil || c.rd.lease > 0 {
 			return err
 		}
-		switch {
-		case c.st.EOF():
-			return io.EOF
-		case c.err != nil:
-			return c.err
-		case c.life == lifePeerGone:
-			// The peer closed and everything it wrote was read, but its
-			// final message never came: treat its goodbye as the FIN.
-			return io.EOF
-		case zero:
-			return nil
+		if err := c.endLocked(); err != nil || zero {
+			return err
 		}
 		if err := c.wait(&c.rd.e, c.rd.dl, true); err != nil {
 			return err
 		}
 	}
+}
+
+// stopLocked is why a Read ends before it looks at the ring: Close,
+// CloseRead (io.EOF), the read deadline (if dl), or a failover (what is
+// readable is Detach's now). mu is held.
+func (c *Conn) stopLocked(dl bool) error {
+	switch {
+	case c.life >= lifeClosing:
+		return net.ErrClosed
+	case c.rd.shut:
+		return io.EOF
+	case dl && c.rd.dl.Expired():
+		return os.ErrDeadlineExceeded
+	case errors.Is(c.err, ErrMoving):
+		return c.err
+	}
+	return nil
 }
 
 // readLease copies up to len(b) bytes of the lease into b, in pieces of
@@ -259,15 +260,8 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	}
 	for {
 		drain(c.rd.e.ch) // as in Read
-		switch {
-		case c.life >= lifeClosing:
-			return n, net.ErrClosed, nil
-		case c.rd.shut:
-			return n, nil, nil
-		case c.rd.dl.Expired():
-			return n, os.ErrDeadlineExceeded, nil
-		case errors.Is(c.err, ErrMoving):
-			return n, c.err, nil // the rest is Detach's
+		if err := c.stopLocked(true); err != nil {
+			return n, eofNil(err), nil
 		}
 		if avail, old := c.st.ReadableHere(); avail > 0 {
 			mem := c.ringMemLocked(old)
@@ -292,13 +286,8 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 			}
 			continue
 		}
-		switch { // Read's order: a failure is not hidden behind the peer's goodbye
-		case c.st.EOF():
-			return n, nil, nil
-		case c.err != nil:
-			return n, c.err, nil
-		case c.life == lifePeerGone:
-			return n, nil, nil
+		if err := c.endLocked(); err != nil {
+			return n, eofNil(err), nil
 		}
 		if err := c.wait(&c.rd.e, c.rd.dl, true); err != nil {
 			return n, err, nil
@@ -325,6 +314,14 @@ func writeSegs(w io.Writer, a, b []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// eofNil is err, but nil for io.EOF: CopyTo's end of the stream.
+func eofNil(err error) error {
+	if err == io.EOF {
+		return nil
+	}
+	return err
 }
 
 // errInvalidWrite is io's: a writer returned an impossible count.
@@ -377,13 +374,8 @@ func (c *Conn) Poll() (readable bool, err error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch {
-	case c.life >= lifeClosing:
-		return false, net.ErrClosed
-	case c.rd.shut:
-		return false, io.EOF
-	case errors.Is(c.err, ErrMoving):
-		return false, c.err
+	if err := c.stopLocked(false); err != nil {
+		return false, err
 	}
 	// As a zero-length Read: report what was taken, look for what came.
 	if err := c.syncLeaseLocked(); err != nil {
