@@ -6,42 +6,20 @@ import (
 	"sync"
 )
 
-// Admission: what a Listener bounds so that no client, however many
-// connections it opens and stalls, keeps others waiting or costs the
-// server without bound (docs/protocol.md §2.1, §9.4). Besides the accept
-// loop's backpressure (maxPending, the ready queue), a connection costs,
-// in each phase of its handshake:
-//
-//   - before its first bytes: SniffTimeout, then it goes to Accept as a
-//     plain client;
-//   - after the magic, until its hello is complete (within
-//     HandshakeTimeout): one of perSourceWaiting places of its source
-//     (sourceOf); past them, a newer connection takes the oldest one's
-//     place, which is closed;
-//   - while an endpoint is prepared for its upgrade offer: one of
-//     maxSetups places; past them, the offer is declined
-//     (DeclineResources), and the client offers again after a backoff;
-//   - per connection: maxOffers upgrade offers, each of which may prepare
-//     an endpoint; past them, every offer is declined (DeclinePolicy) at no
-//     cost. An honest client offers again only after a failover or a busy
-//     server's decline.
-//
-// A stalled client costs a goroutine and a socket, so the bounds are set
-// for the host's descriptors: a plain client never takes a waiting place,
-// and an rsock client holds one only until its hello has come.
+// Admission bounds (docs/protocol.md §2.1, §9.4 step 2): a source's waiting
+// places, the endpoints prepared at once, the offers answered on their merits
+// per connection; set for the host's descriptors, since a stalled client
+// costs a goroutine and a socket.
 const (
 	perSourceWaiting = 1024
 	maxSetups        = 256
 	maxOffers        = 16
-	// maxClientSetups bounds the upgrades a process's clients set up at
-	// once (clientSetups); the others wait for a place.
+	// maxClientSetups bounds clients' endpoint setups at once (clientSetups).
 	maxClientSetups = 128
 )
 
-// maxPending bounds the handshakes a listener runs at once, over all
-// sources: past it, the accept loop accepts nothing more until one ends
-// (acceptLoop), and the kernel's backlog holds the next clients. A
-// variable for tests.
+// maxPending bounds the handshakes a listener runs at once: past it, the
+// accept loop accepts nothing until one ends. A variable for tests.
 var maxPending = 4096
 
 // waitingSet holds, per source address, the connections that sent the
@@ -73,7 +51,6 @@ func (w *waitingSet) add(c *net.TCPConn) netip.Addr {
 	return src
 }
 
-// remove unregisters c, if it is still there.
 func (w *waitingSet) remove(src netip.Addr, c *net.TCPConn) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -91,16 +68,14 @@ func (w *waitingSet) remove(src netip.Addr, c *net.TCPConn) {
 	}
 }
 
-// evictions reports how many connections add closed.
 func (w *waitingSet) evictions() uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.evicted
 }
 
-// sourceOf is the source that c's waiting place counts against: its
-// IPv4 address, or the /64 of its IPv6 address (a host is commonly given
-// a whole /64, and could otherwise take a waiting place set per address).
+// sourceOf is the source that c's waiting place counts against
+// (sourceGroup): a host is commonly given a whole IPv6 /64.
 func sourceOf(c *net.TCPConn) netip.Addr {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		if ip, ok := netip.AddrFromSlice(a.IP); ok {
@@ -110,8 +85,7 @@ func sourceOf(c *net.TCPConn) netip.Addr {
 	return netip.Addr{}
 }
 
-// sourceGroup is ip's source group: the address itself for IPv4 (also
-// IPv4-mapped), its /64 for IPv6.
+// sourceGroup is ip's source group: IPv4 (also mapped) itself, IPv6 its /64.
 func sourceGroup(ip netip.Addr) netip.Addr {
 	ip = ip.Unmap()
 	if ip.Is4() {

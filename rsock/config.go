@@ -22,18 +22,16 @@ import (
 type Config struct {
 	// Transports lists the transports allowed, in order of preference:
 	// "verbs" (RDMA through libibverbs), "shm" (shared memory, same host)
-	// and "tcp". "tcp" allows staying on the bootstrap TCP connection when
-	// no other transport can be agreed; it is always the last resort,
-	// wherever it is listed. Without "tcp", Dial fails instead and a
-	// listener closes connections it cannot switch. Env RSOCK_TRANSPORTS
-	// (comma-separated). Default: verbs,shm,tcp.
+	// and "tcp", which allows staying on the bootstrap TCP connection when no
+	// other can be agreed, always as the last resort. Without "tcp", Dial
+	// fails instead and a listener closes connections it cannot switch. Env
+	// RSOCK_TRANSPORTS (comma-separated). Default: verbs,shm,tcp.
 	Transports []string
 
-	// RingSize is the receive ring of each connection, in bytes: a power
-	// of two from 4 KiB to 1 GiB. Each side tells the other its RingSize:
-	// a ring goes up to the smaller of the two, and a peer's ring larger
-	// than our own is refused. Env RSOCK_RING_SIZE (accepts k, m, g
-	// suffixes). Default 1 MiB.
+	// RingSize is the receive ring of each connection, in bytes: a power of two
+	// from 4 KiB to 1 GiB. Each side tells the other its RingSize: a ring goes
+	// up to the smaller of the two, and a peer's ring larger than our own is
+	// refused. Env RSOCK_RING_SIZE (accepts k, m, g suffixes). Default 1 MiB.
 	RingSize int
 
 	// RingStart is the receive ring a connection starts with when the peer
@@ -48,18 +46,16 @@ type Config struct {
 	// Env RSOCK_CREDITS. Default 64.
 	Credits int
 
-	// BusyPoll bounds how long a blocked Read or Write polls for
-	// completions before it parks its goroutine. The window within that
-	// bound follows what a park costs in this process, and a polling call
-	// hands its P to any goroutine of the process that waits for one
-	// (docs/protocol.md §4.1). A blocked call polls one window and then
-	// parks, so an idle connection soon costs no CPU; while a connection
-	// ping-pongs, the waiting side keeps its core busy. At most half the
+	// BusyPoll bounds how long a blocked Read or Write polls for completions
+	// before it parks its goroutine; the window follows what a park costs in
+	// this process, and a polling call hands its P to any goroutine that
+	// waits for one (docs/protocol.md §4.1). A blocked call polls one window,
+	// then parks: an idle connection soon costs no CPU, and while one
+	// ping-pongs the waiting side keeps its core busy. At most half the
 	// process's cores poll at once. It needs Go 1.26's count of runnable
 	// goroutines; on an older runtime nothing polls. Negative (or 0 in the
 	// environment) disables it; more than MaxBusyPoll is a ConfigError. Env
-	// RSOCK_BUSY_POLL (a Go duration such as 50us). Default
-	// DefaultBusyPoll.
+	// RSOCK_BUSY_POLL (a Go duration such as 50us). Default DefaultBusyPoll.
 	BusyPoll time.Duration
 
 	// HandshakeTimeout bounds the whole handshake once it has started, on
@@ -72,11 +68,10 @@ type Config struct {
 	// Env RSOCK_SNIFF_TIMEOUT. Default 200ms.
 	SniffTimeout time.Duration
 
-	// ProbeTimeout is how long Dial waits for the server's answer to its
-	// hello. After silence that long, or a close without an answer, Dial
-	// dials again with plain TCP, saying why in ConnInfo.Reason; silence is
-	// no verdict, so the next Dial probes again. Env RSOCK_PROBE_TIMEOUT.
-	// Default 1s.
+	// ProbeTimeout is how long Dial waits for the server's answer to its hello.
+	// After silence that long, or a close without an answer, Dial dials again
+	// with plain TCP, saying why in ConnInfo.Reason; silence is no verdict, so
+	// the next Dial probes again. Env RSOCK_PROBE_TIMEOUT. Default 1s.
 	ProbeTimeout time.Duration
 
 	// ProbeCacheTTL is how long Dial remembers that an address does not
@@ -86,14 +81,13 @@ type Config struct {
 	// disables the cache. Env RSOCK_PROBE_CACHE_TTL. Default 1m.
 	ProbeCacheTTL time.Duration
 
-	// Device, Port and GIDIndex override which RDMA device, port and GID
-	// table entry the verbs transport uses. By default (zero values) it
-	// finds them from the bootstrap connection's local IP, as rdma_cm does:
-	// on RoCE, the port whose GID table holds that IP (RoCE v2 preferred);
-	// on InfiniBand, the device under the IPoIB interface holding it. A
-	// GIDIndex of 0 in Config means automatic; RSOCK_GID_INDEX=0 selects
-	// entry 0. Env RSOCK_DEVICE (e.g. mlx5_0, rxe0), RSOCK_PORT,
-	// RSOCK_GID_INDEX.
+	// Device, Port and GIDIndex override which RDMA device, port and GID table
+	// entry the verbs transport uses. By default (zero values) it finds them
+	// from the bootstrap connection's local IP, as rdma_cm does: on RoCE, the
+	// port whose GID table holds that IP (RoCE v2 preferred); on InfiniBand,
+	// the device under the IPoIB interface holding it. A GIDIndex of 0 in
+	// Config means automatic; RSOCK_GID_INDEX=0 selects entry 0. Env
+	// RSOCK_DEVICE (e.g. mlx5_0, rxe0), RSOCK_PORT, RSOCK_GID_INDEX.
 	Device   string
 	Port     int
 	GIDIndex int
@@ -116,49 +110,45 @@ type Config struct {
 	// ServiceLevel is the InfiniBand service level, 0-15 (on RoCE, the
 	// priority some devices put in the VLAN tag). By default it is 0, or,
 	// through rdma_cm, the path's: on InfiniBand the subnet manager's
-	// choice, which its routing may depend on. A level set here or with
+	// choice, which its routing may depend on. A level set here or with env
 	// RSOCK_SERVICE_LEVEL (RSOCK_SERVICE_LEVEL=0 selects 0) replaces it.
-	// Env RSOCK_SERVICE_LEVEL.
 	ServiceLevel int
-	// AckTimeout and RetryCount bound how long a verbs queue pair keeps
-	// sending to a peer or path that does not acknowledge: each request
-	// is sent again after AckTimeout (rounded up to the device's
-	// encoding, 4.096 us << n), up to RetryCount times (1-6), and the
-	// queue pair then fails, and the connection fails over to TCP. By
-	// default 537 ms and 6: about 3.8 s. Env RSOCK_ACK_TIMEOUT,
-	// RSOCK_RETRY_COUNT.
+	// AckTimeout and RetryCount bound how long a verbs queue pair keeps sending
+	// to a peer or path that does not acknowledge: each request is sent again
+	// after AckTimeout (rounded up to the device's encoding, 4.096 us << n), up
+	// to RetryCount times (1-6), and the queue pair then fails, and the
+	// connection fails over to TCP. By default 537 ms and 6: about 3.8 s. Env
+	// RSOCK_ACK_TIMEOUT, RSOCK_RETRY_COUNT.
 	AckTimeout time.Duration
 	RetryCount int
 
 	// EndpointPool is how many closed verbs endpoints (a protection domain
 	// with its registered buffers) each RDMA device keeps, so that the next
-	// connection on the device skips registering memory. A pooled
-	// endpoint's memory stays registered (pinned) and is zeroed when
-	// reused; a ring retired by growth while its connection lived is
-	// deregistered (its peer can no longer write to it) and registered
-	// again when reused. Queue pairs are never reused. A registration the host
-	// refuses for lack of lockable memory frees the pool first. Negative:
-	// no pool. Env RSOCK_ENDPOINT_POOL. Default DefaultEndpointPool.
+	// connection on it skips registering memory. A pooled endpoint's memory
+	// stays registered (pinned) and is zeroed when reused; a ring retired by
+	// growth is deregistered (its peer can no longer write to it) and
+	// registered again when reused. Queue pairs are never reused. A refused
+	// registration (no lockable memory) frees the pool first. Negative: no
+	// pool. Env RSOCK_ENDPOINT_POOL. Default DefaultEndpointPool.
 	EndpointPool int
 	// EndpointPoolIdle is how long a pooled endpoint is kept unused. Env
 	// RSOCK_ENDPOINT_POOL_IDLE. Default DefaultEndpointPoolIdle.
 	EndpointPoolIdle time.Duration
 
-	// UpgradeAfter is the upgrade policy of a dialed connection. A
-	// connection starts on its TCP connection, usable once the server has
-	// answered (one round trip), and sets up its ring in the background
-	// once it has lived UpgradeAfter (up to 10 ms later: docs/protocol.md
-	// §9.8) or moved UpgradeBytes bytes on TCP, whichever comes first; each
-	// direction then moves to the ring without losing, repeating or
-	// reordering a byte. A tiny value (1ns) upgrades at once. Negative
-	// upgrades at once and makes Dial wait for the upgrade to run its course
-	// (at most HandshakeTimeout): Dial returns the connection on its ring,
-	// or on TCP with the reason in its ConnInfo, or, without "tcp" in
+	// UpgradeAfter is the upgrade policy of a dialed connection. A connection
+	// starts on TCP, usable after one round trip, and sets up its ring in the
+	// background once it has lived UpgradeAfter (up to 10 ms later:
+	// docs/protocol.md §9.8) or moved UpgradeBytes bytes on TCP, whichever
+	// comes first; each direction then moves to the ring without losing,
+	// repeating or reordering a byte. A tiny value (1ns) upgrades at once.
+	// Negative upgrades at once and makes Dial wait for the upgrade to run its
+	// course (at most HandshakeTimeout): Dial returns the connection on its
+	// ring, on TCP with the reason in its ConnInfo, or, without "tcp" in
 	// Transports, the upgrade's error; without "tcp" that is the default. A
-	// listener answers every client whatever its own setting; without "tcp"
-	// in its Transports, a connection whose upgrade fails is reset. Settled
-	// tells when a connection's upgrade has run its course. Env
-	// RSOCK_UPGRADE_AFTER. Default DefaultUpgradeAfter.
+	// listener answers every client whatever its own setting; without "tcp" in
+	// its Transports, a connection whose upgrade fails is reset. Settled tells
+	// when an upgrade has run its course. Env RSOCK_UPGRADE_AFTER. Default
+	// DefaultUpgradeAfter.
 	UpgradeAfter time.Duration
 
 	// UpgradeBytes is the byte count of the upgrade policy (see
@@ -166,16 +156,15 @@ type Config struct {
 	// Default DefaultUpgradeBytes.
 	UpgradeBytes int
 
-	// NoFailover turns failover off. By default, when a ring's transport
-	// fails (a queue pair in error, an error completion, a peer message
-	// that breaks the ring's rules), both directions move back to the
-	// connection's TCP connection without losing, repeating or reordering
-	// a byte, and the application sees no error (Info says "failed-over"
-	// and why); the client upgrades again after a backoff that doubles per
-	// failover, from 100 ms to at most a minute (docs/protocol.md §9.10).
-	// With NoFailover, or without "tcp" in Transports, such a failure
-	// resets the connection instead. A peer process that dies is a dead
-	// connection either way. Env RSOCK_NO_FAILOVER=1.
+	// NoFailover turns failover off. By default, when a ring's transport fails
+	// (a queue pair in error, an error completion, a peer message that breaks
+	// the ring's rules), both directions move back to TCP without losing,
+	// repeating or reordering a byte, and the application sees no error (Info
+	// says "failed-over" and why); the client upgrades again after a backoff
+	// that doubles per failover, from 100 ms to at most a minute
+	// (docs/protocol.md §9.10). With NoFailover, or without "tcp" in
+	// Transports, such a failure resets the connection instead. A peer process
+	// that dies is a dead connection either way. Env RSOCK_NO_FAILOVER=1.
 	NoFailover bool
 
 	// EarlyDial lets a Dial skip the handshake's round trip, as TLS 0-RTT

@@ -13,10 +13,9 @@ import (
 )
 
 // Conn is a connection from Dial or Accept. It implements net.Conn, plus
-// CloseWrite and CloseRead like *net.TCPConn.
-//
-// Underneath is a ring (verbs or shm: the peer writes into this side's
-// receive ring) or the bootstrap TCP connection; Info says which, and why.
+// CloseWrite and CloseRead like *net.TCPConn. Underneath is a ring (verbs
+// or shm: the peer writes into this side's receive ring) or the bootstrap
+// TCP connection; Info says which, and why.
 //
 // The net.Conn contract holds on every transport: Read blocks until data,
 // io.EOF (the peer closed its writing side and all data was read), an
@@ -72,8 +71,7 @@ func (c *Conn) ring() *stream.Conn {
 	return c.w.ring
 }
 
-// ConnInfo describes a Conn: which transport carries it, why, and what it
-// has done.
+// ConnInfo describes a Conn: which transport carries it, why, what it did.
 type ConnInfo struct {
 	// Transport is "verbs", "shm" or "tcp" ("sim" in tests).
 	Transport string
@@ -86,10 +84,9 @@ type ConnInfo struct {
 	Reason string
 	Code   string
 
-	// BytesRead and BytesWritten count the bytes Read returned and Write
-	// took, over every path; Paths splits them by path: TCP first, then
-	// each ring the connection used, in order (a failover ends one, a new
-	// upgrade starts the next). Each only grows.
+	// BytesRead and BytesWritten count the bytes Read returned and Write took,
+	// over every path; Paths splits them: TCP first, then each ring used, in
+	// order (a failover ends one, an upgrade starts the next). Each only grows.
 	BytesRead    uint64
 	BytesWritten uint64
 	Paths        []PathBytes
@@ -105,9 +102,7 @@ type ConnInfo struct {
 	Wakeups      uint64 // times a blocked call parked and was woken
 	SpinHits     uint64 // times a busy-polling call found what it waited for before parking
 	// Notifications counts the completion queue's notifications; Background
-	// those that came while no call waited and started background progress
-	// (posting receive buffers again, returning credits, sending what is
-	// owed).
+	// those that came while no call waited and started background progress.
 	Notifications uint64
 	Background    uint64
 	// Registered is the memory the connection holds registered with its
@@ -115,15 +110,13 @@ type ConnInfo struct {
 	// staging buffer of the peer's ring size): pinned on verbs; 0 on TCP.
 	// Rings that start at Config.RingStart hold that size until they grow.
 	Registered int64
-	// RingGrows counts ring moves to a larger ring (Config.RingStart):
-	// the peer moving into ours, and us into the peer's; at most one each.
-	// RingGrowFailures counts registrations for such a move that the host
-	// refused (RLIMIT_MEMLOCK): the rings then keep their size.
+	// RingGrows counts moves to a larger ring (Config.RingStart), the peer's
+	// into ours and ours into the peer's, at most one each; RingGrowFailures
+	// the registrations for one the host refused (RLIMIT_MEMLOCK).
 	RingGrows        uint64
 	RingGrowFailures uint64
-	// Backstops counts the times the peer's ring was kicked, in case a
-	// notification was lost, because it had consumed nothing in flight for
-	// a while (docs/protocol.md §4.1).
+	// Backstops counts kicks of the peer's ring, against a lost notification,
+	// after it consumed nothing in flight for a while (docs/protocol.md §4.1).
 	Backstops uint64
 	// Switches lists, on the switching protocol, when each direction
 	// moved between TCP and a ring and why, and upgrades that did not
@@ -172,10 +165,9 @@ func (c *Conn) Info() ConnInfo {
 	return ci
 }
 
-// TransportOf returns the transport carrying c: "verbs", "shm" or "tcp" for
-// a Conn from rsock's Dial or Accept. It looks through wrappers that expose
-// the conn they wrap with a NetConn method (such as *tls.Conn). It returns
-// "" for a connection rsock did not make.
+// TransportOf returns the transport carrying c: "verbs", "shm" or "tcp" for a
+// Conn from rsock's Dial or Accept, looking through wrappers with a NetConn
+// method (such as *tls.Conn); "" for a connection rsock did not make.
 func TransportOf(c net.Conn) string {
 	if rc := unwrap(c); rc != nil {
 		return rc.label.Load().transport
@@ -183,8 +175,7 @@ func TransportOf(c net.Conn) string {
 	return ""
 }
 
-// InfoOf returns c's ConnInfo if c (or the conn it wraps, see TransportOf)
-// is an rsock Conn.
+// InfoOf returns c's ConnInfo if c (or the conn it wraps) is an rsock Conn.
 func InfoOf(c net.Conn) (ConnInfo, bool) {
 	if rc := unwrap(c); rc != nil {
 		return rc.Info(), true
@@ -192,20 +183,17 @@ func InfoOf(c net.Conn) (ConnInfo, bool) {
 	return ConnInfo{}, false
 }
 
-// Settled returns a channel that is closed once c's transport has settled
-// (c, or the conn it wraps, see TransportOf). It is closed already for a
-// connection that cannot change transport: plain TCP, a fallback, or a
-// connection rsock did not make. On the switching protocol
-// (Config.UpgradeAfter) it closes once the first upgrade has run its
-// course: both directions on the ring, or the upgrade declined or failed
-// (Info says why), or the connection ended. A listener's end waits for its
-// client's upgrade, so a client that never upgrades leaves it open until
-// the connection ends. The upgrade's frames travel on the TCP connection
-// behind the data, so while the peer writes, an end that does not read
-// (past 256 KiB of queued data) holds its own upgrade back. Where the final
-// transport matters (a deployment check, a test), wait for Settled before
-// asking the peer to send. A failover, an upgrade offered again after a
-// busy server's decline, and the ring they lead to do not reopen it.
+// Settled returns a channel that is closed once c's transport has settled (c,
+// or the conn it wraps, see TransportOf): at once for a connection that cannot
+// change transport (plain TCP, a fallback, one rsock did not make); on the
+// switching protocol once the first upgrade has run its course (both directions
+// on the ring, the upgrade declined or failed, Info says why, or the connection
+// ended). A listener's end waits for its client's upgrade, and stays open while
+// a client that never upgrades lives. The upgrade's frames travel behind the
+// data: an end that does not read (past 256 KiB queued) holds its own upgrade
+// back, so where the final transport matters wait for Settled before asking the
+// peer to send. A failover, an upgrade offered again after a busy server's
+// decline, and their ring do not reopen it.
 func Settled(c net.Conn) <-chan struct{} {
 	if rc := unwrap(c); rc != nil && rc.w != nil {
 		return rc.w.settledChan()
@@ -231,7 +219,6 @@ func WaitSettled(ctx context.Context, c net.Conn) (transport string, err error) 
 	return TransportOf(c), err
 }
 
-// closedChan is a closed channel.
 var closedChan = func() chan struct{} {
 	ch := make(chan struct{})
 	close(ch)
@@ -401,7 +388,6 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	return io.Copy(w, readerOnly{c})
 }
 
-// writerOnly and readerOnly hide ReadFrom and WriteTo from io.Copy, which
-// would otherwise call back into them.
+// writerOnly and readerOnly hide ReadFrom, WriteTo: io.Copy would call them.
 type writerOnly struct{ io.Writer }
 type readerOnly struct{ io.Reader }

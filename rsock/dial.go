@@ -18,25 +18,22 @@ type Dialer struct {
 	// plain redial, if the server turns out not to speak rsock). Zero
 	// means no timeout beyond the handshake's own bounds.
 	Timeout time.Duration
-	// LocalAddr is the local address of the bootstrap TCP connection; nil
-	// picks one automatically.
+	// LocalAddr is the bootstrap connection's local address; nil: automatic.
 	LocalAddr net.Addr
-	// Config tunes the connection; nil means defaults (and the RSOCK_*
-	// environment).
+	// Config tunes the connection; nil: the defaults (and RSOCK_* variables).
 	Config *Config
 }
 
-// Dial connects to the address on the named network, as net.Dial does.
-// The network must be "tcp", "tcp4" or "tcp6". The result is a *Conn. By
-// default it returns once the server has answered the hello (one round
-// trip), with the connection carrying data over TCP; its ring (verbs or
-// shm, when the server agrees) is set up in the background by the upgrade
-// policy, and Settled says when that is done. With UpgradeAfter negative,
-// or no "tcp" in Transports, it returns once the upgrade has run its
-// course (see Config.UpgradeAfter). Where no ring can be had the
-// connection stays on TCP (unless the Config forbids it), with the reason
-// in its ConnInfo. A server that does not speak rsock is detected and
-// dialled again with plain TCP.
+// Dial connects to the address on the named network, as net.Dial does. The
+// network must be "tcp", "tcp4" or "tcp6". The result is a *Conn. By default it
+// returns once the server has answered the hello (one round trip), with the
+// connection carrying data over TCP; its ring (verbs or shm, when the server
+// agrees) is set up in the background by the upgrade policy, and Settled says
+// when that is done. With UpgradeAfter negative, or no "tcp" in Transports, it
+// returns once the upgrade has run its course (see Config.UpgradeAfter). Where
+// no ring can be had the connection stays on TCP (unless the Config forbids
+// it), with the reason in its ConnInfo. A server that does not speak rsock is
+// detected and dialled again with plain TCP.
 func Dial(network, address string) (net.Conn, error) {
 	var d Dialer
 	return d.DialContext(context.Background(), network, address)

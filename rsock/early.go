@@ -9,11 +9,7 @@ import (
 	"github.com/rdmanet/rdmanet/internal/stream"
 )
 
-// The early dial (docs/protocol.md §9.11; Config.EarlyDial): the hello
-// goes with FlagEarly, the application's first frames follow it, and the
-// server's answer comes in front of its first frame. Any answer but an
-// Upgrade with UpgradeEarly fails the connection with ErrEarlyRefused and
-// forgets the address.
+// The early dial (Config.EarlyDial): docs/protocol.md §9.11.
 
 // ErrEarlyRefused is wrapped by the errors of a connection dialed without
 // waiting for the server's answer (Config.EarlyDial) whose server did not
@@ -34,9 +30,8 @@ type earlyHello struct {
 	due    *time.Timer       // earlyDue: ProbeTimeout after the hello went (at most helloHold after the dial)
 }
 
-// answered handles the first frame of the server of an early dial (p,
-// taken by takePending): its Upgrade sets the transports, and starts the
-// upgrade if the policy fired meanwhile; anything else refuses the dial.
+// answered handles the early dial p's first server frame: an Upgrade sets the
+// transports (and starts the upgrade if kicked); anything else refuses.
 func (w *swConn) answered(p *earlyHello, msg handshake.Message) error {
 	up, ok := msg.(*handshake.Upgrade)
 	switch {
@@ -62,8 +57,7 @@ func (w *swConn) answered(p *earlyHello, msg handshake.Message) error {
 	return nil
 }
 
-// takePending ends the wait for the answer to an early hello: the answer
-// came, or the bootstrap ended or broke the rules first. It returns the
+// takePending ends the wait for an early hello's answer, and returns the
 // early dial's state, or nil if there was none.
 func (w *swConn) takePending() *earlyHello {
 	w.mu.Lock()
@@ -76,10 +70,8 @@ func (w *swConn) takePending() *earlyHello {
 	return p
 }
 
-// earlyDue refuses an early dial whose server has not answered within
-// ProbeTimeout of its hello: a silent server is not a switching one (a
-// switching server answers within serverReaderAfter, whatever its
-// application does).
+// earlyDue refuses an early dial unanswered ProbeTimeout after its hello: a
+// switching server answers within serverReaderAfter, reading or not.
 func (w *swConn) earlyDue() {
 	if w.isClosed() {
 		return

@@ -14,11 +14,7 @@ import (
 	"github.com/rdmanet/rdmanet/internal/stream"
 )
 
-// Failover (docs/protocol.md §9.10): when the ring's transport fails, a
-// switching connection moves both directions back to its bootstrap TCP
-// connection without losing, repeating or reordering a byte. failover
-// detaches the ring and sends Resume; on the peer's Resume, resendLocked
-// sends again what our ring had not delivered.
+// Failover: docs/protocol.md §9.10.
 
 // owed is what a failover owes the peer: our ring bytes it had not
 // reported consumed, to send again from where its Resume says.
@@ -46,9 +42,8 @@ func (w *swConn) TransportFailed(r *stream.Conn, cause error) {
 	}
 }
 
-// failover moves the connection off its ring (see above), once; a call
-// while another one runs waits for it. It returns an error only if the
-// connection failed instead.
+// failover detaches the ring and sends Resume, once (a concurrent call waits
+// for it); it returns an error only if the connection failed instead.
 func (w *swConn) failover(cause string) error {
 	w.mu.Lock()
 	if w.moving != nil {
@@ -320,9 +315,8 @@ func (w *swConn) awaitMove() {
 	}
 }
 
-// resendDone waits at most wait, for Close, for a failover in progress
-// and for the bytes it owes to be sent again (resendBg), and reports
-// whether nothing is owed any more: else closing would lose those bytes.
+// resendDone waits at most wait, for Close, until no failover runs and its
+// bytes went again (resendBg); false if some are still owed (Close loses them).
 func (w *swConn) resendDone(wait time.Duration) bool {
 	var t *time.Timer // made only if there is something to wait for
 	defer func() {
@@ -353,6 +347,5 @@ func (w *swConn) resendDone(wait time.Duration) bool {
 
 // resumeLag bounds the Data the reader queues beyond recvQueue while our
 // Writes wait for a frame behind it (readData): the peer's Resume, or the
-// answer to our Offer. An honest peer queues no Data while its failover
-// runs (§9.10).
+// answer to our Offer. An honest peer queues no Data in its failover (§9.10).
 const resumeLag = 64 << 20

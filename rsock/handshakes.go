@@ -1,8 +1,6 @@
 package rsock
 
-// The listener's handshakes: a goroutine for each accepted socket, the
-// first read, and the sniff that tells an rsock client from a plain one
-// (docs/protocol.md §2.1, §9).
+// The listener's handshakes: docs/protocol.md §2.1, §9.
 
 import (
 	"bytes"
@@ -18,13 +16,10 @@ import (
 	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
-// handshakeConn answers raw's hello here, on the accept loop, when it
-// came whole with the connection: a client sends its magic and hello in
-// one write, and most often they have arrived by the time it is accepted.
-// That takes a goroutine hand-off out of every such setup, and nothing in
-// it waits but for room in the ready queue, as the loop would anyway (the
-// answer is the fresh socket's first write). Any other socket's handshake
-// runs on a goroutine of its own, unless the listener has closed.
+// handshakeConn answers raw's hello on the accept loop when it came whole
+// with the connection (docs/protocol.md §2.1): nothing in that waits but
+// for room in the ready queue, as the loop would anyway (the answer is the
+// fresh socket's first write). Any other handshake gets a goroutine.
 func (l *Listener) handshakeConn(raw *net.TCPConn) {
 	l.handedOff.Add(1)
 	var buf [128]byte
@@ -141,14 +136,11 @@ func (l *Listener) handshake(raw *net.TCPConn, arrived []byte, err error) (*Conn
 	return l.awaitHello(raw, head[len(handshake.Magic):])
 }
 
-// testHookSniff runs as a handshake begins its sniff of a socket's first
-// bytes (tests; no connection yet).
+// testHookSniff runs as a handshake begins its sniff (tests; no Conn yet).
 var testHookSniff hook
 
-// sniffTimeout bounds the wait for a new connection's first bytes. A
-// listener that may hand plain clients over classifies a silent one after
-// SniffTimeout; one that allows no TCP gains nothing from that and waits
-// the whole handshake for the magic.
+// sniffTimeout bounds the wait for a new connection's first bytes: a
+// listener that allows no TCP waits the whole handshake for the magic.
 func (s *settings) sniffTimeout() time.Duration {
 	if !s.fallback {
 		return s.handshake
@@ -189,10 +181,8 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 			l.waiting.remove(src, raw)
 		}
 	}()
-	// Answer with the magic at once, before reading the hello: the
-	// client's ProbeTimeout then measures whether an rsock server is there,
-	// not how long this one takes to prepare. The next frame leaves its
-	// magic out (handshake.WriteAfterMagic).
+	// The magic at once, before the hello is read (docs/protocol.md §2.1);
+	// the next frame leaves it out (handshake.WriteAfterMagic).
 	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
 		raw.Close()
 		return nil, err
@@ -223,9 +213,8 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 }
 
 // sniffMagic reads into b, whose first n bytes are read already, until it
-// holds at least the magic's length, its bytes stop matching the magic, or
-// an error; it returns how many bytes b holds (possibly more than the
-// magic: whatever had arrived).
+// holds the magic's length, stops matching the magic, or fails; it returns
+// how many bytes b holds (maybe more than the magic: whatever had arrived).
 func sniffMagic(c net.Conn, b []byte, n int) (int, error) {
 	for n < len(handshake.Magic) {
 		k, err := c.Read(b[n:])
@@ -237,9 +226,8 @@ func sniffMagic(c net.Conn, b []byte, n int) (int, error) {
 	return n, nil
 }
 
-// switchHelloIn returns the switching Hello that b (from its magic on)
-// starts with, and the frame's length; nil if b holds no complete one.
-// What follows it is an early client's frames.
+// switchHelloIn returns the switching Hello that b (from its magic on) starts
+// with and the frame's length, or nil; an early client's frames follow it.
 func switchHelloIn(b []byte) (*handshake.Hello, int) {
 	if len(b) < handshake.HeaderLen {
 		return nil, 0 // not whole: no error to build

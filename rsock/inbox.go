@@ -10,19 +10,17 @@ import (
 	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
-// inboxSize is the buffer an inbox reads the socket into: several small
-// frames, or a frame's header and the start of its payload, per system
-// call. Longer control frames get a buffer of their size.
+// inboxSize is the buffer an inbox reads into: several small frames, or a
+// header and the start of its payload, per system call (longer: their size).
 const inboxSize = 4 << 10
 
 // errWouldBlock is an inbox read with wait false that found nothing.
 var errWouldBlock = sysdep.ErrWouldBlock
 
-// inbox reads a switching connection's frames from its bootstrap socket
-// (docs/protocol.md §9.2) through a pooled buffer, which it holds only
-// while it holds bytes or, unless lean, waits on the socket. Reads are
-// resumable: one cut short (a deadline, or wait false) loses nothing.
-// Callers serialise its use.
+// inbox reads a switching connection's frames (docs/protocol.md §9.2) through
+// a pooled buffer, held only while it holds bytes or, unless lean, waits on
+// the socket. Reads are resumable: one cut short (a deadline, or wait false)
+// loses nothing. Callers serialise its use.
 type inbox struct {
 	src  source // one read: a sysdep.Reader's
 	buf  []byte // pooled; nil when empty

@@ -8,11 +8,9 @@ import (
 )
 
 // rescueLateHello runs on the first Read of a connection the listener
-// handed to Accept as plain TCP after its sniff timed out (docs/protocol.md
-// §2.5). If its first bytes are an rsock hello after all (a slow client),
-// it consumes the hello and answers Decline, so the client carries on over
-// this same TCP connection and the application never reads the hello as
-// data. Anything else becomes the replayed prefix, as for any plain client.
+// handed to Accept as plain TCP after its sniff timed out: a late hello is
+// consumed and declined (docs/protocol.md §2.5), anything else becomes the
+// replayed prefix, as for any plain client.
 func (c *Conn) rescueLateHello() error {
 	c.prefixMu.Lock()
 	defer c.prefixMu.Unlock()

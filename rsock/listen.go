@@ -14,8 +14,7 @@ const readyQueue = 64
 
 // ListenConfig holds options for listening.
 type ListenConfig struct {
-	// Config tunes the listener and its connections; nil means defaults
-	// (and the RSOCK_* environment).
+	// Config tunes the listener and its Conns; nil: the defaults (and RSOCK_*).
 	Config *Config
 }
 
@@ -199,8 +198,7 @@ func (l *Listener) acceptLoop() {
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() || isTemporary(err) {
-				// Out of file descriptors and the like: back off, as
-				// net/http does, and keep serving.
+				// Out of descriptors and the like: back off, as net/http does.
 				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 				select {
 				case <-time.After(delay):
@@ -217,8 +215,7 @@ func (l *Listener) acceptLoop() {
 	}
 }
 
-// testHookAcceptPaused runs each time the accept loop stops accepting
-// for backpressure (tests).
+// testHookAcceptPaused runs when the accept loop pauses (backpressure; tests).
 var testHookAcceptPaused hook
 
 func isTemporary(err error) bool {

@@ -7,10 +7,8 @@ import (
 	"time"
 )
 
-// Logging (Config.Logger says what is logged). What a peer can cause by
-// itself (a listener's failed handshakes) is rate-limited per listener: at
-// most logBurst records, then one per logEvery, and the next record says
-// how many were suppressed.
+// What a peer can cause by itself (a listener's failed handshakes) is
+// logged rate-limited per listener: logBurst records, then one per logEvery.
 
 const (
 	logBurst = 10
@@ -66,8 +64,7 @@ func logLimited(log *slog.Logger, lim *limiter, level slog.Level, msg string, at
 	log.LogAttrs(context.Background(), level, msg, attrs...)
 }
 
-// logConn logs a connection that does not run on the accelerated
-// transport it could have: a fallback.
+// logConn logs a connection that falls back to TCP.
 func (s *settings) logConn(c *Conn, side string) {
 	l := c.label.Load()
 	if !l.fallback {

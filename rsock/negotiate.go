@@ -27,8 +27,7 @@ var aLongTimeAgo = time.Unix(1, 0)
 var ErrNoTransport = errors.New("rsock: no transport could be agreed and TCP fallback is not allowed")
 
 // peerRing is what the peer said of rings in the handshake: whether it
-// follows a move of ours (FlagGrow, UpgradeGrow) and the largest ring it
-// accepts from us (RingMax).
+// follows our move (FlagGrow, UpgradeGrow), and its ring limit (RingMax).
 type peerRing struct {
 	grows bool
 	max   uint64
@@ -44,9 +43,8 @@ func (s *settings) ringSizeFor(p peerRing) int {
 	return int(size)
 }
 
-// streamOptions are the endpoint options for peer p: the ring is
-// ringSizeFor(p); if p follows a ring move it starts at RingStart and
-// grows to that. A peer's ring may be no larger than our RingSize.
+// streamOptions are the endpoint options for peer p: a ring of ringSizeFor(p),
+// from RingStart if p follows a move; a peer's ring at most our RingSize.
 func (s *settings) streamOptions(p peerRing) stream.Options {
 	size := s.ringSizeFor(p)
 	o := stream.Options{RingSize: size, Credits: s.credits, BusyPoll: s.busyPoll, Failover: s.failover, PeerRingLimit: uint64(s.ringSize)}
@@ -61,8 +59,7 @@ func (s *settings) openOptions(raw net.Conn) verbs.OpenOptions {
 		TrafficClass: s.tclass, ServiceLevel: s.sl, AckTimeout: s.ackTimeout, RetryCount: s.retries, Pool: s.pool, PoolIdle: s.poolIdle}
 }
 
-// newEndpoint prepares an endpoint of the named transport for raw, with
-// peer p.
+// newEndpoint prepares an endpoint of transport name for raw and peer p.
 func (s *settings) newEndpoint(name string, raw net.Conn, p peerRing) (*stream.Endpoint, error) {
 	prov, ok := transport.Lookup(name)
 	if !ok {
@@ -72,9 +69,8 @@ func (s *settings) newEndpoint(name string, raw net.Conn, p peerRing) (*stream.E
 }
 
 // preparePassive makes the server's endpoint for the client's offer of
-// transport name (p: what its Hello said of rings). It registers all the
-// connection needs before the client switches, so that a registration the
-// host refuses is a decline, not an abort.
+// transport name (p: what its Hello said of rings), registering all it needs
+// before the client switches, so a refused registration declines, not aborts.
 func (s *settings) preparePassive(ctx context.Context, name string, raw net.Conn, o handshake.Offer, p peerRing) (*stream.Endpoint, error) {
 	if err := s.checkPeerRing(o.Ring); err != nil {
 		return nil, fmt.Errorf("client's ring: %w", err)
@@ -114,9 +110,8 @@ func streamRing(r handshake.RingInfo) stream.Ring {
 	return stream.Ring{Size: r.Size, Addr: r.Addr, RKey: r.RKey, Credits: uint64(r.Credits)}
 }
 
-// checkPeerRing validates the peer's ring, which may be no larger than our
-// RingSize (we told the peer: RingMax), since we allocate (and on RDMA
-// pin) a staging buffer of its size.
+// checkPeerRing validates the peer's ring, at most our RingSize (our RingMax):
+// we allocate (on RDMA, pin) a staging buffer of its size.
 func (s *settings) checkPeerRing(r handshake.RingInfo) error {
 	if err := r.Validate(); err != nil {
 		return err
@@ -148,8 +143,7 @@ func plainConn(network string, raw *net.TCPConn, prefix []byte, code string, fal
 	return c
 }
 
-// localFirst returns names with the host-local ones first, each group in
-// its order.
+// localFirst returns names, the host-local ones first, each group in order.
 func localFirst(names []string) []string {
 	order := make([]string, 0, len(names))
 	for _, local := range []bool{true, false} {
@@ -201,9 +195,8 @@ func (s *settings) nothingToOffer(network string, raw *net.TCPConn, why reasons)
 	return plainConn(network, raw, nil, CodeNothingHere, true, reason), nil
 }
 
-// helloWriteError classifies a failure to send the hello: a server that
-// resets the connection on the first bytes may be a plain server that did
-// not like them, or an rsock server that shed it; only an answer tells.
+// helloWriteError classifies a failed hello: a reset on the first bytes may
+// come from a plain server or a shedding rsock server; only an answer tells.
 func helloWriteError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -245,10 +238,8 @@ func (s *settings) offerable(raw *net.TCPConn) ([]string, reasons) {
 }
 
 // dialEarly makes the connection of an early dial (docs/protocol.md §9.11)
-// on raw if a dial to key is one: the server at key answered UpgradeEarly
-// lately, and something may be offered; else it returns nil. The hello is
-// queued as the connection's first frame, so the dial needs no deadline. A
-// Dial that waits for its upgrade is never early: it waits anyway.
+// on raw if a dial to key is one, else nil. The hello is queued as the
+// connection's first frame, so the dial needs no deadline.
 func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
 	if !s.earlyDial || s.dialWaits() || s.probeCacheTTL <= 0 || !earlyServers.known(key) {
 		return nil
@@ -266,11 +257,10 @@ func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
 	return s.switchConn(network, raw, nil, switchStart{reason: s.upgradeReason, early: true, key: key, offers: hello.Offers, held: frame, untimed: true})
 }
 
-// readAnswer reads the server's answer to the hello: its first 8 bytes
-// must be the magic within ProbeTimeout, the rest of the frame arrives
-// within ctx's deadline. On an error raw is closed, and the error says
-// whether the server answered as a plain server (*notRsockError) or not
-// usefully (*redialError).
+// readAnswer reads the server's answer to the hello: the magic within
+// ProbeTimeout, the rest of the frame within ctx's deadline. On an error raw
+// is closed, and the error says whether the server answered as a plain
+// server (*notRsockError) or not usefully (*redialError).
 func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.Message, error) {
 	end, bounded := ctx.Deadline()
 	probeEnd := time.Now().Add(s.probe)
@@ -369,11 +359,10 @@ func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *
 	}
 }
 
-// declined handles the server's Decline of the hello. After a version it
-// does not speak (the caller redials plainly), or no common transport
-// (code 1: the listener allows no TCP), the server closes the connection;
-// any other Decline (a late hello, code 5) leaves it to carry on as plain
-// TCP, if this side allows that.
+// declined handles the server's Decline of the hello: after a version it
+// does not speak (the caller redials plainly) or no common transport (code 1)
+// the server closes the connection; any other (a late hello, code 5) leaves
+// it to carry on as plain TCP, if this side allows that.
 func (s *settings) declined(network string, raw *net.TCPConn, m *handshake.Decline) (*Conn, error) {
 	reason := fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason)
 	switch {

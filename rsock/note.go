@@ -2,10 +2,9 @@ package rsock
 
 import "sync/atomic"
 
-// note is a wake-up remembered until taken, as by a channel of capacity
-// 1, whose channel is made only once something waits: connections are
-// woken far more often than anything waits. It is one word: nil, woken
-// (nothing waits yet), or the channel.
+// note is a wake-up remembered until taken, as by a channel of capacity 1,
+// made only once something waits (connections are woken far more often):
+// one word, nil, woken (nothing waits yet), or the channel.
 type note struct {
 	p atomic.Pointer[chan struct{}]
 }

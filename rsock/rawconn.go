@@ -11,15 +11,14 @@ import (
 	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
-// SyscallConn returns a syscall.RawConn for code written for
-// *net.TCPConn. On the TCP transport it is the TCP connection's own. On a
-// ring, or on the switching protocol before its upgrade, the stream's
-// bytes are not on any descriptor, and the RawConn says so:
+// SyscallConn returns a syscall.RawConn for code written for *net.TCPConn.
+// On the TCP transport it is the TCP connection's own. On a ring, or on the
+// switching protocol before its upgrade, the stream's bytes are on no
+// descriptor, and the RawConn says so:
 //
-//   - Control runs f on the bootstrap TCP socket. Options set there apply
-//     to the bootstrap connection: TCP_USER_TIMEOUT (as grpc-go sets it)
-//     bounds, with keep-alive, how long a dead peer host goes unnoticed;
-//     options about the flow of data have no effect on the ring.
+//   - Control runs f on the bootstrap TCP socket: TCP_USER_TIMEOUT (as
+//     grpc-go sets it) bounds, with keep-alive, how long a dead peer host
+//     goes unnoticed; options about the flow of data do not touch the ring.
 //   - Read runs f once, on a descriptor that stands for what a Read of the
 //     Conn would find now, so that a liveness check written for TCP (a
 //     non-blocking read or MSG_PEEK of one byte, as go-redis and
@@ -61,8 +60,7 @@ func (r *rawConn) onSocket() bool {
 	return r.c.w == nil && !r.c.hasPrefix.Load()
 }
 
-// errRawUnsupported is why rawConn's Write, and a Read whose f asks to
-// wait, fail.
+// errRawUnsupported fails rawConn's Write and a Read whose f asks to wait.
 var errRawUnsupported = fmt.Errorf("rsock: the stream is not on a descriptor (use the Conn's Read and Write): %w", errors.ErrUnsupported)
 
 func (r *rawConn) Control(f func(fd uintptr)) error {
@@ -162,10 +160,9 @@ func (w *swConn) poll() sysdep.Readiness {
 }
 
 // pollSocket is poll's turn at the socket when no one else reads it: it
-// handles what has arrived, without waiting, up to the next Data frame's
-// payload (which then waits for a Read: in.data) or the socket's end. It
-// reports whether it took the turn, and whether a Data frame's payload is
-// next; else poll looks at the state again.
+// handles what has arrived, without waiting, up to the next Data payload
+// (left for a Read: in.data) or the socket's end. It reports whether it took
+// the turn and whether a Data payload is next; else poll looks again.
 func (w *swConn) pollSocket() (took, data bool) {
 	w.mu.Lock()
 	if w.reader != readerNone {
@@ -181,9 +178,8 @@ func (w *swConn) pollSocket() (took, data bool) {
 		testHookPollSocket.run(w)
 		msg, err := w.nextFrame(false)
 		if errors.Is(err, errWouldBlock) || errors.Is(err, os.ErrDeadlineExceeded) {
-			// Nothing more now; or readLoop was called for meanwhile
-			// (needReaderLocked moved the socket's deadline to end our
-			// turn), and takes over below.
+			// Nothing more now; or readLoop was called for (needReaderLocked
+			// ended our turn by the socket's deadline) and takes over below.
 			break
 		}
 		if err == nil && msg != nil {

@@ -15,13 +15,8 @@ import (
 	"github.com/rdmanet/rdmanet/internal/stream"
 )
 
-// The reading of a switching connection's bootstrap socket
-// (docs/protocol.md §9.3), by one reader at a time: a Read itself
-// (readSocket) while the connection is all on TCP and nothing else needs
-// it read, then readLoop for good (needReader), which ends a Read's socket
-// read at once (its socket deadline moved to now).
-
-// readerState is who reads a switching connection's bootstrap socket.
+// readerState is who reads a switching connection's bootstrap socket: one
+// reader at a time (docs/protocol.md §9.3, "Reading").
 type readerState uint8
 
 const (
@@ -109,9 +104,8 @@ func (w *swConn) readFrames(b []byte) (int, error) {
 	}
 }
 
-// socketEnded handles an error of a Read reading the socket: a deadline
-// is the Read's; anything else ends the reading, and the connection as
-// readLoop's end does (ended). The Read then finds the state it left.
+// socketEnded handles a Read's socket error: a deadline is the Read's;
+// anything else ends the reading, and the connection as readLoop's does.
 func (w *swConn) socketEnded(err error) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return err
@@ -121,8 +115,7 @@ func (w *swConn) socketEnded(err error) error {
 	return nil
 }
 
-// needReader makes sure readLoop reads the socket, now or as soon as the
-// Read reading it ends.
+// needReader makes readLoop read the socket, now or once the reading Read ends.
 func (w *swConn) needReader() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -183,12 +176,7 @@ func (w *swConn) claimReaderLocked() bool {
 }
 
 // closeReading ends the reading at a Close on TCP when no one reads the
-// socket (claimReaderLocked), as docs/protocol.md §9.6 says ("Closing at
-// once"): what has arrived is read and dropped; if it holds the peer's
-// end, or the close is orderly and every byte we sent has reached the
-// peer (sender.delivered), the socket closes once our last frame is
-// written; otherwise readLoop reads on to the peer's end. The common case
-// costs one system call (sender.quiet).
+// socket (claimReaderLocked): docs/protocol.md §9.6, "Closing at once".
 func (w *swConn) closeReading(orderly bool) {
 	if orderly && w.in.buffered() == 0 && w.in.data == 0 && w.out.quiet() {
 		w.readerStopped()
@@ -255,9 +243,8 @@ func (w *swConn) readLoop() {
 	}
 }
 
-// nextFrame reads the next frame, waiting for it if wait: its message, or
-// nil for a Data frame (checked by dataAllowed), whose payload (in.data
-// bytes) comes next.
+// nextFrame reads the next frame: its message, or nil for a Data frame
+// (checked by dataAllowed), whose payload (in.data bytes) comes next.
 func (w *swConn) nextFrame(wait bool) (handshake.Message, error) {
 	h, msg, err := w.in.next(wait)
 	if err == nil && h.Type == handshake.TypeData {
@@ -266,7 +253,6 @@ func (w *swConn) nextFrame(wait bool) (handshake.Message, error) {
 	return msg, err
 }
 
-// dataAllowed checks that a Data frame may come now.
 func (w *swConn) dataAllowed() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -465,9 +451,8 @@ func (w *swConn) peerSwitched(x uint64) error {
 	return nil
 }
 
-// peerGoodbye handles the peer's goodbye: an abort resets; an orderly one
-// ends the stream at its cursor, checked against what arrived, and our
-// sending on the bootstrap.
+// peerGoodbye handles the peer's goodbye: an abort resets; an orderly one,
+// checked against what arrived, ends the stream and our sending.
 func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	if g.Abort {
 		return &stream.ResetError{Reason: "peer aborted: " + g.Reason}
@@ -499,10 +484,9 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	w.rnote.wake()
 	w.wnote.wake()
 	if gone {
-		// The peer's end checks out, and nothing more goes to it: half-close
-		// the bootstrap now, which tells the peer we have what it sent (it
-		// keeps its queue pair until then). A ring that failed the check
-		// resets instead, or a failover checks it again.
+		// The peer's end checks out: half-close the bootstrap now, which
+		// tells the peer we have what it sent (it keeps its queue pair until
+		// then). A ring that failed the check resets, or a failover checks.
 		w.out.halfClose()
 	}
 	return nil
@@ -540,10 +524,9 @@ func bootstrapFailure(err error) error {
 }
 
 // peerClosedOnTCP handles the end of the bootstrap at a frame boundary:
-// while the peer's sending is on TCP, its orderly close (§9.6). It reports
-// false when the peer's bytes were on a ring: the peer vanished. Awaiting
-// its Resume changes nothing if the peer had not switched (recvStale):
-// its bytes all came on TCP.
+// the peer's orderly close while its sending is on TCP (§9.6); false if its
+// bytes were on a ring (it vanished). Awaiting its Resume changes nothing
+// if it had not switched (recvStale): its bytes all came on TCP.
 func (w *swConn) peerClosedOnTCP() bool {
 	w.awaitMove() // a failover in progress decides what the peer owes us, as for its goodbye
 	w.mu.Lock()

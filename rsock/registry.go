@@ -13,11 +13,9 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs/ibverbs"
 )
 
-// The process's view of its connections (Connections, Totals). Every Conn
-// from Dial or Accept is in one of registryShards lists from its creation
-// to its Close; the data path never touches the registry. A snapshot takes
-// the shards' locks in turn and reads each connection's counters (atomics),
-// and its ring occupancy only if that costs no wait.
+// The process's view of its connections (Connections, Totals): every Conn
+// from Dial or Accept is in a shard's list from its creation to its Close;
+// the data path never touches the registry.
 
 // Reason codes: why a connection is on its transport, stable for tools
 // and metrics (ConnInfo.Code; ConnInfo.Reason has the details).
@@ -178,10 +176,9 @@ func Bytes() map[string]int64 {
 }
 
 // relabel gives c, registered, the label to (a late hello's rescue, an
-// upgrade, an upgrade that did not happen, a failover). The open gauge
-// moves to the new transport; the event counters only grow (TotalStats).
-// Under the shard's lock, as unregister: a connection unregistered
-// meanwhile (closed) keeps its open count where unregister took it from.
+// upgrade or one that did not happen, a failover): the open gauge moves to
+// the new transport. Under the shard's lock, as unregister: a connection
+// unregistered meanwhile keeps its open count where unregister took it from.
 func (c *Conn) relabel(to *label) {
 	sh := &registry.shards[c.shard]
 	sh.mu.Lock()
@@ -251,10 +248,9 @@ type TotalStats struct {
 	// made, by transport: upgrades (again after a failover, too), and
 	// late hellos rescued onto a ring.
 	Upgraded map[string]int64
-	// ByCode counts the labels connections took, by reason code (the
-	// Code* constants): each connection's first when it is made, and one
-	// more at each change (an upgrade, an upgrade that did not happen, a
-	// failover).
+	// ByCode counts the labels connections took, by reason code (the Code*
+	// constants): each connection's first when it is made, and one more at each
+	// change (an upgrade, an upgrade that did not happen, a failover).
 	ByCode map[string]int64
 	// Fallbacks counts the times a connection was made on, or moved to,
 	// TCP although an accelerated transport was allowed.

@@ -7,9 +7,8 @@ import (
 	"time"
 )
 
-// hostLocal marks transports that work only between processes of one host
-// (shm): the client offers one only when the peer's address can be on this
-// host (maybeSameHost), a cheap filter; the provider then checks for real.
+// hostLocal marks transports that work only between processes of one host:
+// offered only if maybeSameHost, a cheap filter (the provider checks).
 var hostLocal = map[string]bool{"shm": true}
 
 // localAddrs caches the host's interface addresses for a few seconds.
@@ -19,9 +18,8 @@ var localAddrs struct {
 	addr map[netip.Addr]bool
 }
 
-// maybeSameHost reports whether the bootstrap connection's peer could be a
-// process on this host: a loopback address, our own address on this
-// connection, or an address of one of our interfaces.
+// maybeSameHost reports whether the bootstrap connection's peer could be on
+// this host: a loopback address, our own, or one of our interfaces'.
 func maybeSameHost(raw net.Conn) bool {
 	ra, ok1 := raw.RemoteAddr().(*net.TCPAddr)
 	la, ok2 := raw.LocalAddr().(*net.TCPAddr)

@@ -19,10 +19,9 @@ import (
 // the kernel took: a Write waits (deadline permitting) while it is full.
 const sendQueue = 256 << 10
 
-// sender writes a switching connection's frames on its bootstrap socket,
-// in the order queued (docs/protocol.md §9.3). One goroutine at a time
-// writes the queue with no deadline: a frame cut short would break the
-// framing for good. Deadlines bound only the wait for queue room.
+// sender writes a switching connection's frames on its bootstrap socket, in
+// the order queued, one goroutine at a time, with no deadline: a frame cut
+// short would break the framing for good (docs/protocol.md §9.3).
 type sender struct {
 	raw *net.TCPConn
 	rc  syscall.RawConn           // raw's (init)
@@ -61,9 +60,9 @@ const (
 )
 
 // sendLocked queues the frame of head and body, behind the held one, and
-// makes sure a goroutine writes the queue. With nothing queued it first
-// writes what the socket takes, without blocking, from the caller: most
-// frames need no goroutine and no copy. head and body stay the caller's.
+// makes sure a goroutine writes the queue; with nothing queued the caller
+// first writes what the socket takes, without blocking or copying. head and
+// body stay the caller's.
 func (s *sender) sendLocked(head, body []byte) {
 	held := s.held
 	s.held = nil
@@ -120,7 +119,6 @@ func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
 	s.ended = make(chan struct{})
 }
 
-// closeSocket closes the socket, once, and then the ended channel.
 func (s *sender) closeSocket() {
 	s.endOnce.Do(func() {
 		_ = s.raw.Close()
@@ -212,8 +210,7 @@ func (s *sender) offer(m *handshake.UpgradeOffer) error {
 }
 
 // confirmed queues the client's Confirm m, if not nil, and lets Data go
-// again: the offer was answered, or the upgrade ended. It fails only once
-// the socket has failed or the sender took its last frame.
+// again (the offer was answered, or the upgrade ended); it fails as send does.
 func (s *sender) confirmed(m *handshake.Confirm) error {
 	var err error
 	if m != nil {
@@ -228,7 +225,6 @@ func (s *sender) confirmed(m *handshake.Confirm) error {
 	return err
 }
 
-// cursor is the Data cursor: the stream bytes queued so far.
 func (s *sender) cursor() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -242,7 +238,6 @@ func (s *sender) seek(x uint64) {
 	s.sent = max(s.sent, x)
 }
 
-// failureLocked is the error of a sender that takes no more frames.
 func (s *sender) failureLocked() error {
 	if s.err != nil {
 		return s.err
@@ -302,11 +297,10 @@ func (s *sender) finish(wait time.Duration) {
 	})
 }
 
-// halfClose ends the sending for a peer that said goodbye and whose end
-// was checked: no more frames, and once the queued ones are written a FIN
-// (shutdown(SHUT_WR)), which tells the peer we have what it sent (it keeps
-// its ring until then, stream.Owner). The socket stays open until Close
-// (finish).
+// halfClose ends the sending for a peer whose goodbye checked out: no more
+// frames, and once the queued ones are written a FIN, which tells the peer
+// we have what it sent (it keeps its ring until then, stream.Owner). The
+// socket stays open until Close (finish).
 func (s *sender) halfClose() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -321,16 +315,15 @@ func (s *sender) halfClose() {
 }
 
 // lingerTimeout bounds the half-closed socket's wait for the peer's end,
-// in nanoseconds: 2 s. A test may change it while the connections of
-// earlier ones still read it.
+// in nanoseconds; a test may change it while earlier tests' Conns read it.
 var lingerTimeout atomic.Int64
 
 func init() { lingerTimeout.Store(int64(2 * time.Second)) }
 
-// shutLocked ends the sending once everything queued is written: a FIN,
-// not a close, so that frames the peer sent meanwhile do not turn our
-// close into a reset that destroys what we sent (§9.6). The socket closes
-// once the reader has stopped (readerDone), or lingerTimeout from now.
+// shutLocked ends the sending once everything queued is written: a FIN, not
+// a close, so that frames the peer sent meanwhile do not make it a reset that
+// destroys what we sent (§9.6). The socket closes once the reader has
+// stopped (readerDone), or lingerTimeout from now.
 func (s *sender) shutLocked() {
 	if s.end == endShut {
 		return
@@ -356,8 +349,8 @@ func (s *sender) readerDone() {
 }
 
 // delivered reports whether every frame queued so far has been written
-// and acknowledged by the peer's TCP (SIOCOUTQ; false where the system does not tell): a reset that meets the
-// socket now can destroy none of our bytes.
+// and acknowledged by the peer's TCP (SIOCOUTQ; false where the system
+// does not tell): a reset that meets the socket now destroys none of ours.
 func (s *sender) delivered() bool {
 	s.mu.Lock()
 	idle := s.idleLocked()
@@ -365,9 +358,8 @@ func (s *sender) delivered() bool {
 	return idle && s.sys.Delivered()
 }
 
-// quiet is delivered, and in the same system call (SO_MEMINFO) that the
-// socket holds nothing the peer sent that is still to be read. Close
-// calls it, once.
+// quiet is delivered and, in the same system call (SO_MEMINFO), nothing of
+// the peer's unread in the socket. Close calls it, once.
 func (s *sender) quiet() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

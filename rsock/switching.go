@@ -27,10 +27,8 @@ const (
 	entryCost = 512
 )
 
-// swConn is a Conn on the switching protocol (docs/protocol.md §9): the
-// stream starts in Data frames on the bootstrap TCP connection, and each
-// direction moves to a ring at an exact stream cursor (§9.5). One reader
-// at a time reads the socket (reading.go); a sender writes it.
+// swConn is a Conn on the switching protocol (docs/protocol.md §9). One
+// reader at a time reads the socket (reading.go); a sender writes it.
 type swConn struct {
 	c      *Conn
 	set    *settings
@@ -49,12 +47,11 @@ type swConn struct {
 	wmu   sync.Mutex
 	wring *stream.Conn // the ring our sending moved to, or nil
 
-	// The fast paths, taken without wmu, rmu or mu (the ring serialises
-	// its own calls). wfast is wring, published as wmu is released, so
-	// that a Write that switched between its chunks ends before another
-	// goes to the ring; rfast is published by a Read holding rmu once the
-	// peer switched and its Data was read. A failover clears both; a call
-	// that finds its ring detached takes the slow path.
+	// The fast paths, taken without wmu, rmu or mu (docs/protocol.md §4.2).
+	// wfast is wring, published as wmu is released, so that a Write that
+	// switched between its chunks ends before another goes to the ring; rfast
+	// is published by a Read holding rmu once the peer switched and its Data
+	// was read. A failover clears both.
 	wfast, rfast atomic.Pointer[stream.Conn]
 
 	// rmu is held by a Read for its whole call: one waits at a time.
@@ -156,7 +153,6 @@ type SwitchEvent struct {
 	Cause     string
 }
 
-// init prepares w, the switching side of c on raw.
 func (w *swConn) init(c *Conn, s *settings, raw *net.TCPConn, client bool) {
 	w.c, w.set, w.raw, w.client = c, s, raw, client
 	w.done = make(chan struct{})
@@ -209,13 +205,11 @@ func schedule(d time.Duration, f func()) interface{ Stop() bool } {
 	return clock.Set(d, f)
 }
 
-// clock runs the first timed step of every switching connection (start)
-// on one runtime timer for the process, not one per connection, which a
-// short connection would arm and stop for nothing (internal/alarm). A step
-// may run up to clockPeriod late (docs/protocol.md §9.8).
+// clock runs the first timed step of every switching connection (start) on
+// one runtime timer for the process, not one per connection (which a short
+// connection would arm and stop for nothing), up to clockPeriod late (§9.8).
 var clock = alarm.New(clockPeriod)
 
-// clockPeriod is how often at most clock's timer runs.
 const clockPeriod = 10 * time.Millisecond
 
 // ownTimerBelow is the shortest step that clock runs.
@@ -249,9 +243,8 @@ func (w *swConn) kick() {
 	}
 }
 
-// serverReaderDue is the server's reader timer (§9.8): a held answer to an
-// early hello goes out, keep-alive goes on, and readLoop reads the socket
-// whether or not the application does. Without "tcp" it arms ringDue.
+// serverReaderDue is the server's reader timer (§9.8): it flushes a held
+// answer, turns keep-alive on, starts readLoop and, without "tcp", ringDue.
 func (w *swConn) serverReaderDue() {
 	w.c.keepAlive()
 	w.out.flush()
@@ -265,9 +258,8 @@ func (w *swConn) serverReaderDue() {
 	}
 }
 
-// ringDue resets a server's connection that may not run on TCP and has
-// neither a ring nor an upgrade running HandshakeTimeout after the
-// handshake: its client never offered one (§9.1).
+// ringDue resets a server's connection that may not run on TCP if it has
+// neither a ring nor an upgrade running (§9.1).
 func (w *swConn) ringDue() {
 	w.mu.Lock()
 	due := w.ring == nil && w.up == upIdle
@@ -284,7 +276,6 @@ func (w *swConn) counted(n int) {
 	}
 }
 
-// Read implements net.Conn.Read for a switching connection.
 func (w *swConn) Read(b []byte) (int, error) {
 	if r := w.rfast.Load(); r != nil {
 		n, err := r.Read(b)
@@ -359,7 +350,6 @@ func (w *swConn) Read(b []byte) (int, error) {
 	}
 }
 
-// takeLocked copies queued Data into b.
 func (w *swConn) takeLocked(b []byte) int {
 	n := 0
 	for n < len(b) && len(w.rq) > 0 {
@@ -469,7 +459,6 @@ func (w *swConn) wunlock() {
 	w.wmu.Unlock()
 }
 
-// writeErr is why a Write on TCP cannot go on, or nil.
 func (w *swConn) writeErr() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -539,7 +528,6 @@ func (w *swConn) upgradingLocked() {
 	w.gone.channel()
 }
 
-// settledChan returns a channel closed once the connection settled.
 func (w *swConn) settledChan() <-chan struct{} {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -573,7 +561,6 @@ type signal struct {
 	ch  chan struct{}
 }
 
-// fire sets the event and closes its channel, once.
 func (s *signal) fire() {
 	if !s.set {
 		s.set = true
@@ -583,7 +570,6 @@ func (s *signal) fire() {
 	}
 }
 
-// channel returns the event's channel, closed if it is set.
 func (s *signal) channel() chan struct{} {
 	if s.ch == nil {
 		s.ch = make(chan struct{})
@@ -601,14 +587,12 @@ func (w *swConn) goneLocked() {
 	w.settleLocked()
 }
 
-// noteLocked records a switch in the connection's log.
 func (w *swConn) noteLocked(dir, from, to, cause string) {
 	if len(w.log) < maxSwitchLog {
 		w.log = append(w.log, SwitchEvent{At: time.Now(), Direction: dir, From: from, To: to, Cause: cause})
 	}
 }
 
-// maxSwitchLog bounds a connection's switch log.
 const maxSwitchLog = 16
 
 // CloseWrite ends the sending: a Fin on TCP, the ring's FIN on the ring.
@@ -727,11 +711,10 @@ func (w *swConn) Close() error {
 
 // Goodbye (stream.Owner) queues g, if not nil, behind the frames queued
 // before it, and ends the bootstrap once they are written, at most
-// closeAckTimeout later; once, without blocking. The socket closes at the
-// peer's end or lingerTimeout later (sender.shutLocked), and then the
-// channel returned is closed. An orderly g's FinalProd, a ring's producer
-// cursor, becomes a stream cursor. A server that refused our early hello
-// gets no frame: it does not speak rsock.
+// closeAckTimeout later; once, without blocking. The channel returned is
+// closed with the socket, at the peer's end or lingerTimeout later. An
+// orderly g's FinalProd, a ring's producer cursor, becomes a stream cursor.
+// A server that refused our early hello gets no frame: it does not speak rsock.
 func (w *swConn) Goodbye(g *handshake.Goodbye) <-chan struct{} {
 	w.goodbye.Do(func() {
 		w.mu.Lock()
@@ -881,9 +864,8 @@ func (h *hook) run(w *swConn) {
 	}
 }
 
-// info fills in ci's switch log and the bytes of the detached rings, and
-// returns the ring and its transport: one snapshot under mu, in which a
-// failover's ring bytes count once (ringPaths, or the ring).
+// info fills in ci's switch log and detached rings' bytes and returns the
+// ring and its transport, in one snapshot under mu: ring bytes count once.
 func (w *swConn) info(ci *ConnInfo) (*stream.Conn, string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -5,27 +5,19 @@ import (
 	"time"
 )
 
-// The methods of *net.TCPConn that code written for TCP reaches for. On
-// the TCP transport each is the TCP connection's own. On a ring (verbs,
-// shm) they act on the bootstrap TCP connection, which carries the goodbye
-// and tells a dead peer; each says what it does to the ring. After Close
-// each returns an error wrapping net.ErrClosed, as *net.TCPConn's do.
+// The methods of *net.TCPConn (README, "API"): on TCP the connection's own,
+// on a ring the bootstrap connection's (each says what it does to the ring).
+// After Close each returns an error wrapping net.ErrClosed, as TCPConn's do.
 
-// Keep-alive is on, with Go's defaults as net.Dial and net.Listen leave
-// it, on the TCP connection of every Conn that has lived about a
-// millisecond. rsock dials and accepts without it and turns it on itself
-// (keepAlive) when a connection that stays on TCP is made, or at a
-// switching connection's first timed step (swConn.start), so that a short
-// connection spends no system calls on probes it would not send for 15 s.
-// The methods below, and SyscallConn, turn it on first, so what they set
-// stays set.
+// Keep-alive (README, "API"): rsock dials and accepts with it off and turns
+// it on (keepAlive) when a connection that stays on TCP is made, or at a
+// switching connection's first timed step (swConn.start). The methods
+// below, and SyscallConn, turn it on first, so what they set stays set.
 
-// keepAliveDefault is what net.Dialer and net.ListenConfig set by default:
-// zero fields are Go's defaults.
+// keepAliveDefault is net.Dialer's and net.ListenConfig's default (Go's).
 var keepAliveDefault = net.KeepAliveConfig{Enable: true}
 
-// noKeepAlive, as a net.Dialer's or net.ListenConfig's KeepAlive, leaves
-// keep-alive off.
+// noKeepAlive as a Dialer's or ListenConfig's KeepAlive leaves keep-alive off.
 const noKeepAlive = -1
 
 // keepAlive turns Go's default keep-alive on, the first time it is called.
@@ -33,10 +25,9 @@ func (c *Conn) keepAlive() {
 	c.keepAliveOnce.Do(func() { _ = c.tcp.SetKeepAliveConfig(keepAliveDefault) })
 }
 
-// SetKeepAlive turns TCP keep-alive probes on or off. On a ring they run
-// on the bootstrap connection, where they detect a peer host that went
-// away without a word (a dead process is detected anyway: its kernel
-// closes the socket).
+// SetKeepAlive turns TCP keep-alive probes on or off. On a ring they run on the
+// bootstrap connection, where they detect a peer host that went away without a
+// word (a dead process is detected anyway: its kernel closes the socket).
 func (c *Conn) SetKeepAlive(keepalive bool) error {
 	return c.onKeepAlive(func(t *net.TCPConn) error { return t.SetKeepAlive(keepalive) })
 }

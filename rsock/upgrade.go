@@ -16,10 +16,7 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// The switching protocol's handshake (docs/protocol.md §2.4, §9.1) and
-// upgrade (§9.4): Hello and Upgrade hand the connection to the
-// application on TCP; later the client offers a ring, and after Accept and
-// Confirm{0} each side switches its sending (swConn.switchLocked).
+// The switching handshake and upgrade: docs/protocol.md §2.4, §9.1, §9.4.
 
 // switchHello is the client's Hello: one offer per transport it could set
 // up, with no ring prepared.
@@ -33,12 +30,9 @@ func (s *settings) switchHello(names []string) *handshake.Hello {
 	return h
 }
 
-// serveSwitch answers a Hello with FlagSwitch and returns the connection,
-// on TCP, for Accept, or an error. The answer is Upgrade, naming the
-// transports this server would take of those offered, in its order; or
-// Decline if there are none and TCP is not allowed. arrived is an early
-// client's first frames; the answer to an early hello is held
-// (sender.hold) until the server's first frame, or serverReaderAfter.
+// serveSwitch answers a Hello with FlagSwitch (docs/protocol.md §2.4) and
+// returns the connection, on TCP, for Accept. arrived is an early client's
+// first frames; the answer to an early hello is held (sender.hold).
 func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, from switchFrom, arrived []byte) (*Conn, error) {
 	var ts []handshake.Transport
 	for i, t := range s.servedT {
@@ -190,9 +184,8 @@ func (w *swConn) clientUpgrade() {
 		testHookUpgradeOver.run(w)
 		return
 	}
-	// A place for a client's endpoint setup, held until this upgrade
-	// ends: an endpoint holds descriptors that a running ring does not, so
-	// a burst of dials must not set up all at once (§9.4 step 1).
+	// A place for an endpoint setup, held until this upgrade ends: an
+	// endpoint holds descriptors a running ring does not (§9.4 step 1).
 	select {
 	case clientSetups <- struct{}{}:
 	case <-w.done:
@@ -322,9 +315,8 @@ func (w *swConn) clientUpgrade() {
 	}
 }
 
-// awaitUpgrade waits, for a Dial that waits for its upgrade (dialWaits),
-// until the connection settled or ctx ends: nil with the ring in place, or
-// on TCP where TCP is allowed; else the upgrade's failure or ctx's error.
+// awaitUpgrade (dialWaits) waits until the connection settled or ctx ends:
+// nil on the ring or, where allowed, on TCP; else the upgrade's or ctx's error.
 func (w *swConn) awaitUpgrade(ctx context.Context) error {
 	select {
 	case <-w.settledChan():
@@ -343,8 +335,7 @@ func (w *swConn) awaitUpgrade(ctx context.Context) error {
 	return nil
 }
 
-// clientSetups holds the places of the process's clients' endpoint
-// setups (clientUpgrade): maxClientSetups at once.
+// clientSetups holds the places of the process's clients' endpoint setups.
 var clientSetups = make(chan struct{}, maxClientSetups)
 
 // upgradeEnded ends the upgrade whose channel is mine, once: no upgrade
@@ -371,9 +362,8 @@ const (
 // no new upgrade.
 var reupgradeScale atomic.Int64
 
-// reupgradeDelay is the client's backoff before it offers a ring again
-// after the n-th setback of a connection (a failover, or an upgrade a busy
-// server declined): reupgradeBase << (n-1), at most reupgradeMax.
+// reupgradeDelay is the client's backoff before it offers a ring again after
+// a connection's n-th setback: reupgradeBase << (n-1), at most reupgradeMax.
 func reupgradeDelay(n int) time.Duration {
 	d := reupgradeMax
 	if n = max(n, 1); n <= 30 && reupgradeBase<<(n-1) < reupgradeMax {

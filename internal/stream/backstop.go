@@ -6,12 +6,7 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// The backstop (docs/protocol.md §4.1): while bytes we placed in the
-// peer's ring are not reported consumed, a timer, like TCP's
-// retransmission timer, polls our completions every backstopAfter and,
-// if the peer consumed nothing since, kicks its queue (verbs.Kicker),
-// backing off up to backstopMax. It stops when nothing is in flight, or
-// when the peer has taken every message and no Write waits.
+// The backstop timer: first period, longest backoff (docs/protocol.md §4.1).
 const (
 	backstopAfter = 500 * time.Millisecond
 	backstopMax   = 30 * time.Second
@@ -38,14 +33,12 @@ func (c *Conn) armBackstopLocked() {
 	}
 }
 
-// stop stops the timer (Close, Detach).
 func (b *backstop) stop() {
 	if b.t != nil {
 		b.t.Stop()
 	}
 }
 
-// backstopFired is the timer's.
 func (c *Conn) backstopFired() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -64,9 +57,8 @@ func (c *Conn) backstopFired() {
 		if k, ok := c.ep.qp.(verbs.Kicker); ok && k.Kick() {
 			c.stats.Backstops.Add(1)
 		} else if !c.wr.busy {
-			// The peer has taken every message: it knows what is in
-			// flight and reports what it consumes. A waiting Write keeps
-			// the timer running: its answer's notification could be lost.
+			// The peer has every message and reports what it consumes; only
+			// a waiting Write (its answer's notification may be lost) keeps it.
 			return
 		}
 		c.bs.wait = min(2*c.bs.wait, backstopMax)

@@ -11,13 +11,11 @@ import (
 
 // Bounds on the orderly close.
 const (
-	// finalAckTimeout bounds Close's wait for the final message's
-	// acknowledgement before it says goodbye (an abort, then). It leaves
-	// room for several RC retransmissions (the QP's ACK timeout,
-	// internal/verbs/ibverbs); a failed send ends the wait at once.
+	// finalAckTimeout bounds Close's wait for the final message's ack before
+	// its goodbye (an abort, then): room for several RC retransmissions (the
+	// QP's ACK timeout, internal/verbs/ibverbs). A failed send ends it at once.
 	finalAckTimeout = 4 * time.Second
-	// goodbyeGrace bounds how long, after the peer's goodbye, we wait for
-	// the ring messages it promised (its final producer cursor).
+	// goodbyeGrace bounds the wait for the ring messages a goodbye promised.
 	goodbyeGrace = time.Second
 )
 
@@ -32,9 +30,8 @@ type Owner interface {
 	// (a send completion does not say so on iWARP), or at the bound. Close
 	// releases the queue pair only then.
 	Goodbye(g *handshake.Goodbye) <-chan struct{}
-	// Reset is called once when the Conn was reset (err is a
-	// *ResetError) other than by Close: the owner tells the peer, with an
-	// abort goodbye.
+	// Reset is called once when the Conn was reset other than by Close (err
+	// is a *ResetError): the owner tells the peer, with an abort goodbye.
 	Reset(c *Conn, err error)
 	// TransportFailed is called once, with Options.Failover, when c's
 	// transport failed: c's calls return an error wrapping ErrMoving, and
@@ -63,10 +60,9 @@ func (c *Conn) PeerGoodbye(g *handshake.Goodbye) (gone bool) {
 	return c.life == lifePeerGone && c.err == nil
 }
 
-// awaitFinal handles the peer's orderly goodbye: it waits up to
-// goodbyeGrace, as a Read does, for the ring messages the peer sent
-// before it, then marks the peer gone so reads end with EOF after the
-// data and writes fail. mu is held on entry and on return, not meanwhile.
+// awaitFinal handles the peer's orderly goodbye: it waits up to goodbyeGrace
+// for the ring messages sent before it, then marks the peer gone (reads end
+// with EOF after the data). mu is held on entry and return, not while it waits.
 func (c *Conn) awaitFinal(final uint64) {
 	dl := deadline.New()
 	dl.Set(time.Now().Add(goodbyeGrace))
@@ -90,10 +86,8 @@ func (c *Conn) awaitFinal(final uint64) {
 	c.wakeLocked(evRead | evWrite)
 }
 
-// life is where a Conn is in its lifecycle (docs/protocol.md §4 draws
-// it); it only moves forward, under mu. A transport failure (err, set
-// once) is orthogonal: it ends the data path in any state, and Close then
-// says goodbye with an abort.
+// life is where a Conn is in its lifecycle (docs/protocol.md §4); it only
+// moves forward, under mu. A transport failure (err) is orthogonal to it.
 type life uint8
 
 const (
@@ -143,12 +137,11 @@ func (c *Conn) Close() error {
 	return nil
 }
 
-// SetLinger sets how Close ends the connection, as SO_LINGER does for TCP:
-// with sec < 0 (the default) Close waits at most finalAckTimeout for the
-// final message to be acknowledged and the peer to end the bootstrap, with
-// sec > 0 at most sec seconds, and with sec == 0 it aborts: it sends no
-// final message, the peer's calls fail with a reset, and bytes it has not
-// read are lost.
+// SetLinger sets how Close ends the connection, as SO_LINGER does for TCP: with
+// sec < 0 (the default) Close waits at most finalAckTimeout for the final
+// message to be acknowledged and the peer to end the bootstrap, with sec > 0 at
+// most sec seconds, and with sec == 0 it aborts: it sends no final message, the
+// peer's calls fail with a reset, and bytes it has not read are lost.
 func (c *Conn) SetLinger(sec int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -165,13 +158,12 @@ func (c *Conn) release() {
 	c.ep.release(func() { c.drain(); c.loops.Wait() })
 }
 
-// sayGoodbye sends the final FIN|CLOSE message if final and waits a
-// bounded time for its acknowledgement, so that it is on its way before
-// the peer reads our goodbye; then it sends the goodbye and ends the
-// bootstrap connection, and after an orderly one waits, within the same
-// bound, for the peer's end of it. It returns Owner.Goodbye's channel. mu
-// is held on entry and on return, released while it waits and while it
-// writes the goodbye.
+// sayGoodbye sends the final FIN|CLOSE message if final and waits a bounded
+// time for its ack, so that it is on its way before the peer reads our
+// goodbye; then it says goodbye, ending the bootstrap, and after an orderly
+// one waits, within the same bound, for the peer's end. It returns
+// Owner.Goodbye's channel. mu is held on entry and on return, released while
+// it waits and while it writes the goodbye.
 func (c *Conn) sayGoodbye(final bool) <-chan struct{} {
 	dl := deadline.New()
 	wait := finalAckTimeout
@@ -197,8 +189,7 @@ func (c *Conn) sayGoodbye(final bool) <-chan struct{} {
 			break
 		}
 		if err := c.wait(e, dl, false); err != nil {
-			// Say why, for the peer's log and ours: no credit to send it,
-			// or sent and not acknowledged.
+			// Say why, for both logs: no credit to send it, or no ack.
 			polled := c.progressLocked()
 			c.failLocked(reset("final message not acknowledged", fmt.Errorf("sent %v, credits %d, send queue free %d, done %d of %d, last poll found %v, notifications %d",
 				c.closeSig != 0, c.st.Credits(), c.sqFreeLocked(), c.sqDone, c.closeSig, polled, c.stats.Notifications.Load())))

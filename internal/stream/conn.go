@@ -13,17 +13,12 @@ import (
 
 // Conn is a byte stream over a connected queue pair, with the bootstrap TCP
 // connection kept open beside it for orderly close, abort and peer-death
-// detection.
-//
-// Blocking: Read blocks until data, EOF, an error, Close or the read
-// deadline; Write blocks until every byte is in the peer's ring (not until
-// the peer read it), an error, Close or the write deadline. A blocked call
-// may busy-poll first (spin.go), then parks its goroutine until woken
-// (waiter.go).
-//
-// Concurrency: all methods are safe for concurrent use. Concurrent Writes
-// do not interleave their bytes; concurrent Reads each get a contiguous
-// piece of the stream.
+// detection. Read blocks until data, EOF, an error, Close or the read
+// deadline; Write until every byte is in the peer's ring (not until the
+// peer read it), an error, Close or the write deadline. A blocked call may
+// busy-poll first (spin.go), then parks its goroutine (waiter.go). All
+// methods are safe for concurrent use: concurrent Writes do not interleave
+// their bytes, and concurrent Reads each get a contiguous piece.
 type Conn struct {
 	ep    *Endpoint
 	owner Owner
@@ -43,9 +38,8 @@ type Conn struct {
 	ringSize   atomic.Int64
 	registered atomic.Int64
 
-	// Waiting (waiter.go): the entry the queue's notification wakes
-	// (changed under mu); whether a background progress goroutine is on
-	// its way; the calls in the Conn (changed under mu).
+	// Waiting (waiter.go): poller, the entry notify wakes, and active, the
+	// calls in the Conn, change under mu; bgRun: a background run is coming.
 	poller atomic.Pointer[entry]
 	bgRun  atomic.Bool
 	active atomic.Int32
@@ -147,8 +141,7 @@ func (e *Endpoint) Start(peer Ring, owner Owner, rdl, wdl *deadline.Deadline) (*
 // Stats returns the Conn's live counters.
 func (c *Conn) Stats() *Stats { return &c.stats }
 
-// enter registers an in-flight call (enterLocked); it fails once Close has
-// started.
+// enter counts an in-flight call (enterLocked); it fails once Close started.
 func (c *Conn) enter() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -159,7 +152,6 @@ func (c *Conn) enter() error {
 	return nil
 }
 
-// drain takes a pending wake-up out of ch.
 func drain(ch chan struct{}) {
 	select {
 	case <-ch:
@@ -178,15 +170,12 @@ func wake(ch chan struct{}) {
 // or hostile messages underneath the protocol.
 func (c *Conn) QP() verbs.QP { return c.ep.qp }
 
-// Registered reports the bytes of memory the Conn holds registered with
-// its device now (pinned on RDMA devices): the receive ring, the
-// state-message buffers, the staging for WRITEs unless the peer's ring is
-// mapped here, and a growing ring's other ring or staging. It does not
-// wait for the connection's lock.
+// Registered reports the bytes of memory the Conn holds registered with its
+// device now (pinned on RDMA devices): the receive ring, the state-message
+// buffers, the staging for WRITEs unless the peer's ring is mapped here, and
+// a growing ring's other ring or staging. It does not wait for the lock.
 func (c *Conn) Registered() int64 { return c.registered.Load() }
 
-// countRegisteredLocked updates what Registered reports after the
-// Endpoint's regions changed.
 func (c *Conn) countRegisteredLocked() {
 	var n int64
 	for _, mr := range c.ep.regions() {

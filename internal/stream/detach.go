@@ -6,11 +6,7 @@ import (
 	"net"
 )
 
-// Failover (docs/protocol.md §9.10): with Options.Failover, a transport
-// failure does not reset the Conn. Its calls return an error wrapping
-// ErrMoving, the Owner's TransportFailed is called once, and the Owner
-// takes what the stream still needs with Detach. A failure after the
-// peer's CLOSE or goodbye, or during Close, still resets the Conn.
+// Failover: docs/protocol.md §9.10, and Owner.TransportFailed.
 
 // ErrMoving is wrapped by what a Conn's calls return once its transport
 // failed and its stream moves to another path (Options.Failover), or
@@ -34,12 +30,10 @@ func (c *Conn) Moving() bool {
 	return errors.Is(c.err, ErrMoving)
 }
 
-// Leftover is what a detached Conn hands on: the bytes of the stream that
-// only it holds.
+// Leftover is what a detached Conn hands on: the stream bytes only it holds.
 type Leftover struct {
-	// Unread holds the bytes the peer announced that no Read took, in
-	// order. Received is the ring's cursor after them: every byte the
-	// peer announced.
+	// Unread holds the bytes the peer announced that no Read took, in order.
+	// Received is the ring's cursor after them: every byte the peer announced.
 	Unread   []byte
 	Received uint64
 	// Unacked holds the bytes the peer has not reported consumed: ring
@@ -51,8 +45,7 @@ type Leftover struct {
 	FIN bool
 }
 
-// movingLocked starts a failover for the transport failure err, if the
-// Conn may fail over; it reports whether it did.
+// movingLocked starts a failover for err, if the Conn may, and reports whether.
 func (c *Conn) movingLocked(err error) bool {
 	if !c.opts.Failover || c.err != nil || c.life != lifeOpen || c.st.PeerClosed() {
 		return false
@@ -67,22 +60,20 @@ func (c *Conn) movingLocked(err error) bool {
 	return true
 }
 
-// transportFailedLocked handles a failure of the transport: a failover if
-// the Conn may (movingLocked), else a reset.
+// transportFailedLocked fails over (movingLocked) if the Conn may, else resets.
 func (c *Conn) transportFailedLocked(err error) {
 	if !c.movingLocked(err) {
 		c.failLocked(err)
 	}
 }
 
-// Detach ends the Conn's use of its transport and returns what the stream
-// still needs from it. Calls in progress return (an error wrapping
-// ErrMoving) and later ones fail with net.ErrClosed; Detach waits until
-// no Read or Write is inside the Conn, except a CopyTo blocked in its
-// writer, whose piece counts as read. No final message and no goodbye are
-// sent; the queue pair and memory are released in the background. It
-// fails with the Conn's error if the Conn was reset, and with
-// net.ErrClosed after Close or a first Detach.
+// Detach ends the Conn's use of its transport and returns what the stream still
+// needs from it. Calls in progress return (an error wrapping ErrMoving) and
+// later ones fail with net.ErrClosed; Detach waits until no Read or Write is
+// inside the Conn, except a CopyTo blocked in its writer, whose piece counts as
+// read. No final message and no goodbye are sent; the queue pair and memory are
+// released in the background. It fails with the Conn's error if the Conn was
+// reset, and with net.ErrClosed after Close or a first Detach.
 func (c *Conn) Detach() (Leftover, error) {
 	c.mu.Lock()
 	switch {

@@ -29,8 +29,7 @@ type Options struct {
 	Credits   int           // receive work requests for state messages: [ring.MinCredits, ring.MaxCredits]
 	SendDepth int           // send queue depth; 0 means 4*Credits (at least 64)
 	BusyPoll  time.Duration // how long a blocked Read or Write polls before it parks
-	// Failover hands a transport failure to the Owner
-	// (TransportFailed) instead of resetting the Conn (detach.go).
+	// Failover hands a transport failure to Owner.TransportFailed, not a reset.
 	Failover bool
 	// GrowTo is the size the receive ring grows to, once, when the peer's
 	// writer blocks (grow.go): a power of two above RingSize, or 0. Set it
@@ -120,16 +119,14 @@ func NewEndpoint(p verbs.Provider, oo verbs.OpenOptions, opts Options) (_ *Endpo
 	return e, nil
 }
 
-// notify is the CQ's notification: it goes to the Conn once started
-// (nothing arms the CQ before).
+// notify goes to the Conn once started (nothing arms the CQ before).
 func (e *Endpoint) notify() {
 	if c := e.conn.Load(); c != nil {
 		c.notify()
 	}
 }
 
-// postSlot posts receive buffer i. Callers serialise (setup, then under the
-// Conn's mutex).
+// postSlot posts receive buffer i. Callers serialise: setup, then Conn.mu.
 func (e *Endpoint) postSlot(i int) error {
 	e.rwr = verbs.RecvWR{ID: uint64(i), Local: verbs.SGE{MR: e.slots, Offset: i * slotSize, Length: slotSize}}
 	return e.qp.PostRecv(&e.rwr)
@@ -143,8 +140,7 @@ func (e *Endpoint) Ring() Ring {
 // Info is the queue pair's description for the peer.
 func (e *Endpoint) Info() []byte { return e.qp.Info() }
 
-// Connect connects the queue pair to the peer's description; see
-// verbs.QP.Connect.
+// Connect connects the queue pair to the peer's description (verbs.QP.Connect).
 func (e *Endpoint) Connect(ctx context.Context, peer []byte, active bool) error {
 	return e.qp.Connect(ctx, peer, active)
 }
@@ -173,8 +169,7 @@ func (e *Endpoint) Prepare(peer Ring) error {
 // exchanges to finish; see verbs.QP.Established.
 func (e *Endpoint) Established(ctx context.Context) error { return e.qp.Established(ctx) }
 
-// Close releases the resources of an Endpoint that was not started. It is a
-// no-op after Start.
+// Close releases the resources of an Endpoint not started; a no-op after Start.
 func (e *Endpoint) Close() {
 	if !e.owned {
 		return
@@ -203,8 +198,7 @@ func (e *Endpoint) release(drain func()) {
 	}
 }
 
-// regions are the memory regions the endpoint holds now: its rings, slots
-// and staging, and those of a ring move in progress.
+// regions are the memory regions held now, a ring move's included.
 func (e *Endpoint) regions() []verbs.MR {
 	all := []verbs.MR{e.ring, e.slots, e.stage, e.nextRing, e.oldRing, e.nextStage, e.oldStage}
 	held := all[:0]

@@ -20,8 +20,7 @@ import (
 var ErrBrokenPipe = fmt.Errorf("rsock: broken pipe: %w", syscall.EPIPE)
 
 // ResetError reports a connection torn down by something other than an
-// orderly close. It matches syscall.ECONNRESET with errors.Is, and unwraps to
-// its cause.
+// orderly close. It matches syscall.ECONNRESET and unwraps to its cause.
 type ResetError struct {
 	Reason string // what happened, in words
 	Err    error  // the cause, if any

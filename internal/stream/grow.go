@@ -7,15 +7,8 @@ import (
 	"github.com/rdmanet/rdmanet/internal/verbs"
 )
 
-// Growing rings (docs/protocol.md §3.11). With Options.GrowTo our ring
-// grows once, when a BLOCKED arrives (maybeGrowLocked): the new ring is
-// registered off the callers' path (allocFor) and offered in a GROW, and
-// the peer's MOVED says from which cursor its bytes are in it. Reads take
-// the old ring's bytes first, and a lease never spans both rings
-// (ring.State.ReadableHere). A GROW from the peer makes us register
-// staging of its size and move with the first message we can send while
-// no Write copies a chunk (wr.chunk). An old ring or staging is released
-// once nothing in it is needed (growLocked).
+// Growing rings: docs/protocol.md §3.11. A lease never spans two rings
+// (ring.State.ReadableHere); we move only while wr.chunk is false.
 
 // growth is a Conn's state of both rings' growth; guarded by Conn.mu.
 type growth struct {
@@ -26,8 +19,7 @@ type growth struct {
 	peer Ring
 }
 
-// maybeGrowLocked starts our ring's growth if the peer's writer is held
-// back by it; called when a BLOCKED arrives.
+// maybeGrowLocked starts our ring's growth; called when a BLOCKED arrives.
 func (c *Conn) maybeGrowLocked() {
 	if c.opts.GrowTo == 0 || c.grow.asked || c.life != lifeOpen || c.err != nil || c.rd.shut {
 		return
@@ -38,9 +30,8 @@ func (c *Conn) maybeGrowLocked() {
 }
 
 // allocFor registers size bytes with access off the callers' path and
-// hands the region to install under mu, unless the Conn stopped
-// meanwhile; a registration the host refuses leaves the rings as they
-// are (we keep our ring, or stay in the peer's old one).
+// hands the region to install under mu, unless the Conn stopped meanwhile;
+// a registration the host refuses leaves the rings as they are.
 func (c *Conn) allocFor(size int, access verbs.Access, install func(verbs.MR)) {
 	defer c.loops.Done()
 	mr, err := c.ep.dev.AllocMR(size, access)
@@ -84,9 +75,8 @@ func (c *Conn) peerGrowLocked(m ring.Msg) {
 	go c.allocFor(int(size), verbs.AccessLocalWrite, func(mr verbs.MR) { c.ep.nextStage = mr })
 }
 
-// growLocked moves growth along: it offers our new ring once registered,
-// moves our writing once the peer's new ring has staging, and releases an
-// old ring or staging once nothing in it is needed.
+// growLocked offers our new ring once registered, moves our writing once
+// the peer's has staging, and releases an old ring or staging not needed.
 func (c *Conn) growLocked() {
 	e := c.ep
 	if e.nextRing == nil && e.nextStage == nil && e.oldRing == nil && e.oldStage == nil {
@@ -133,8 +123,7 @@ func (c *Conn) ringMemLocked(old bool) []byte {
 	return c.ep.ring.Bytes()
 }
 
-// receivedLocked copies the peer's bytes [from, to) out of our ring, or
-// out of both rings of a move.
+// receivedLocked copies the peer's bytes [from, to) out of our ring(s).
 func (c *Conn) receivedLocked(from, to uint64) []byte {
 	at, _, moved := c.st.Moved()
 	var old []byte
@@ -145,8 +134,7 @@ func (c *Conn) receivedLocked(from, to uint64) []byte {
 }
 
 // copyAcross copies ring bytes [from, to) out of cur, or, after a move at
-// cursor at (moved), those before at out of old (which is kept, and not
-// nil, while such bytes are wanted).
+// cursor at (moved), those before at out of old (kept while wanted).
 func copyAcross(old, cur []byte, moved bool, at, from, to uint64) []byte {
 	if !moved || from >= at {
 		return copyOut(cur, from, to)

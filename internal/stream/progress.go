@@ -48,8 +48,7 @@ func (c *Conn) progressLocked() bool {
 }
 
 // handleRecvLocked handles a receive completion and returns the events it
-// caused: a state message that only returns credits for our receives
-// wakes no Read.
+// caused (a message that only returns credits wakes no Read).
 func (c *Conn) handleRecvLocked(wc *verbs.Completion) event {
 	if err := wc.Err(); err != nil {
 		if c.life < lifeClosing {
@@ -125,7 +124,6 @@ func (c *Conn) handleSendLocked(wc *verbs.Completion) {
 	}
 }
 
-// sqFreeLocked is how many more work requests the send queue takes.
 func (c *Conn) sqFreeLocked() int { return c.opts.SendDepth - int(c.sqPosted-c.sqDone) }
 
 // queueLocked adds wr to the chain that the next post (ringLocked) sends,
@@ -172,12 +170,10 @@ func (c *Conn) ringLocked() error {
 }
 
 // sendLocked posts a state message with our cursors and the extra flags,
-// signaled if signal (Close's final message). It posts nothing when no
-// credit or queue slot is left; the absolute cursors then go out with a
-// later message.
+// signaled if signal (Close's final message); with no credit or queue slot
+// left it posts nothing, and a later message carries the cursors.
 func (c *Conn) sendLocked(extra ring.Flags, signal bool) {
-	// Nothing goes to a peer that closed: it reads no more and is tearing
-	// its queue pair down.
+	// Nothing goes to a peer that closed: it is tearing its queue pair down.
 	if c.err != nil || c.life == lifePeerGone || c.st.PeerClosed() || !c.st.CanSendControl() || c.sqFreeLocked() <= 0 {
 		return
 	}
@@ -223,11 +219,10 @@ func (c *Conn) flushLocked() {
 const suspectGrace = 250 * time.Millisecond
 
 // suspectLocked handles a transport failure that may be the peer's orderly
-// teardown (docs/protocol.md §4, "Transport failures near a close"): the
-// verdict (judge) waits suspectGrace, and a CLOSE or goodbye meanwhile
-// makes the failure benign. Judging here would poll from inside
-// completion handling, out of order. While Close waits for its final
-// message, a failure is only recorded: Close's wait (sayGoodbye) decides.
+// teardown (docs/protocol.md §4, "Transport failures near a close"): judge
+// decides later, since judging here would poll from inside completion
+// handling, out of order. While Close waits for its final message, a
+// failure is only recorded: Close's wait (sayGoodbye) decides.
 func (c *Conn) suspectLocked(err error) {
 	if c.err != nil || c.life == lifePeerGone || c.st.PeerClosed() || c.suspect != nil {
 		return
@@ -239,17 +234,15 @@ func (c *Conn) suspectLocked(err error) {
 	}
 	c.loops.Add(1)
 	if c.opts.Failover {
-		// A failover is cheap to undo when the peer's goodbye turns up
-		// after all (the Owner checks it against the bytes received):
-		// decide now, outside the completion handling.
+		// A failover is cheap to undo if the peer's goodbye turns up after
+		// all (the Owner checks it): decide now, outside completion handling.
 		go c.judge()
 		return
 	}
 	time.AfterFunc(suspectGrace, c.judge)
 }
 
-// judge fails the connection with the suspected error unless the peer has
-// closed in an orderly way since.
+// judge fails the connection with c.suspect unless the peer closed since.
 func (c *Conn) judge() {
 	defer c.loops.Done()
 	c.mu.Lock()

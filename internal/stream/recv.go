@@ -11,23 +11,16 @@ import (
 	"github.com/rdmanet/rdmanet/internal/deadline"
 )
 
-// Reading and the read lease (docs/protocol.md §4.2). A Read that finds
-// bytes takes all that are readable as a lease (under mu, marked lent so
-// that nothing else consumes them); later Reads copy from it holding only
-// rd.mu, and report what they took consumed under mu once 1/16 of the
-// ring was taken and when the lease runs out, so a drained ring is
-// reported at once (the peer's BLOCKED rule needs that).
-//
-// What ends a lease: CopyTo takes it back first (it reads the ring
-// directly); CloseRead and Close set rd.stop, which Reads check before
-// using a lease. CloseRead gives the lease back itself if no call holds
-// rd.mu, else the holder does when it unlocks (rdUnlock): the store of
-// rd.stop comes before CloseRead's TryLock, the Unlock before the
-// holder's load of rd.stop, so one of them sees the other. Lease Reads
+// recvHalf is the reading side and its read lease (docs/protocol.md §4.2).
+// CopyTo takes a lease back first; CloseRead and Close set rd.stop, which
+// Reads check before using a lease. CloseRead gives the lease back itself
+// if no call holds rd.mu, else the holder does when it unlocks (rdUnlock):
+// the store of rd.stop comes before CloseRead's TryLock, the Unlock before
+// the holder's load of rd.stop, so one of them sees the other. Lease Reads
 // are not counted among the calls (that would cost the atomics the lease
-// saves): Close sets rd.stop, and the ring's release waits for rd.mu
-// after the counted calls returned (close.go), so a lease Read still
-// copying finishes before the ring is unmapped.
+// saves): Close sets rd.stop, and the ring's release waits for rd.mu after
+// the counted calls returned (close.go), so a lease Read still copying
+// finishes before the ring is unmapped.
 type recvHalf struct {
 	mu   sync.Mutex // serialises Reads and CopyTo
 	e    entry
@@ -45,8 +38,7 @@ type recvHalf struct {
 	mem   []byte // the ring that holds the lease (one ring: a lease never spans a move, grow.go)
 }
 
-// leaseReportShift sets how many bytes, as a fraction of the ring, lease
-// Reads take before they report them consumed.
+// Lease Reads report what they took at ring size>>leaseReportShift bytes.
 const leaseReportShift = 4 // 1/16
 
 // Read reads up to len(b) bytes. It returns io.EOF once the peer has closed
@@ -142,8 +134,9 @@ func (c *Conn) stopLocked(dl bool) error {
 
 // readLease copies up to len(b) bytes of the lease into b, in pieces of
 // at most a quarter ring; rd.mu is held. After a piece, what was taken is
-// reported under mu if it reaches 1/16 of the ring or ends the lease
-// (which lends what became readable since). It stops once rd.stop is set.
+// reported under mu if it reaches 1/16 of the ring or ends the lease (so a
+// drained ring is reported at once, as the peer's BLOCKED rule needs; this
+// lends what became readable since). It stops once rd.stop is set.
 func (c *Conn) readLease(b []byte) (uint64, error) {
 	var done uint64
 	for done < uint64(len(b)) && c.rd.lease > c.rd.taken {
@@ -200,8 +193,7 @@ func (c *Conn) syncLeaseLocked() error {
 	return nil
 }
 
-// rdUnlock releases rd.mu, and gives a lease back if CloseRead or Close
-// came meanwhile (see recvHalf).
+// rdUnlock releases rd.mu, then gives a lease back after rd.stop (recvHalf).
 func (c *Conn) rdUnlock() {
 	c.rd.mu.Unlock()
 	if c.rd.stop.Load() {
@@ -209,8 +201,7 @@ func (c *Conn) rdUnlock() {
 	}
 }
 
-// dropLease gives the lease back unless a call holds rd.mu (that call does
-// it when it unlocks).
+// dropLease gives the lease back unless a call holds rd.mu (which then does).
 func (c *Conn) dropLease() {
 	if !c.rd.mu.TryLock() {
 		return
@@ -251,8 +242,7 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	defer c.rdUnlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// A lease of earlier Reads comes back first: this reads the ring
-	// directly, from the consumer cursor.
+	// A lease of earlier Reads comes back first: this reads the ring directly.
 	err := c.syncLeaseLocked()
 	c.rd.lease, c.rd.lent = 0, false
 	if err != nil {
@@ -295,7 +285,6 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	}
 }
 
-// writeSegs writes a, then b, to w; it returns how many bytes w took.
 func writeSegs(w io.Writer, a, b []byte) (int, error) {
 	n := 0
 	for _, seg := range [][]byte{a, b} {
@@ -316,7 +305,6 @@ func writeSegs(w io.Writer, a, b []byte) (int, error) {
 	return n, nil
 }
 
-// eofNil is err, but nil for io.EOF: CopyTo's end of the stream.
 func eofNil(err error) error {
 	if err == io.EOF {
 		return nil
@@ -352,13 +340,12 @@ func (c *Conn) CloseRead() error {
 	return nil
 }
 
-// Poll reports what a Read would find now, without waiting or taking
-// anything: readable is true when bytes wait to be read; else err is what
-// a Read would return at once (io.EOF, net.ErrClosed, the connection's
-// failure, or an error wrapping ErrMoving), and both zero values mean a
-// Read would wait. While a Read or CopyTo runs, what is readable is that
-// call's, and Poll reports only an end or a failure. It ignores the read
-// deadline.
+// Poll reports what a Read would find now, without waiting or taking anything:
+// readable is true when bytes wait to be read; else err is what a Read would
+// return at once (io.EOF, net.ErrClosed, the connection's failure, or an error
+// wrapping ErrMoving), and both zero values mean a Read would wait. While a
+// Read or CopyTo runs, what is readable is that call's, and Poll reports only
+// an end or a failure. It ignores the read deadline.
 func (c *Conn) Poll() (readable bool, err error) {
 	if !c.rd.mu.TryLock() {
 		c.mu.Lock()

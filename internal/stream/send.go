@@ -18,9 +18,8 @@ type sendHalf struct {
 	dl   *deadline.Deadline // the caller's (Endpoint.Start)
 	shut bool               // CloseWrite was called; guarded by Conn.mu
 	busy bool               // a Write holds wr.mu (writeNow waits its turn); guarded by Conn.mu
-	// chunk: a Write copies a chunk outside Conn.mu, to the destination
-	// it computed; the writing does not move to a new ring meanwhile
-	// (grow.go). Guarded by Conn.mu.
+	// chunk: a Write copies a chunk outside Conn.mu, to the destination it
+	// computed; the writing does not move rings meanwhile. Guarded by Conn.mu.
 	chunk bool
 }
 
@@ -83,9 +82,8 @@ func (c *Conn) Write(b []byte) (int, error) {
 			continue
 		}
 		stalled = false
-		// At most a quarter of the peer's ring at a time, announced before
-		// the next: the peer can read the first piece while we copy the
-		// next one.
+		// A quarter of the peer's ring at most, announced before the next:
+		// the peer reads one piece while we copy the next.
 		n := min(uint64(len(b)-written), space, max(c.peer.Size/4, 1))
 		s1, s2 := c.st.WriteSegments(n)
 		chunk := b[written : written+int(n)]
@@ -120,11 +118,10 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 }
 
-// writeNow writes all of b in one section of mu, without wr.mu, if it can
-// at once: b is at most lockedCopy, no other Write is in the Conn (wr.busy
-// keeps Writes whole and in order), and space, a credit and send-queue
-// room are there. If not, or if its WRITEs cannot be queued, Write goes
-// the long way.
+// writeNow writes all of b in one section of mu, without wr.mu, if it can at
+// once: b is at most lockedCopy, no other Write is in the Conn (wr.busy keeps
+// Writes whole and in order), and space, a credit and send-queue room are
+// there. If not, or if its WRITEs cannot be queued, Write goes the long way.
 func (c *Conn) writeNow(b []byte) (int, bool) {
 	n := uint64(len(b))
 	if n == 0 || n > lockedCopy {
@@ -174,7 +171,6 @@ func (c *Conn) copyChunk(chunk []byte, s1, s2 ring.Seg) {
 	copy(dst[s2.Off:s2.Off+s2.Len], chunk[s1.Len:])
 }
 
-// writeErrLocked says why no more can be written, or nil.
 func (c *Conn) writeErrLocked() error {
 	switch {
 	case c.life >= lifeClosing:

@@ -8,21 +8,14 @@ import (
 	"time"
 )
 
-// Busy-polling: a blocked call may poll the completion queue for a window
-// before it parks, which saves the wake-up when the answer comes within the
-// window. The window is spinPerPark times parkCost, at most
-// Options.BusyPoll. A spinner hands its P to any goroutine of its process
-// that waits for one (docs/protocol.md §4.1).
+// Busy-polling before a park: docs/protocol.md §4.1.
 
-// spinPerPark is the window in wake-ups of a parked call (parkCost). A
-// park costs more than the wake-up parkCost samples: the peer's eventfd
-// write and the provider's hand-off to the call, on each side. Chosen from
-// gRPC at one connection, whose answers take longer than three (BENCHMARKS.md).
+// spinPerPark is the window in wake-ups of a parked call (parkCost): a
+// park costs more than the wake-up parkCost samples.
 const spinPerPark = 10
 
-// parkCost is the average wake-up latency of a parked call, in
-// nanoseconds: an exponentially weighted average (weight 1/8) of
-// samples, each at most maxParkSample. It starts at initialParkCost.
+// parkCost is the wake-up latency of a parked call, in nanoseconds: an
+// average (weight 1/8) of samples, each at most maxParkSample.
 var parkCost atomic.Int64
 
 const (
@@ -33,8 +26,7 @@ const (
 func init() { parkCost.Store(initialParkCost) }
 
 // spinWindow is how long a wait polls before it parks: spinPerPark parks,
-// at most max; 0 with busy-polling off (max <= 0) or on a runtime without
-// the runnable count (canSpin).
+// at most max; 0 with max <= 0 or without canSpin.
 func spinWindow(max time.Duration) time.Duration {
 	if max <= 0 || !canSpin {
 		return 0
@@ -69,16 +61,13 @@ func recordWake(ns int64) {
 	parkCost.Store(old + (ns-old)/8)
 }
 
-// monotonic is nanoseconds on the monotonic clock, for wake-up latency.
 func monotonic() int64 { return int64(time.Since(clockBase)) }
 
 var clockBase = time.Now()
 
-// The runtime's count of goroutines that wait for a P (Go 1.26). One
-// spinner at a time reads it, into runnableSample under runnableMu, and
-// the others use the last value read (runnableSeen): a read takes the
-// runtime's metrics and scheduler locks, which many spinners at once
-// would contend for.
+// The runtime's count of goroutines that wait for a P (Go 1.26). One spinner
+// at a time reads it (runnableMu), the others use the last value
+// (runnableSeen): a read takes the runtime's metrics and scheduler locks.
 const runnableMetric = "/sched/goroutines/runnable:goroutines"
 
 var (
@@ -87,8 +76,7 @@ var (
 	runnableSeen   atomic.Uint64
 )
 
-// pWanted reports whether a goroutine of this process waits for a P, as
-// last read (about 50 ns when this call reads it).
+// pWanted reports whether a goroutine of this process waits for a P.
 func pWanted() bool {
 	if runnableMu.TryLock() {
 		metrics.Read(runnableSample)
@@ -98,18 +86,16 @@ func pWanted() bool {
 	return runnableSeen.Load() > 0
 }
 
-// canSpin is whether the runtime counts runnable goroutines: a spinner
-// that could not hand its P on would hold up its process's goroutines, so
-// without it nothing busy-polls.
+// canSpin is whether the runtime counts runnable goroutines: without it a
+// spinner could not hand its P on, so nothing busy-polls.
 var canSpin = func() bool {
 	metrics.Read(runnableSample)
 	return runnableSample[0].Value.Kind() == metrics.KindUint64
 }()
 
-// At most spinSlots calls of the process busy-poll at once, and none
-// starts while a call woken from parking has not run yet (woken): a
-// spinner holds its core, and too many hold up the goroutines and the
-// peer process whose work they wait for (docs/protocol.md §4.1).
+// At most spinSlots calls of the process busy-poll at once, and none starts
+// while a woken call has not run yet (woken): a spinner holds its core from
+// the goroutines and the peer process it waits for (docs/protocol.md §4.1).
 var (
 	spinning  atomic.Int32
 	woken     atomic.Int32 // calls signalled while parked that have not run since

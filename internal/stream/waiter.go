@@ -11,32 +11,20 @@ import (
 	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
 
-// Waiting: one mechanism for every blocked call on every provider
-// (docs/protocol.md §4.1).
-//
-// A blocked call registers an entry naming its events and checks its
-// condition again, both under mu, then waits on the entry's channel, its
-// deadline and the Conn's close; whoever changes the state under mu
-// signals the entries concerned (wakeLocked). So a change either comes
-// before the check, which sees it, or signals the registered entry, whose
-// channel (capacity 1) keeps a signal sent before its waiter parks: no
-// wake-up is lost between calls.
-//
-// The queue's notification (notify) goes to one entry, the poller, which
-// arms the queue and polls once more before it parks: a completion that
-// came before the Arm is found by that poll, one after it fires notify
-// (the CQ contract). A poller that leaves hands the role on, so while any
-// call is parked the queue is armed for one of them. With no call parked
-// it is armed with no poller (idleLocked), and a notification starts
-// background progress.
+// Waiting: docs/protocol.md §4.1. A call registers its entry and checks
+// its condition, both under mu; whoever changes the state under mu signals
+// the entries concerned (wakeLocked), and an entry's channel (capacity 1)
+// keeps a signal sent before its call parks: no wake-up is lost. The
+// poller arms the queue, then polls once more (a completion before the Arm
+// is found by that poll, one after it fires notify), and hands the role on
+// when it leaves: while any call is parked, the queue is armed for one.
 
 // Test hooks: a call about to park (after it became the poller or found
 // one, with mu released), and a poller that has let go of the role and
 // not yet polled (mu held).
 var testHookParking, testHookLeaving atomic.Pointer[func(*Conn)]
 
-// testHookYield runs when a spinner is about to hand its P to a goroutine
-// that waits for one.
+// testHookYield runs when a spinner is about to hand its P on.
 var testHookYield atomic.Pointer[func(*Conn)]
 
 // event is what a blocked call waits for.
@@ -48,9 +36,8 @@ const (
 	evClose                   // the final message acknowledged
 )
 
-// entry is one waiting call's place: the events it waits for, its channel
-// (capacity 1), and the channel that ends its waits (the Conn's close; nil
-// for Close's own).
+// entry is one waiting call's place: its events, its channel (capacity 1),
+// and the channel that ends its waits (the Conn's close; nil for Close's).
 type entry struct {
 	ev     event
 	ch     chan struct{}
@@ -74,7 +61,6 @@ func (e *entry) init(ev event, stop <-chan struct{}) *entry {
 	return e
 }
 
-// wakeLocked signals every waiting entry that waits for one of ev.
 func (c *Conn) wakeLocked(ev event) {
 	for _, e := range c.waiting {
 		if e.ev&ev != 0 {
@@ -88,8 +74,7 @@ func (c *Conn) wakeLocked(ev event) {
 // condition under it; mu is released while the call spins or parks, and
 // held again on return. It returns nil when woken (the caller checks
 // again: spurious wake-ups happen), os.ErrDeadlineExceeded or
-// net.ErrClosed. With poll set (a Read's or Write's wait for the peer)
-// and BusyPoll set, it first polls for the window (spin.go).
+// net.ErrClosed. With poll (a wait for the peer) it may busy-poll first.
 func (c *Conn) wait(e *entry, dl *deadline.Deadline, poll bool) error {
 	c.waiting = append(c.waiting, e)
 	defer c.leaveLocked(e)
@@ -145,9 +130,8 @@ func (c *Conn) pollFor(e *entry) {
 	c.progressLocked()
 }
 
-// leaveLocked removes e from the waiting entries. A poller handles what
-// woke it, and hands the role to another waiting entry, or arms the queue
-// for background progress if it was the last (idleLocked).
+// leaveLocked removes e from the waiting entries; a poller handles what woke
+// it and hands the role on, or arms for background progress if it was last.
 func (c *Conn) leaveLocked(e *entry) {
 	for i, w := range c.waiting {
 		if w == e {
@@ -172,10 +156,7 @@ func (c *Conn) leaveLocked(e *entry) {
 
 // idleLocked arms the queue for background progress once no call is in
 // the Conn and no entry waits, then polls for what came before the arm.
-// It arms for every completion if we owe the peer something (the credit
-// we need may come in any message) or the read side is shut (what arrives
-// is discarded here); else for solicited ones only, and not at all while
-// bytes are lent to Reads, whose holder comes back (docs/protocol.md §4.1).
+// Which completions it arms for, if any: docs/protocol.md §4.1.
 func (c *Conn) idleLocked() {
 	if c.active.Load() > 0 || len(c.waiting) > 0 || c.life >= lifeClosing || c.err != nil {
 		return
@@ -201,10 +182,9 @@ func (c *Conn) owesPeerLocked() bool {
 	return c.st.Unannounced() > 0 || c.st.FINPending() || c.st.NeedUpdate()
 }
 
-// notify is the completion queue's notification (verbs.CQ): it wakes the
-// poller, or, with none and no call in the Conn, starts background
-// progress (a call polls when it parks or leaves). It does not block and
-// takes no lock.
+// notify is the CQ's notification (verbs.CQ): it wakes the poller, or, with
+// none and no call in the Conn, starts background progress (a call polls
+// when it parks or leaves). It does not block and takes no lock.
 func (c *Conn) notify() {
 	c.stats.Notifications.Add(1)
 	if e := c.poller.Load(); e != nil {
@@ -231,7 +211,7 @@ func (c *Conn) background() {
 }
 
 // enterLocked counts a call in the Conn; exit uncounts it, and arms for
-// background progress when it was the last (idleLocked).
+// background progress when it was the last.
 func (c *Conn) enterLocked() { c.active.Add(1); c.calls.Add(1) }
 
 func (c *Conn) exit() {
@@ -248,14 +228,10 @@ func (c *Conn) exitLocked() {
 
 // spin polls the completion queue for up to w while e waits, and reports
 // done when e was signalled, the deadline passed or the Conn closed. With
-// no poller a queue armed for every completion is disarmed meanwhile, so
-// the peer pays no notification, and one armed for solicited completions
-// stays so (the peer's data does not ring it, and on shm a disarm and the
-// next arm each take a cache line from the peer); whoever parks or leaves
-// next arms it again. mu is held on entry and on return, not while
-// polling. Past spinAlone polls it yields its thread's core (see
-// spinAlone), and its P at every poll while a goroutine of the process
-// waits for one (pWanted).
+// no poller it disarms a queue armed for every completion, not one armed
+// for solicited ones (§4.1); whoever parks or leaves next arms it again.
+// mu is held on entry and on return, not while polling. It yields its
+// core as spinAlone says, and its P while another goroutine waits for one.
 func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool, err error) {
 	if c.poller.Load() == nil && c.armedAll {
 		c.ep.cq.Disarm()
@@ -308,13 +284,9 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 	}
 }
 
-// spinAlone is how many polls a spinner makes before it yields its core,
-// and between yields while its last yield ran no other thread (took less
-// than yieldRan): a peer on a core of its own answers within them, and a
-// yield, a system call, at every poll slows the answer where the cores
-// exchange cache lines slowly. Once a yield ran another thread the spinner
-// yields at every poll, so that a thread waiting for this core runs at
-// once (BENCHMARKS.md, Defaults).
+// spinAlone is how many polls a spinner makes before it yields its core, and
+// between yields while the last ran no other thread (took under yieldRan);
+// once one did, it yields at every poll, so a waiting thread runs at once.
 const spinAlone = 64
 
 // yieldRan is how long a yield that ran no other thread takes at most.
