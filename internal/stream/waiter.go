@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/rdmanet/rdmanet/internal/deadline"
 	"github.com/rdmanet/rdmanet/internal/sysdep"
@@ -237,6 +238,15 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 		c.ep.cq.Disarm()
 		c.armedAll = false
 	}
+	// A Read's spin also loads the word of our ring where the peer's next
+	// bytes land, when the peer writes it from another process (shm): the
+	// line then comes over with the inbox entry that announces it, not
+	// after it. The ring stays mapped while a call is in the Conn (close.go).
+	var next *uint32
+	if c.direct != nil && e.ev&evRead != 0 && c.ep.oldRing == nil {
+		mem := c.ep.ring.Bytes()
+		next = (*uint32)(unsafe.Pointer(&mem[c.st.PeerProd()&uint64(len(mem)-1)&^3]))
+	}
 	c.mu.Unlock()
 	defer c.mu.Lock()
 	end := time.Now().Add(w)
@@ -247,6 +257,9 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 			c.stats.SpinHits.Add(1)
 			return true, nil
 		default:
+		}
+		if next != nil {
+			atomic.LoadUint32(next)
 		}
 		// Ask the queue before taking mu: a spinner that took it on every
 		// turn would contend with the goroutine writing on this Conn.
