@@ -13,6 +13,7 @@ import (
 // maps nothing; unmapping makes room again; the count follows every
 // mapping of a connected pair to zero.
 func TestMapBudget(t *testing.T) {
+	waitLinks(t) // an earlier test's lingering link would end, and unmap, meanwhile
 	live0, _ := Mappings()
 	a, b := pair(t, 16)
 	live, _ := Mappings()
