@@ -58,11 +58,14 @@ type Conn struct {
 	closeSig uint64   // ID of the signaled final message, 0 if none
 	linger   int      // SetLinger's seconds; negative: finalAckTimeout
 	waiting  []*entry // entries of the calls waiting now
-	armedAll bool     // the queue was last armed for every completion, not only solicited ones (waiter.go)
-	msgBuf   [ring.MsgLen]byte
-	chain    [4]verbs.SendWR // the requests of the next post (ringLocked)
-	nchain   int
-	wcs      [32]verbs.Completion
+	// armed is how the queue is armed and has not notified since (notify
+	// clears it): idleLocked skips an Arm, and the poll after it, that
+	// would change nothing. Written under mu, but for notify's clear.
+	armed  atomic.Uint32
+	msgBuf [ring.MsgLen]byte
+	chain  [4]verbs.SendWR // the requests of the next post (ringLocked)
+	nchain int
+	wcs    [32]verbs.Completion
 
 	stats Stats
 }

@@ -28,6 +28,13 @@ var testHookParking, testHookLeaving atomic.Pointer[func(*Conn)]
 // testHookYield runs when a spinner is about to hand its P on.
 var testHookYield atomic.Pointer[func(*Conn)]
 
+// How the queue is armed (Conn.armed).
+const (
+	armNone = iota
+	armSolicited
+	armAll
+)
+
 // event is what a blocked call waits for.
 type event uint8
 
@@ -123,7 +130,7 @@ func (c *Conn) pollFor(e *entry) {
 	if c.err != nil {
 		return
 	}
-	c.armedAll = true
+	c.armed.Store(armAll) // before the Arm: a notification after it clears it
 	if err := c.ep.cq.Arm(); err != nil {
 		c.transportFailedLocked(reset("arming the completion queue", err))
 		return
@@ -156,24 +163,35 @@ func (c *Conn) leaveLocked(e *entry) {
 }
 
 // idleLocked arms the queue for background progress once no call is in
-// the Conn and no entry waits, then polls for what came before the arm.
-// Which completions it arms for, if any: docs/protocol.md §4.1.
+// the Conn and no entry waits, then polls for what came before the arm;
+// a queue armed so already, which has not notified since, is left as it
+// is. Which completions it arms for, if any: docs/protocol.md §4.1.
 func (c *Conn) idleLocked() {
 	if c.active.Load() > 0 || len(c.waiting) > 0 || c.life >= lifeClosing || c.err != nil {
 		return
 	}
-	var err error
+	want := uint32(armNone)
 	switch {
 	case c.owesPeerLocked() || c.rd.shut:
-		c.armedAll = true
-		err = c.ep.cq.Arm()
+		want = armAll
 	case !c.rd.lent:
-		c.armedAll = false
-		err = c.ep.cq.ArmSolicited()
+		want = armSolicited
 	}
-	if err != nil {
-		c.transportFailedLocked(reset("arming the completion queue", err))
-		return
+	if want != armNone {
+		if c.armed.Load() == want {
+			return // what came since that arm did not need it, or notify runs
+		}
+		c.armed.Store(want) // before the Arm: a notification after it clears it
+		var err error
+		if want == armAll {
+			err = c.ep.cq.Arm()
+		} else {
+			err = c.ep.cq.ArmSolicited()
+		}
+		if err != nil {
+			c.transportFailedLocked(reset("arming the completion queue", err))
+			return
+		}
 	}
 	c.progressLocked()
 }
@@ -187,6 +205,7 @@ func (c *Conn) owesPeerLocked() bool {
 // none and no call in the Conn, starts background progress (a call polls
 // when it parks or leaves). It does not block and takes no lock.
 func (c *Conn) notify() {
+	c.armed.Store(armNone) // a notification ends an Arm
 	c.stats.Notifications.Add(1)
 	if e := c.poller.Load(); e != nil {
 		e.signal()
@@ -234,9 +253,9 @@ func (c *Conn) exitLocked() {
 // mu is held on entry and on return, not while polling. It yields its
 // core as spinAlone says, and its P while another goroutine waits for one.
 func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool, err error) {
-	if c.poller.Load() == nil && c.armedAll {
+	if c.poller.Load() == nil && c.armed.Load() == armAll {
+		c.armed.Store(armNone)
 		c.ep.cq.Disarm()
-		c.armedAll = false
 	}
 	// A Read's spin also loads the word of our ring where the peer's next
 	// bytes land, when the peer writes it from another process (shm): the
