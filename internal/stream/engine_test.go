@@ -28,11 +28,17 @@ const hangGuard = 30 * time.Second
 // passive side's Established; a net.Pipe is the bootstrap.
 func newPair(t *testing.T, opts Options) (a, b *Conn) {
 	t.Helper()
+	return newPairOn(t, simProv, opts)
+}
+
+// newPairOn is newPair over provider p.
+func newPairOn(t *testing.T, p verbs.Provider, opts Options) (a, b *Conn) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), hangGuard)
 	defer cancel()
-	ea, err := NewEndpoint(simProv, verbs.OpenOptions{}, opts)
+	ea, err := NewEndpoint(p, verbs.OpenOptions{GIDIndex: -1}, opts)
 	require.NoError(t, err)
-	eb, err := NewEndpoint(simProv, verbs.OpenOptions{}, opts)
+	eb, err := NewEndpoint(p, verbs.OpenOptions{GIDIndex: -1}, opts)
 	require.NoError(t, err)
 	require.NoError(t, eb.Connect(ctx, ea.Info(), false))
 	require.NoError(t, ea.Connect(ctx, eb.Info(), true))
@@ -290,4 +296,28 @@ func TestBackstopLostWakes(t *testing.T) {
 		// notification may wake the Read before that: wait for the count.
 		require.Eventually(t, func() bool { return w.Stats().Backstops.Load() > 0 }, hangGuard, time.Millisecond, "the writer kicked the reader")
 	}
+}
+
+// A writer whose Writes never wait (a lockstep loop: each message fits at
+// once, and the peer reads it before the next) runs on the credits and
+// ring space the peer returns, which only a poll finds. A call leaving a
+// queue armed as it would arm it does not arm it again, but still polls
+// what may be pending: the writer never runs short of credits, so it
+// sends no BLOCKED, which would notify the idle reader and grow its ring.
+func TestLockstepWriterNeedsNoNotification(t *testing.T) {
+	testLockstep(t, simProv)
+}
+
+func testLockstep(t *testing.T, p verbs.Provider) {
+	a, b := newPairOn(t, p, Options{RingSize: 64 << 10, Credits: 16, GrowTo: 1 << 20})
+	require.NoError(t, b.SetReadDeadline(time.Now().Add(hangGuard)))
+	msg := bytes.Repeat([]byte{5}, 1<<10)
+	for range 2000 {
+		_, err := a.Write(msg)
+		require.NoError(t, err)
+		readFull(t, b, msg)
+	}
+	require.Zero(t, a.Stats().CreditStalls.Load(), "the writer ran short of credits or space")
+	require.Zero(t, b.Stats().Notifications.Load(), "the idle reader was notified")
+	require.Zero(t, b.Stats().RingGrows.Load(), "the reader's ring grew")
 }

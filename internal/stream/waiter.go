@@ -163,9 +163,10 @@ func (c *Conn) leaveLocked(e *entry) {
 }
 
 // idleLocked arms the queue for background progress once no call is in
-// the Conn and no entry waits, then polls for what came before the arm;
-// a queue armed so already, which has not notified since, is left as it
-// is. Which completions it arms for, if any: docs/protocol.md §4.1.
+// the Conn and no entry waits, then polls for what came before the arm: a
+// queue armed so already, which has not notified since, is not armed
+// again, and polled only if it may hold something (Peeker). Which
+// completions it arms for, if any: docs/protocol.md §4.1.
 func (c *Conn) idleLocked() {
 	if c.active.Load() > 0 || len(c.waiting) > 0 || c.life >= lifeClosing || c.err != nil {
 		return
@@ -179,7 +180,10 @@ func (c *Conn) idleLocked() {
 	}
 	if want != armNone {
 		if c.armed.Load() == want {
-			return // what came since that arm did not need it, or notify runs
+			if c.peek == nil || c.peek.Pending() {
+				c.progressLocked() // credits and space a Write that never waits needs
+			}
+			return
 		}
 		c.armed.Store(want) // before the Arm: a notification after it clears it
 		var err error
