@@ -111,9 +111,6 @@ func (l *Listener) handshake(raw *net.TCPConn, arrived []byte, err error) (*Conn
 	var buf [128]byte
 	first := buf[:]
 	n := copy(first, arrived)
-	if n == 0 && err == nil {
-		n, err = sysdep.Arrived(raw, first) // what came since
-	}
 	timed := false
 	if err == nil && n < len(handshake.Magic) && handshake.MatchesMagicPrefix(first[:n]) {
 		testHookSniff.run(nil)
