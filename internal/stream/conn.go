@@ -59,8 +59,9 @@ type Conn struct {
 	linger   int      // SetLinger's seconds; negative: finalAckTimeout
 	waiting  []*entry // entries of the calls waiting now
 	// armed is how the queue is armed and has not notified since (notify
-	// clears it): idleLocked skips an Arm, and the poll after it, that
-	// would change nothing. Written under mu, but for notify's clear.
+	// clears it): idleLocked skips an Arm that would change nothing, and
+	// the poll after it when the queue holds nothing (Peeker). Written
+	// under mu, but for notify's clear.
 	armed  atomic.Uint32
 	msgBuf [ring.MsgLen]byte
 	chain  [4]verbs.SendWR // the requests of the next post (ringLocked)
