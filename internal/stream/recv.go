@@ -96,11 +96,13 @@ func (c *Conn) copyLease(b []byte) uint64 {
 // nothing taken), or why the Read ends; with zero set it does not wait, and
 // returns nil also when nothing is readable. rd.mu and mu are held.
 func (c *Conn) awaitLeaseLocked(zero bool) error {
-	for {
+	// The deadline ends a Read that starts after it; one that waited and
+	// was woken takes what came, as a socket's does (wait ends at it).
+	for first := true; ; first = false {
 		// What this loop checks answers any wake-up sent so far (they are
 		// sent under mu): drop it, or the next wait returns for nothing.
 		drain(c.rd.e.ch)
-		if err := c.stopLocked(true); err != nil {
+		if err := c.stopLocked(first); err != nil {
 			return err
 		}
 		if err := c.syncLeaseLocked(); err != nil || c.rd.lease > 0 {
