@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 )
 
 // Admission bounds (docs/protocol.md §2.1, §9.4 step 2): a source's waiting
@@ -28,7 +29,7 @@ type waitingSet struct {
 	max     int
 	mu      sync.Mutex
 	bySrc   map[netip.Addr][]*net.TCPConn
-	evicted uint64
+	evicted atomic.Uint64
 }
 
 // add registers c; if its source already has max, the oldest is closed
@@ -45,7 +46,7 @@ func (w *waitingSet) add(c *net.TCPConn) netip.Addr {
 		_ = q[0].Close()
 		q[0] = nil
 		q = q[1:]
-		w.evicted++
+		w.evicted.Add(1)
 	}
 	w.bySrc[src] = append(q, c)
 	return src
@@ -68,19 +69,13 @@ func (w *waitingSet) remove(src netip.Addr, c *net.TCPConn) {
 	}
 }
 
-func (w *waitingSet) evictions() uint64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.evicted
-}
+func (w *waitingSet) evictions() uint64 { return w.evicted.Load() }
 
 // sourceOf is the source that c's waiting place counts against
 // (sourceGroup): a host is commonly given a whole IPv6 /64.
 func sourceOf(c *net.TCPConn) netip.Addr {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			return sourceGroup(ip)
-		}
+		return sourceGroup(a.AddrPort().Addr())
 	}
 	return netip.Addr{}
 }

@@ -250,15 +250,6 @@ type settings struct {
 	log           *slog.Logger
 }
 
-// defaultUpgradeAfter is UpgradeAfter's default: DefaultUpgradeAfter, or
-// an upgrade that Dial waits for where TCP is not allowed.
-func defaultUpgradeAfter(fallback bool) time.Duration {
-	if !fallback {
-		return -1
-	}
-	return DefaultUpgradeAfter
-}
-
 // dialWaits reports whether a Dial upgrades at once and returns only once
 // the upgrade has run its course (UpgradeAfter negative).
 func (s *settings) dialWaits() bool { return s.upgradeAfter < 0 }
@@ -332,14 +323,7 @@ func (c *Config) resolve() (*settings, error) {
 	if len(s.transports) == 0 && !s.fallback {
 		return nil, &ConfigError{Field: "Transports", Env: env, Value: strings.Join(list, ","), Err: fmt.Errorf("no transport")}
 	}
-	var err error
-	if s.ringSize, err = ringField("RingSize", cfg.RingSize, "RSOCK_RING_SIZE", DefaultRingSize); err != nil {
-		return nil, err
-	}
-	if s.ringStart, err = ringField("RingStart", cfg.RingStart, "RSOCK_RING_START", DefaultRingStart); err != nil {
-		return nil, err
-	}
-	// Each integer with its bounds [lo, hi]; why says them.
+	// Each integer and duration with its bounds [lo, hi]; why says them.
 	ints := []struct {
 		field, env string
 		v, def     int
@@ -348,6 +332,8 @@ func (c *Config) resolve() (*settings, error) {
 		lo, hi     int
 		why        string
 	}{
+		{"RingSize", "RSOCK_RING_SIZE", cfg.RingSize, DefaultRingSize, &s.ringSize, parseSize, ring.MinRingSize, ring.MaxRingSize, ringWhy},
+		{"RingStart", "RSOCK_RING_START", cfg.RingStart, DefaultRingStart, &s.ringStart, parseSize, ring.MinRingSize, ring.MaxRingSize, ringWhy},
 		{"Credits", "RSOCK_CREDITS", cfg.Credits, DefaultCredits, &s.credits, strconv.Atoi, ring.MinCredits, ring.MaxCredits, fmt.Sprintf("not in [%d, %d]", ring.MinCredits, ring.MaxCredits)},
 		{"UpgradeBytes", "RSOCK_UPGRADE_BYTES", cfg.UpgradeBytes, DefaultUpgradeBytes, &s.upgradeBytes, parseSize, 1, math.MaxInt, "must be positive"},
 		{"EndpointPool", "RSOCK_ENDPOINT_POOL", cfg.EndpointPool, DefaultEndpointPool, &s.pool, strconv.Atoi, math.MinInt, math.MaxInt, ""},
@@ -358,8 +344,9 @@ func (c *Config) resolve() (*settings, error) {
 		{"RetryCount", "RSOCK_RETRY_COUNT", cfg.RetryCount, 0, &s.retries, strconv.Atoi, 0, 6, "not in [1, 6]"},
 	}
 	for _, f := range ints {
-		n, from, err := intField(f.field, f.v, f.env, f.def, f.parse)
-		if err == nil && (n < f.lo || n > f.hi || f.field == "RetryCount" && from != "" && n == 0) {
+		n, from, err := field(f.field, f.v, f.env, f.def, f.parse)
+		bad := n < f.lo || n > f.hi || f.why == ringWhy && n&(n-1) != 0 || f.field == "RetryCount" && from != "" && n == 0
+		if err == nil && bad {
 			err = &ConfigError{Field: f.field, Env: from, Value: strconv.Itoa(n), Err: errors.New(f.why)}
 		}
 		if err != nil {
@@ -367,39 +354,39 @@ func (c *Config) resolve() (*settings, error) {
 		}
 		*f.dst = n
 	}
-	s.pool = max(s.pool, 0)
-	// Each duration with its bound: positive, or at most max (BusyPoll).
+	upgradeAfter := time.Duration(-1) // where TCP is not allowed, Dial waits for the upgrade
+	if s.fallback {
+		upgradeAfter = DefaultUpgradeAfter
+	}
 	durs := []struct {
-		field    string
-		v        time.Duration
-		env      string
-		def      time.Duration
-		dst      *time.Duration
-		positive bool
-		max      time.Duration
+		field, env string
+		v, def     time.Duration
+		dst        *time.Duration
+		lo, hi     time.Duration
+		why        string
 	}{
-		{"BusyPoll", cfg.BusyPoll, "RSOCK_BUSY_POLL", DefaultBusyPoll, &s.busyPoll, false, MaxBusyPoll},
-		{"HandshakeTimeout", cfg.HandshakeTimeout, "RSOCK_HANDSHAKE_TIMEOUT", DefaultHandshakeTimeout, &s.handshake, true, 0},
-		{"SniffTimeout", cfg.SniffTimeout, "RSOCK_SNIFF_TIMEOUT", DefaultSniffTimeout, &s.sniff, true, 0},
-		{"ProbeTimeout", cfg.ProbeTimeout, "RSOCK_PROBE_TIMEOUT", DefaultProbeTimeout, &s.probe, true, 0},
-		{"ProbeCacheTTL", cfg.ProbeCacheTTL, "RSOCK_PROBE_CACHE_TTL", DefaultProbeCacheTTL, &s.probeCacheTTL, false, 0},
-		{"UpgradeAfter", cfg.UpgradeAfter, "RSOCK_UPGRADE_AFTER", defaultUpgradeAfter(s.fallback), &s.upgradeAfter, false, 0},
-		{"EndpointPoolIdle", cfg.EndpointPoolIdle, "RSOCK_ENDPOINT_POOL_IDLE", DefaultEndpointPoolIdle, &s.poolIdle, true, 0},
+		{"BusyPoll", "RSOCK_BUSY_POLL", cfg.BusyPoll, DefaultBusyPoll, &s.busyPoll, math.MinInt64, MaxBusyPoll, "more than " + MaxBusyPoll.String()},
+		{"HandshakeTimeout", "RSOCK_HANDSHAKE_TIMEOUT", cfg.HandshakeTimeout, DefaultHandshakeTimeout, &s.handshake, 1, math.MaxInt64, "must be positive"},
+		{"SniffTimeout", "RSOCK_SNIFF_TIMEOUT", cfg.SniffTimeout, DefaultSniffTimeout, &s.sniff, 1, math.MaxInt64, "must be positive"},
+		{"ProbeTimeout", "RSOCK_PROBE_TIMEOUT", cfg.ProbeTimeout, DefaultProbeTimeout, &s.probe, 1, math.MaxInt64, "must be positive"},
+		{"ProbeCacheTTL", "RSOCK_PROBE_CACHE_TTL", cfg.ProbeCacheTTL, DefaultProbeCacheTTL, &s.probeCacheTTL, math.MinInt64, math.MaxInt64, ""},
+		{"UpgradeAfter", "RSOCK_UPGRADE_AFTER", cfg.UpgradeAfter, upgradeAfter, &s.upgradeAfter, math.MinInt64, math.MaxInt64, ""},
+		{"EndpointPoolIdle", "RSOCK_ENDPOINT_POOL_IDLE", cfg.EndpointPoolIdle, DefaultEndpointPoolIdle, &s.poolIdle, 1, math.MaxInt64, "must be positive"},
+		{"AckTimeout", "RSOCK_ACK_TIMEOUT", cfg.AckTimeout, 0, &s.ackTimeout, 0, time.Hour, "not in (0, 1h]"},
 	}
 	for _, d := range durs {
-		v, from, err := durField(d.field, d.v, d.env, d.def)
-		switch {
-		case err != nil:
+		v, from, err := field(d.field, d.v, d.env, d.def, time.ParseDuration)
+		if err == nil && (v < d.lo || v > d.hi) {
+			err = &ConfigError{Field: d.field, Env: from, Value: v.String(), Err: errors.New(d.why)}
+		}
+		if err != nil {
 			return nil, err
-		case d.positive && v <= 0:
-			return nil, &ConfigError{Field: d.field, Env: from, Value: v.String(), Err: fmt.Errorf("must be positive")}
-		case d.max > 0 && v > d.max:
-			return nil, &ConfigError{Field: d.field, Env: from, Value: v.String(), Err: fmt.Errorf("more than %v", d.max)}
 		}
 		*d.dst = v
 	}
-	if s.busyPoll < 0 {
-		s.busyPoll = 0
+	s.pool, s.busyPoll = max(s.pool, 0), max(s.busyPoll, 0)
+	if !s.fallback {
+		s.sniff = s.handshake // a listener that allows no TCP waits the whole handshake for the magic
 	}
 	noFailover, err := boolField("NoFailover", cfg.NoFailover, "RSOCK_NO_FAILOVER")
 	if err != nil {
@@ -411,74 +398,32 @@ func (c *Config) resolve() (*settings, error) {
 		return nil, err
 	}
 	s.earlyDial = early && !cfg.NoEarlyDial
-	s.upgradeReason = fmt.Sprintf("on TCP until the upgrade (after %v or %d bytes)", s.upgradeAfter, s.upgradeBytes)
-	if err := s.resolveDevice(&cfg); err != nil {
+	if s.viaCM, err = boolField("ConnectionManager", cfg.ConnectionManager, "RSOCK_VERBS_CM"); err != nil {
 		return nil, err
+	}
+	s.upgradeReason = fmt.Sprintf("on TCP until the upgrade (after %v or %d bytes)", s.upgradeAfter, s.upgradeBytes)
+	if s.device = cfg.Device; s.device == "" {
+		s.device = strings.TrimSpace(rsockenv.Get("RSOCK_DEVICE"))
 	}
 	return s, nil
 }
 
-// resolveDevice fills the verbs device overrides.
-func (s *settings) resolveDevice(cfg *Config) error {
-	s.device = cfg.Device
-	if s.device == "" {
-		s.device = strings.TrimSpace(rsockenv.Get("RSOCK_DEVICE"))
-	}
-	var err error
-	if s.viaCM, err = boolField("ConnectionManager", cfg.ConnectionManager, "RSOCK_VERBS_CM"); err != nil {
-		return err
-	}
-	var from string
-	if s.ackTimeout, from, err = durField("AckTimeout", cfg.AckTimeout, "RSOCK_ACK_TIMEOUT", 0); err != nil {
-		return err
-	}
-	if s.ackTimeout < 0 || s.ackTimeout > time.Hour {
-		return &ConfigError{Field: "AckTimeout", Env: from, Value: s.ackTimeout.String(), Err: fmt.Errorf("not in (0, 1h]")}
-	}
-	return nil
-}
+var ringWhy = fmt.Sprintf("not a power of two from %d to %d", ring.MinRingSize, ring.MaxRingSize)
 
-// ringField is intField for a ring size (parseSize): a power of two from
-// ring.MinRingSize to ring.MaxRingSize.
-func ringField(field string, v int, env string, def int) (int, error) {
-	n, from, err := intField(field, v, env, def, parseSize)
-	if err != nil {
-		return 0, err
-	}
-	if rs := uint64(n); rs&(rs-1) != 0 || rs < ring.MinRingSize || rs > ring.MaxRingSize {
-		return 0, &ConfigError{Field: field, Env: from, Value: strconv.Itoa(n), Err: fmt.Errorf("not a power of two from %d to %d", ring.MinRingSize, ring.MaxRingSize)}
-	}
-	return n, nil
-}
-
-// intField is the value of a Config field: v if set, else the variable
-// env's, else def. from is env when the value came from it ("" else), for
-// the errors of later checks (ConfigError.Env).
-func intField(field string, v int, env string, def int, parse func(string) (int, error)) (n int, from string, err error) {
-	if v != 0 {
+// field is the value of a Config field: v if set, else the variable env's
+// (parsed), else def. from is env when the value came from it ("" else),
+// for the errors of later checks (ConfigError.Env).
+func field[T comparable](name string, v T, env string, def T, parse func(string) (T, error)) (_ T, from string, _ error) {
+	var zero T
+	if v != zero {
 		return v, "", nil
 	}
 	if e := rsockenv.Get(env); e != "" {
 		n, err := parse(strings.TrimSpace(e))
 		if err != nil {
-			return 0, env, &ConfigError{Field: field, Env: env, Value: e, Err: err}
+			return zero, env, &ConfigError{Field: name, Env: env, Value: e, Err: err}
 		}
 		return n, env, nil
-	}
-	return def, "", nil
-}
-
-// durField is intField for a duration.
-func durField(field string, v time.Duration, env string, def time.Duration) (d time.Duration, from string, err error) {
-	if v != 0 {
-		return v, "", nil
-	}
-	if e := rsockenv.Get(env); e != "" {
-		d, err := time.ParseDuration(strings.TrimSpace(e))
-		if err != nil {
-			return 0, env, &ConfigError{Field: field, Env: env, Value: e, Err: err}
-		}
-		return d, env, nil
 	}
 	return def, "", nil
 }

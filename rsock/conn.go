@@ -330,26 +330,19 @@ func (c *Conn) RemoteAddr() net.Addr {
 	return c.tcp.RemoteAddr()
 }
 
-// SetDeadline implements net.Conn.
-func (c *Conn) SetDeadline(t time.Time) error {
-	if c.w != nil {
-		return c.opError("set", c.w.setDeadline(t, true, true))
-	}
-	return c.tcp.SetDeadline(t)
-}
+// SetDeadline, SetReadDeadline and SetWriteDeadline implement net.Conn.
+func (c *Conn) SetDeadline(t time.Time) error      { return c.setDeadline(t, true, true) }
+func (c *Conn) SetReadDeadline(t time.Time) error  { return c.setDeadline(t, true, false) }
+func (c *Conn) SetWriteDeadline(t time.Time) error { return c.setDeadline(t, false, true) }
 
-// SetReadDeadline implements net.Conn.
-func (c *Conn) SetReadDeadline(t time.Time) error {
-	if c.w != nil {
-		return c.opError("set", c.w.setDeadline(t, true, false))
-	}
-	return c.tcp.SetReadDeadline(t)
-}
-
-// SetWriteDeadline implements net.Conn.
-func (c *Conn) SetWriteDeadline(t time.Time) error {
-	if c.w != nil {
-		return c.opError("set", c.w.setDeadline(t, false, true))
+func (c *Conn) setDeadline(t time.Time, r, w bool) error {
+	switch {
+	case c.w != nil:
+		return c.opError("set", c.w.setDeadline(t, r, w))
+	case r && w:
+		return c.tcp.SetDeadline(t)
+	case r:
+		return c.tcp.SetReadDeadline(t)
 	}
 	return c.tcp.SetWriteDeadline(t)
 }

@@ -71,28 +71,31 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 		defer cancel()
 	}
 	nd := &net.Dialer{LocalAddr: d.LocalAddr, KeepAlive: noKeepAlive} // the Conn turns it on (keepAlive)
-	plain := func(code string, fallback bool, reason string) (net.Conn, error) {
+	var addr net.Addr                                                 // the server's, once a probe reached it
+	// plain dials again with plain TCP, if the Config allows that.
+	plain := func(code string, why error) (net.Conn, error) {
+		if code != CodeTCPOnly && !s.fallback {
+			return nil, &net.OpError{Op: "dial", Net: network, Addr: addr, Err: noTransport(why)}
+		}
 		raw, err := nd.DialContext(ctx, network, address)
 		if err != nil {
 			return nil, err
 		}
-		return plainConn(network, raw.(*net.TCPConn), nil, code, fallback, reason), nil
+		return plainConn(network, raw.(*net.TCPConn), nil, code, code != CodeTCPOnly, why.Error()), nil
 	}
 	if len(s.transports) == 0 {
-		return plain(CodeTCPOnly, false, "tcp is the only transport configured")
+		return plain(CodeTCPOnly, errors.New("tcp is the only transport configured"))
 	}
 	key := network + " " + address
 	if s.probeCacheTTL > 0 && plainServers.known(key) {
-		if !s.fallback {
-			return nil, &net.OpError{Op: "dial", Net: network, Err: noTransport(errors.New("server does not speak rsock (remembered)"))}
-		}
-		return plain(CodePlainServer, true, "server does not speak rsock (remembered)")
+		return plain(CodePlainServer, errors.New("server does not speak rsock (remembered)"))
 	}
 	raw, err := nd.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, err
 	}
 	tc := raw.(*net.TCPConn)
+	addr = tc.RemoteAddr()
 	if c := s.dialEarly(network, key, tc); c != nil {
 		return c, nil
 	}
@@ -118,10 +121,7 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 	}
 	var redial *redialError
 	if errors.As(err, &redial) {
-		if !s.fallback {
-			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: noTransport(err)}
-		}
-		return plain(redial.code, true, err.Error())
+		return plain(redial.code, err)
 	}
 	var nr *notRsockError
 	if errors.As(err, &nr) {
@@ -129,10 +129,7 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 			s.log.LogAttrs(ctx, slog.LevelInfo, "rsock: remembering a server that does not speak rsock",
 				slog.String("code", CodePlainServer), slog.String("peer", address), slog.String("reason", err.Error()), slog.Duration("for", s.probeCacheTTL))
 		}
-		if !s.fallback {
-			return nil, &net.OpError{Op: "dial", Net: network, Addr: tc.RemoteAddr(), Err: noTransport(err)}
-		}
-		return plain(CodePlainServer, true, err.Error())
+		return plain(CodePlainServer, err)
 	}
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: network, Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err}
@@ -150,7 +147,7 @@ type probeCache struct {
 	mu      sync.Mutex
 	entries map[string]probeEntry
 	size    atomic.Int32 // len(entries), for known's lock-free miss when it is empty
-	need    int          // probes in a row that make a verdict; 0: probeStrikes
+	need    int          // probes in a row that make a verdict
 }
 
 type probeEntry struct {
@@ -158,21 +155,11 @@ type probeEntry struct {
 	expires time.Time
 }
 
-// probeStrikes is how many probes in a row must find a plain server.
-const probeStrikes = 2
-
 // maxProbeCache bounds the cache; past it, expired entries are dropped and
 // then the whole cache is cleared (a miss only costs one probe).
 const maxProbeCache = 4096
 
-var plainServers = &probeCache{entries: map[string]probeEntry{}}
-
-func (p *probeCache) strikes() int {
-	if p.need > 0 {
-		return p.need
-	}
-	return probeStrikes
-}
+var plainServers = &probeCache{entries: map[string]probeEntry{}, need: 2}
 
 // known reports whether key is a remembered plain server.
 func (p *probeCache) known(key string) bool {
@@ -186,7 +173,7 @@ func (p *probeCache) known(key string) bool {
 		p.deleteLocked(key)
 		return false
 	}
-	return ok && e.strikes >= p.strikes()
+	return ok && e.strikes >= p.need
 }
 
 // add records one probe that found a plain server at key, and reports
@@ -213,7 +200,7 @@ func (p *probeCache) add(key string, ttl time.Duration) bool {
 	e.expires = now.Add(ttl)
 	p.entries[key] = e
 	p.size.Store(int32(len(p.entries)))
-	return e.strikes == p.strikes()
+	return e.strikes == p.need
 }
 
 // forget drops what is known about key (a handshake there succeeded).

@@ -413,7 +413,7 @@ func TestRegistrationRefusedFallsBack(t *testing.T) {
 // TestProbeCacheCounts: the cache's size, which lets a lookup in an empty
 // cache skip the lock, follows every way an entry comes and goes.
 func TestProbeCacheCounts(t *testing.T) {
-	p := &probeCache{entries: map[string]probeEntry{}}
+	p := &probeCache{entries: map[string]probeEntry{}, need: 2}
 	size := func() int {
 		p.mu.Lock()
 		defer p.mu.Unlock()

@@ -36,16 +36,10 @@ func (l *Listener) handshakeConn(raw *net.TCPConn) {
 	go func() {
 		defer l.wg.Done()
 		l.serveConn(raw, first, err)
-		l.handshakeOver()
+		if l.pending.Add(-1) == int64(maxPending)-1 {
+			l.room.wake() // the accept loop may wait for this one
+		}
 	}()
-}
-
-// handshakeOver counts a handed-off handshake over, and wakes the accept
-// loop if it waits for one (acceptLoop).
-func (l *Listener) handshakeOver() {
-	if l.pending.Add(-1) == int64(maxPending)-1 {
-		l.room.wake()
-	}
 }
 
 // setDeadline sets raw's read deadline (both, if both) to t, unless the
@@ -91,7 +85,7 @@ func (l *Listener) deliver(c *Conn, err error, peer net.Addr) {
 	l.s.logConn(c, "server")
 	select {
 	case l.ready <- c:
-	case <-l.done:
+	case <-l.ctx.Done():
 		c.Close()
 	}
 }
@@ -114,7 +108,7 @@ func (l *Listener) handshake(raw *net.TCPConn, arrived []byte, err error) (*Conn
 	timed := false
 	if err == nil && n < len(handshake.Magic) && handshake.MatchesMagicPrefix(first[:n]) {
 		testHookSniff.run(nil)
-		l.setDeadline(raw, time.Now().Add(s.sniffTimeout()), false)
+		l.setDeadline(raw, time.Now().Add(s.sniff), false)
 		timed = true
 		n, err = sniffMagic(raw, first, n)
 	}
@@ -135,15 +129,6 @@ func (l *Listener) handshake(raw *net.TCPConn, arrived []byte, err error) (*Conn
 
 // testHookSniff runs as a handshake begins its sniff (tests; no Conn yet).
 var testHookSniff hook
-
-// sniffTimeout bounds the wait for a new connection's first bytes: a
-// listener that allows no TCP waits the whole handshake for the magic.
-func (s *settings) sniffTimeout() time.Duration {
-	if !s.fallback {
-		return s.handshake
-	}
-	return s.sniff
-}
 
 // plainClient is the Conn of a client whose first bytes, head (read with
 // err), are not the magic.

@@ -29,7 +29,7 @@ func TestCloseAsSniffStarts(t *testing.T) {
 	testHookSniff.set(func(*swConn) { _ = ln.shutdown(nil) })
 	defer testHookSniff.set(nil)
 	dialRaw(t, ln)
-	require.Eventually(t, func() bool { return receivable(ln.done) }, 10*time.Second, time.Millisecond, "no handshake started")
+	require.Eventually(t, func() bool { return receivable(ln.ctx.Done()) }, 10*time.Second, time.Millisecond, "no handshake started")
 	closed := make(chan struct{})
 	go func() {
 		ln.Close()

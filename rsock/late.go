@@ -18,22 +18,14 @@ func (c *Conn) rescueLateHello() error {
 		return nil
 	}
 	defer c.late.Store(false)
-	buf := bytes.Clone(c.prefix)
-	var tmp [len(handshake.Magic)]byte
-	for len(buf) < len(tmp) && handshake.MatchesMagicPrefix(buf) {
-		k, err := c.tcp.Read(tmp[:len(tmp)-len(buf)])
-		buf = append(buf, tmp[:k]...)
-		if err != nil {
-			c.setPrefixLocked(buf)
-			if len(buf) > 0 {
-				return nil // the bytes first; the error comes again on the next Read
-			}
-			return err
+	var buf [len(handshake.Magic)]byte
+	n, err := sniffMagic(c.tcp, buf[:], copy(buf[:], c.prefix))
+	if err != nil || !handshake.MatchesMagicPrefix(buf[:n]) {
+		c.setPrefixLocked(bytes.Clone(buf[:n]))
+		if n > 0 {
+			return nil // the bytes first; an error comes again on the next Read
 		}
-	}
-	if !handshake.MatchesMagicPrefix(buf) {
-		c.setPrefixLocked(buf)
-		return nil
+		return err
 	}
 	msg, err := handshake.ReadAfterMagic(c.tcp) // buf is the magic
 	if err != nil {

@@ -49,7 +49,6 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		ln:       ln.(*net.TCPListener),
 		s:        s,
 		ready:    make(chan *Conn, readyQueue),
-		done:     make(chan struct{}),
 		setups:   make(chan struct{}, maxSetups),
 		waiting:  waitingSet{max: perSourceWaiting},
 		logLimit: limiter{now: time.Now},
@@ -74,7 +73,6 @@ type Listener struct {
 	ln      *net.TCPListener
 	s       *settings
 	ready   chan *Conn
-	done    chan struct{}
 	setups  chan struct{}   // places of the handshakes preparing an endpoint
 	waiting waitingSet      // handshakes between the magic and a complete hello
 	ctx     context.Context // cancelled by Close: ends the handshakes' I/O
@@ -82,8 +80,7 @@ type Listener struct {
 	wg      sync.WaitGroup
 
 	closeOnce sync.Once
-	errMu     sync.Mutex
-	err       error // the socket's fatal error, once the accept loop ended
+	err       error // the socket's fatal error, once the accept loop ended; read after ctx ends
 
 	handedOff atomic.Uint64 // sockets whose handshake began (tests)
 	// pending counts the handshakes handed off and not yet over (their
@@ -120,27 +117,23 @@ func (l *Listener) Stats() ListenerStats {
 // transport the handshake agreed, or TCP. It blocks until a connection is
 // ready or the listener is closed (an error wrapping net.ErrClosed).
 func (l *Listener) Accept() (net.Conn, error) {
-	for {
-		// Prefer a ready connection over reporting the end.
-		select {
-		case c := <-l.ready:
-			l.room.wake()
-			return c, nil
-		default:
+	// Prefer a ready connection over reporting the end.
+	select {
+	case c := <-l.ready:
+		l.room.wake()
+		return c, nil
+	default:
+	}
+	select {
+	case c := <-l.ready:
+		l.room.wake()
+		return c, nil
+	case <-l.ctx.Done():
+		err := l.err // written before the cancel
+		if err == nil {
+			err = net.ErrClosed
 		}
-		select {
-		case c := <-l.ready:
-			l.room.wake()
-			return c, nil
-		case <-l.done:
-			l.errMu.Lock()
-			err := l.err
-			l.errMu.Unlock()
-			if err == nil {
-				err = net.ErrClosed
-			}
-			return nil, &net.OpError{Op: "accept", Net: l.network, Addr: l.ln.Addr(), Err: err}
-		}
+		return nil, &net.OpError{Op: "accept", Net: l.network, Addr: l.ln.Addr(), Err: err}
 	}
 }
 
@@ -162,10 +155,7 @@ func (l *Listener) Close() error {
 func (l *Listener) shutdown(cause error) error {
 	err := error(&net.OpError{Op: "close", Net: l.network, Addr: l.ln.Addr(), Err: net.ErrClosed})
 	l.closeOnce.Do(func() {
-		l.errMu.Lock()
 		l.err = cause
-		l.errMu.Unlock()
-		close(l.done)
 		l.cancel()
 		err = l.ln.Close()
 	})
@@ -185,24 +175,23 @@ func (l *Listener) acceptLoop() {
 			testHookAcceptPaused.run(nil)
 			select {
 			case <-l.room.C():
-			case <-l.done:
+			case <-l.ctx.Done():
 				return
 			}
 		}
 		raw, err := l.ln.AcceptTCP()
 		if err != nil {
 			select {
-			case <-l.done:
+			case <-l.ctx.Done():
 				return
 			default:
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || isTemporary(err) {
+			if isTimeout(err) || isTemporary(err) {
 				// Out of descriptors and the like: back off, as net/http does.
 				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 				select {
 				case <-time.After(delay):
-				case <-l.done:
+				case <-l.ctx.Done():
 					return
 				}
 				continue

@@ -33,20 +33,14 @@ type peerRing struct {
 	max   uint64
 }
 
-// ringSizeFor is the size our ring goes up to with peer p: RingSize, or
-// the largest ring p accepts if that is smaller (at least the smallest).
-func (s *settings) ringSizeFor(p peerRing) int {
-	size := uint64(s.ringSize)
-	for size > p.max && size > handshake.MinRing {
+// streamOptions are the endpoint options for peer p: a ring of RingSize, or
+// the largest p accepts if that is smaller (at least the smallest), from
+// RingStart if p follows a move; a peer's ring at most our RingSize.
+func (s *settings) streamOptions(p peerRing) stream.Options {
+	size := s.ringSize
+	for uint64(size) > p.max && size > handshake.MinRing {
 		size /= 2
 	}
-	return int(size)
-}
-
-// streamOptions are the endpoint options for peer p: a ring of ringSizeFor(p),
-// from RingStart if p follows a move; a peer's ring at most our RingSize.
-func (s *settings) streamOptions(p peerRing) stream.Options {
-	size := s.ringSizeFor(p)
 	o := stream.Options{RingSize: size, Credits: s.credits, BusyPoll: s.busyPoll, Failover: s.failover, PeerRingLimit: uint64(s.ringSize)}
 	if p.grows && s.ringStart < size {
 		o.RingSize, o.GrowTo = s.ringStart, size
@@ -135,10 +129,7 @@ func plainConn(network string, raw *net.TCPConn, prefix []byte, code string, fal
 	c := &Conn{network: network, tcp: raw}
 	c.label.Store(&label{transport: "tcp", code: code, reason: reason, fallback: fallback})
 	c.keepAlive()
-	if len(prefix) > 0 {
-		c.prefix = prefix
-		c.hasPrefix.Store(true)
-	}
+	c.setPrefixLocked(prefix) // c is not shared yet
 	c.register()
 	return c
 }
@@ -182,26 +173,6 @@ func mustTransport(name string) handshake.Transport {
 		panic("rsock: unknown transport " + name)
 	}
 	return t
-}
-
-// nothingToOffer continues on raw as plain TCP (nothing was sent yet), or
-// fails if TCP is not allowed.
-func (s *settings) nothingToOffer(network string, raw *net.TCPConn, why reasons) (*Conn, error) {
-	reason := "no transport available here: " + why.String()
-	if !s.fallback {
-		raw.Close()
-		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
-	}
-	return plainConn(network, raw, nil, CodeNothingHere, true, reason), nil
-}
-
-// helloWriteError classifies a failed hello: a reset on the first bytes may
-// come from a plain server or a shedding rsock server; only an answer tells.
-func helloWriteError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return &redialError{CodeNoAnswer, fmt.Sprintf("connection ended while sending the hello: %v", err)}
 }
 
 // redialError says the handshake left the connection unusable although
@@ -306,8 +277,13 @@ func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.
 // *notRsockError or *redialError tells the caller to dial again plainly.
 func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *net.TCPConn) (*Conn, error) {
 	names, why := s.offerable(raw)
-	if len(names) == 0 {
-		return s.nothingToOffer(network, raw, why)
+	if len(names) == 0 { // nothing sent yet: plain TCP, if allowed
+		reason := "no transport available here: " + why.String()
+		if !s.fallback {
+			raw.Close()
+			return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
+		}
+		return plainConn(network, raw, nil, CodeNothingHere, true, reason), nil
 	}
 	hello := s.switchHello(names)
 	frame, err := handshake.Append(nil, hello)
@@ -315,8 +291,13 @@ func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *
 		_, err = raw.Write(frame)
 	}
 	if err != nil {
+		// A reset on the first bytes may come from a plain server or a
+		// shedding rsock server; only an answer tells.
 		raw.Close()
-		return nil, helloWriteError(ctx, err)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, &redialError{CodeNoAnswer, fmt.Sprintf("connection ended while sending the hello: %v", err)}
 	}
 	registry.probes.Add(1)
 	msg, err := s.readAnswer(ctx, raw)

@@ -55,11 +55,6 @@ type rawConn struct {
 	boot syscall.RawConn // the socket's: the stream's on TCP, else the bootstrap's
 }
 
-// onSocket reports whether the stream's next bytes are the socket's.
-func (r *rawConn) onSocket() bool {
-	return r.c.w == nil && !r.c.hasPrefix.Load()
-}
-
 // errRawUnsupported fails rawConn's Write and a Read whose f asks to wait.
 var errRawUnsupported = fmt.Errorf("rsock: the stream is not on a descriptor (use the Conn's Read and Write): %w", errors.ErrUnsupported)
 
@@ -71,13 +66,17 @@ func (r *rawConn) Control(f func(fd uintptr)) error {
 }
 
 func (r *rawConn) Read(f func(fd uintptr) bool) error {
-	if r.onSocket() {
-		return r.boot.Read(f)
+	if r.c.w == nil && !r.c.hasPrefix.Load() {
+		return r.boot.Read(f) // the stream's next bytes are the socket's
 	}
 	if r.c.closed.Load() {
 		return r.c.opError("raw-read", net.ErrClosed)
 	}
-	fd, release, err := sysdep.ReadinessFD(r.c.poll())
+	now := sysdep.Data // TCP: sniffed bytes wait
+	if r.c.w != nil {
+		now = r.c.w.poll()
+	}
+	fd, release, err := sysdep.ReadinessFD(now)
 	if err != nil {
 		return r.c.opError("raw-read", err)
 	}
@@ -98,30 +97,18 @@ func (r *rawConn) Write(f func(fd uintptr) bool) error {
 	return r.c.opError("raw-write", errRawUnsupported)
 }
 
-// poll is what a Read of c would find now, without waiting and without
-// taking anything; on TCP only while sniffed bytes wait (rawConn.onSocket).
-func (c *Conn) poll() sysdep.Readiness {
-	if c.w != nil {
-		return c.w.poll()
-	}
-	return sysdep.Data
-}
-
 // poll is what a Read would find now. On TCP, when no one reads the
 // socket, it handles what has arrived without waiting (pollSocket).
 func (w *swConn) poll() sysdep.Readiness {
 	for tries := 0; ; tries++ {
 		w.mu.Lock()
 		switch {
-		case w.closed:
+		case w.closed || w.rclosed:
 			w.mu.Unlock()
 			return sysdep.End
-		case w.rqLen > 0 && !w.rclosed:
+		case w.rqLen > 0:
 			w.mu.Unlock()
 			return sysdep.Data
-		case w.rclosed:
-			w.mu.Unlock()
-			return sysdep.End
 		case w.recv == recvRing:
 			r := w.ring
 			w.mu.Unlock()

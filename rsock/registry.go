@@ -269,11 +269,10 @@ type TotalStats struct {
 
 // Totals returns the process's totals.
 func Totals() TotalStats {
-	t := TotalStats{Open: snapshot(registry.open), Opened: snapshot(registry.opened), Upgraded: snapshot(registry.upgraded), ByCode: snapshot(registry.byCode),
+	return TotalStats{Open: snapshot(registry.open), Opened: snapshot(registry.opened), Upgraded: snapshot(registry.upgraded), ByCode: snapshot(registry.byCode),
 		Fallbacks: registry.fallbacks.Load(), HandshakeFailures: registry.handshakeFails.Load(),
 		HandshakeFailuresBy: snapshot(registry.failCauses), Probes: registry.probes.Load(),
 		CMRejected: int64(ibverbs.CMRejected())}
-	return t
 }
 
 func snapshot(m map[string]*atomic.Int64) map[string]int64 {

@@ -29,10 +29,7 @@ func maybeSameHost(raw net.Conn) bool {
 	if ra.IP.IsLoopback() || ra.IP.Equal(la.IP) {
 		return true
 	}
-	ip, ok := netip.AddrFromSlice(ra.IP)
-	if !ok {
-		return false
-	}
+	ip := ra.AddrPort().Addr()
 	localAddrs.Lock()
 	defer localAddrs.Unlock()
 	if time.Since(localAddrs.at) > 5*time.Second {

@@ -24,8 +24,7 @@ const sendQueue = 256 << 10
 // short would break the framing for good (docs/protocol.md §9.3).
 type sender struct {
 	raw *net.TCPConn
-	rc  syscall.RawConn           // raw's (init)
-	sys sysdep.Writer             // rc's calls (sendLocked, delivered, quiet), guarded by mu
+	sys sysdep.Writer             // raw's RawConn's calls (sendLocked, delivered, quiet), guarded by mu
 	hdr [handshake.HeaderLen]byte // data's frame header, guarded by mu
 
 	mu      sync.Mutex
@@ -114,7 +113,7 @@ func (s *sender) flushLocked() {
 // init prepares s to write on raw, whose RawConn is rc (nil: WriteNow
 // and delivered fail).
 func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
-	s.raw, s.rc = raw, rc
+	s.raw = raw
 	s.sys.Init(rc)
 	s.ended = make(chan struct{})
 }
@@ -369,5 +368,5 @@ func (s *sender) quiet() bool {
 // idleLocked reports whether s holds no frame: nothing queued, held or
 // being written, and no failure.
 func (s *sender) idleLocked() bool {
-	return s.rc != nil && !s.running && len(s.q) == 0 && s.err == nil && s.held == nil
+	return !s.running && len(s.q) == 0 && s.err == nil && s.held == nil
 }
