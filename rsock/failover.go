@@ -241,7 +241,7 @@ func (w *swConn) resendLocked(dl *deadline.Deadline) error {
 			if dl.Expired() {
 				return os.ErrDeadlineExceeded
 			}
-			w.awaitDL(w.wnote.C(), dl)
+			w.awaitDL(w.wnote, dl)
 			continue
 		}
 		w.mu.Unlock()
@@ -276,7 +276,7 @@ func (w *swConn) resendLocked(dl *deadline.Deadline) error {
 // offRing waits, after the ring r returned err, until the failover has
 // taken the connection off r; it returns err if err is not the ring's
 // failover (or the connection failed instead).
-func (w *swConn) offRing(r *stream.Conn, err error, dl *deadline.Deadline, n *note) error {
+func (w *swConn) offRing(r *stream.Conn, err error, dl *deadline.Deadline, n note) error {
 	if !moved(err) {
 		return err
 	}
@@ -301,7 +301,7 @@ func (w *swConn) offRing(r *stream.Conn, err error, dl *deadline.Deadline, n *no
 		if dl.Expired() {
 			return os.ErrDeadlineExceeded
 		}
-		w.awaitDL(n.C(), dl)
+		w.awaitDL(n, dl)
 	}
 }
 

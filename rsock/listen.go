@@ -49,6 +49,7 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		ln:       ln.(*net.TCPListener),
 		s:        s,
 		ready:    make(chan *Conn, readyQueue),
+		room:     newNote(),
 		setups:   make(chan struct{}, maxSetups),
 		waiting:  waitingSet{max: perSourceWaiting},
 		logLimit: limiter{now: time.Now},
@@ -174,7 +175,7 @@ func (l *Listener) acceptLoop() {
 		for len(l.ready) == cap(l.ready) || l.pending.Load() >= int64(maxPending) {
 			testHookAcceptPaused.run(nil)
 			select {
-			case <-l.room.C():
+			case <-l.room:
 			case <-l.ctx.Done():
 				return
 			}

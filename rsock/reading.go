@@ -308,7 +308,7 @@ func (w *swConn) readData(n int) error {
 		}
 		w.parked.Store(true)
 		w.mu.Unlock()
-		w.await(w.space.C())
+		w.await(w.space)
 		w.mu.Lock()
 		w.parked.Store(false)
 	}

@@ -116,6 +116,7 @@ func (s *sender) init(raw *net.TCPConn, rc syscall.RawConn) {
 	s.raw = raw
 	s.sys.Init(rc)
 	s.ended = make(chan struct{})
+	s.room = newNote()
 }
 
 func (s *sender) closeSocket() {
@@ -254,7 +255,7 @@ func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (in
 		for (s.queued >= sendQueue || s.offered) && s.err == nil && s.end == endOpen {
 			s.mu.Unlock()
 			select {
-			case <-s.room.C():
+			case <-s.room:
 			case <-dl.Wait():
 				return n, os.ErrDeadlineExceeded
 			case <-done:

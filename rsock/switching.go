@@ -156,6 +156,7 @@ type SwitchEvent struct {
 func (w *swConn) init(c *Conn, s *settings, raw *net.TCPConn, client bool) {
 	w.c, w.set, w.raw, w.client = c, s, raw, client
 	w.done = make(chan struct{})
+	w.rnote, w.wnote, w.space = newNote(), newNote(), newNote()
 	rc, err := raw.SyscallConn()
 	w.out.init(raw, rc)
 	w.sock.Init(rc, err)
@@ -313,7 +314,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 			if n > 0 || err == nil {
 				return n, nil
 			}
-			if err = w.offRing(r, err, &w.rdl, &w.rnote); err != nil {
+			if err = w.offRing(r, err, &w.rdl, w.rnote); err != nil {
 				return 0, err
 			}
 			continue
@@ -346,7 +347,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 			}
 			continue // a frame changed the state, or the read was ended for a reason
 		}
-		w.awaitDL(w.rnote.C(), &w.rdl)
+		w.awaitDL(w.rnote, &w.rdl)
 	}
 }
 
@@ -401,7 +402,7 @@ func (w *swConn) Write(b []byte) (int, error) {
 			if err == nil {
 				return n, nil
 			}
-			if err = w.offRing(r, err, &w.wdl, &w.wnote); err != nil {
+			if err = w.offRing(r, err, &w.wdl, w.wnote); err != nil {
 				return n, err
 			}
 			w.wring = nil
@@ -604,7 +605,7 @@ func (w *swConn) CloseWrite() error {
 		if err == nil {
 			return nil
 		}
-		if err = w.offRing(r, err, &w.wdl, &w.wnote); err != nil {
+		if err = w.offRing(r, err, &w.wdl, w.wnote); err != nil {
 			return err
 		}
 		w.wring = nil
@@ -891,7 +892,7 @@ func (w *swConn) writeTo(dst io.Writer) (n int64, rerr, werr error) {
 			if werr != nil || rerr == nil {
 				return n, rerr, werr
 			}
-			if rerr = w.offRing(r, rerr, &w.rdl, &w.rnote); rerr != nil {
+			if rerr = w.offRing(r, rerr, &w.rdl, w.rnote); rerr != nil {
 				return n, rerr, nil
 			}
 			continue
