@@ -31,17 +31,6 @@ type owed struct {
 
 func (o *owed) end() uint64 { return o.first + uint64(len(o.data)) }
 
-// TransportFailed is the ring's report of a transport failure
-// (stream.Owner): the connection fails over to TCP, in the background.
-func (w *swConn) TransportFailed(r *stream.Conn, cause error) {
-	w.mu.Lock()
-	installed := w.ring == r
-	w.mu.Unlock()
-	if installed { // else setRing finds r.Moving() once it installs r
-		go func() { _ = w.failover("the ring failed: " + stream.Why(cause)) }()
-	}
-}
-
 // failover detaches the ring and sends Resume, once (a concurrent call waits
 // for it); it returns an error only if the connection failed instead.
 func (w *swConn) failover(cause string) error {

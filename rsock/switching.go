@@ -790,7 +790,7 @@ func (w *swConn) setRing(r *stream.Conn, name string) bool {
 	w.ring, w.ringName = r, name
 	w.mu.Unlock()
 	if r.Moving() {
-		// It failed before it was installed (TransportFailed).
+		// It failed before it was installed (Failed).
 		go func() { _ = w.failover("the ring failed as it started") }()
 	}
 	if gone {
@@ -833,8 +833,21 @@ func (w *swConn) fail(err error) {
 	w.Goodbye(&handshake.Goodbye{Abort: true, Reason: why})
 }
 
-// Reset (stream.Owner) is the ring's reset: the connection fails with it.
-func (w *swConn) Reset(_ *stream.Conn, err error) { w.fail(err) }
+// Failed (stream.Owner) is the ring's failure: a ring that moves fails
+// over to TCP, in the background (one not yet installed does once it is:
+// setRing), and a reset fails the connection.
+func (w *swConn) Failed(r *stream.Conn, err error) {
+	if !errors.Is(err, stream.ErrMoving) {
+		w.fail(err)
+		return
+	}
+	w.mu.Lock()
+	installed := w.ring == r
+	w.mu.Unlock()
+	if installed {
+		go func() { _ = w.failover("the ring failed: " + stream.Why(err)) }()
+	}
+}
 
 // Test hooks: run where a race with a failover is widest.
 var testHookGoodbye, testHookDetached, testHookServeStart hook

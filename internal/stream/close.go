@@ -30,13 +30,12 @@ type Owner interface {
 	// (a send completion does not say so on iWARP), or at the bound. Close
 	// releases the queue pair only then.
 	Goodbye(g *handshake.Goodbye) <-chan struct{}
-	// Reset is called once when the Conn was reset other than by Close (err
-	// is a *ResetError): the owner tells the peer, with an abort goodbye.
-	Reset(c *Conn, err error)
-	// TransportFailed is called once, with Options.Failover, when c's
-	// transport failed: c's calls return an error wrapping ErrMoving, and
-	// the owner takes what the stream still needs with Detach.
-	TransportFailed(c *Conn, cause error)
+	// Failed is called once when c failed other than by Close or Detach,
+	// with the error c's calls return. Either err is a *ResetError, and the
+	// owner tells the peer with an abort goodbye; or, with
+	// Options.Failover, err wraps ErrMoving: c's transport failed, and the
+	// owner takes what the stream still needs with Detach.
+	Failed(c *Conn, err error)
 }
 
 // PeerGoodbye handles the peer's goodbye on the bootstrap connection: an

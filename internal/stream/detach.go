@@ -6,7 +6,7 @@ import (
 	"net"
 )
 
-// Failover: docs/protocol.md §9.10, and Owner.TransportFailed.
+// Failover: docs/protocol.md §9.10, and Owner.Failed.
 
 // ErrMoving is wrapped by what a Conn's calls return once its transport
 // failed and its stream moves to another path (Options.Failover), or
@@ -14,7 +14,7 @@ import (
 var ErrMoving = errors.New("rsock: the ring's transport failed; the stream moves on")
 
 // Moving reports whether the Conn's transport failed and its stream is to
-// move on (TransportFailed was or is about to be called), or Detach was
+// move on (Owner.Failed was or is about to be called), or Detach was
 // called. It polls first and decides on a failure found at once (no
 // suspectGrace): an Owner asks before it closes the Conn, so that a
 // failure no call has seen yet moves the stream rather than aborting it.
@@ -52,11 +52,7 @@ func (c *Conn) movingLocked(err error) bool {
 	}
 	c.err = fmt.Errorf("%w: %w", ErrMoving, err)
 	c.wakeLocked(evRead | evWrite | evClose)
-	c.loops.Add(1)
-	go func() {
-		defer c.loops.Done()
-		c.owner.TransportFailed(c, err)
-	}()
+	c.tellOwnerLocked()
 	return true
 }
 

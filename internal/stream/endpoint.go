@@ -29,7 +29,8 @@ type Options struct {
 	Credits   int           // receive work requests for state messages: [ring.MinCredits, ring.MaxCredits]
 	SendDepth int           // send queue depth; 0 means 4*Credits (at least 64)
 	BusyPoll  time.Duration // how long a blocked Read or Write polls before it parks
-	// Failover hands a transport failure to Owner.TransportFailed, not a reset.
+	// Failover hands a transport failure to Owner.Failed as an error
+	// wrapping ErrMoving, not a reset.
 	Failover bool
 	// GrowTo is the size the receive ring grows to, once, when the peer's
 	// writer blocks (grow.go): a power of two above RingSize, or 0. Set it

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"errors"
 	"fmt"
 	"syscall"
 )
@@ -37,9 +38,11 @@ func (e *ResetError) Why() string {
 	return e.Reason
 }
 
-// Why is err's Why if it is a *ResetError, else its message.
+// Why is the Why of the *ResetError err is or wraps (as a failover's
+// wraps its cause), else err's message.
 func Why(err error) string {
-	if re, ok := err.(*ResetError); ok {
+	var re *ResetError
+	if errors.As(err, &re) {
 		return re.Why()
 	}
 	return err.Error()

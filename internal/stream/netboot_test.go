@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -38,11 +39,12 @@ func (b *netBoot) Goodbye(g *handshake.Goodbye) <-chan struct{} {
 
 var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
-func (b *netBoot) Reset(_ *Conn, err error) {
+func (b *netBoot) Failed(_ *Conn, err error) {
+	if errors.Is(err, ErrMoving) {
+		panic("the engine's tests run without Failover")
+	}
 	b.Goodbye(&handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(Why(err))})
 }
-
-func (b *netBoot) TransportFailed(*Conn, error) { panic("the engine's tests run without Failover") }
 
 // Watch reads the bootstrap connection r after the switch and passes the
 // peer's goodbye to PeerGoodbye; an end without one is an abort. It

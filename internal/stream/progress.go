@@ -258,7 +258,7 @@ func (c *Conn) judge() {
 }
 
 // failLocked tears the connection down with err: every blocked and later
-// call returns it, and the Owner tells the peer (Reset).
+// call returns it, and the Owner tells the peer (Owner.Failed).
 func (c *Conn) failLocked(err error) {
 	if c.err != nil {
 		return
@@ -272,9 +272,16 @@ func (c *Conn) failLocked(err error) {
 	if c.life >= lifeClosing {
 		return // Close says goodbye itself
 	}
+	c.tellOwnerLocked()
+}
+
+// tellOwnerLocked calls Owner.Failed with c.err, in the background: the
+// owner may call c back.
+func (c *Conn) tellOwnerLocked() {
+	err := c.err
 	c.loops.Add(1)
 	go func() {
 		defer c.loops.Done()
-		c.owner.Reset(c, err)
+		c.owner.Failed(c, err)
 	}()
 }
