@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"syscall"
 	"time"
 
@@ -159,28 +158,14 @@ func (w *swConn) pollSocket() (took, data bool) {
 	w.socketDeadlineLocked(time.Time{}) // a past deadline would fail even a read that does not wait
 	w.mu.Unlock()
 
+	// It stops at errWouldBlock; or at the deadline by which needReaderLocked
+	// ends its turn, readLoop taking over below.
 	data = w.in.data > 0
-	for !data {
+	var over bool
+	var err error
+	for !data && !over && err == nil {
 		testHookPollSocket.run(w)
-		msg, err := w.nextFrame(false)
-		if errors.Is(err, errWouldBlock) || errors.Is(err, os.ErrDeadlineExceeded) {
-			// Nothing more now; or readLoop was called for (needReaderLocked
-			// ended our turn by the socket's deadline) and takes over below.
-			break
-		}
-		if err == nil && msg != nil {
-			var last bool
-			if last, err = w.handle(msg); last && err == nil {
-				w.readerStopped()
-				break
-			}
-		}
-		if err != nil {
-			w.readerStopped()
-			w.ended(err)
-			break
-		}
-		data = msg == nil
+		data, over, err = w.frame(false)
 	}
 
 	w.mu.Lock()

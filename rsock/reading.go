@@ -31,10 +31,9 @@ const (
 // starts, to answer an offer the client's default policy may make then.
 const serverReaderAfter = DefaultUpgradeAfter
 
-// readSocket is a Read's turn at the socket: when no one else reads it, it
-// reads frames until b has Data or a frame changed the connection's state
-// (n 0 and err nil: the caller looks again). took is false when the
-// socket is not the Read's to read: it then waits for readLoop.
+// readSocket is a Read's turn at the socket when no one else reads it
+// (readFrames): n 0 and err nil, the caller looks again. took is false
+// when the socket is not the Read's to read: it then waits for readLoop.
 func (w *swConn) readSocket(b []byte) (n int, took bool, err error) {
 	w.mu.Lock()
 	if w.reader != readerNone {
@@ -69,45 +68,57 @@ func (w *swConn) socketDone() {
 	}
 }
 
-// readFrames reads the socket for a Read (readSocket).
+// readFrames is a Read's turn at the socket (readSocket): the next frame,
+// and if it is Data, what b takes of its payload (counted, and dropped
+// after CloseRead or Close). n 0 and err nil: the caller looks again; err
+// is a deadline.
 func (w *swConn) readFrames(b []byte) (int, error) {
-	for {
-		if w.in.data > 0 {
-			n, err := w.in.take(b, true)
-			if err != nil {
-				return 0, w.socketEnded(err)
-			}
-			w.mu.Lock()
-			w.rcvd += uint64(n)
-			drop := w.rclosed || w.closed
-			w.mu.Unlock()
-			if drop {
-				return 0, nil
-			}
-			return n, nil
-		}
-		msg, err := w.nextFrame(true)
-		if err != nil {
-			return 0, w.socketEnded(err)
-		}
-		if msg == nil {
-			continue // a Data frame: its payload next
-		}
-		last, err := w.handle(msg)
-		if err != nil {
-			return 0, w.socketEnded(err)
-		}
-		if last {
-			w.readerStopped()
-		}
+	if data, _, err := w.frame(true); !data {
+		return 0, err
+	}
+	n, err := w.in.take(b, true)
+	if err != nil {
+		return 0, w.socketEnded(err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.rcvd += uint64(n)
+	if w.rclosed || w.closed {
 		return 0, nil
 	}
+	return n, nil
 }
 
-// socketEnded handles a Read's socket error: a deadline is the Read's;
-// anything else ends the reading, and the connection as readLoop's does.
+// frame is one step of a reader of the socket (readFrames, readLoop,
+// pollSocket). data: a Data payload (in.data bytes) is next, for the caller
+// to take. Else it reads the next frame and acts on a control frame
+// (handle), but not after Close (§9.6, "Lingering close"). over: the
+// reading has ended, at the peer's goodbye or a failure (socketEnded). err
+// is a deadline or errWouldBlock (wait false): it ends the caller's turn.
+func (w *swConn) frame(wait bool) (data, over bool, err error) {
+	if w.in.data > 0 {
+		return true, false, nil
+	}
+	msg, err := w.nextFrame(wait)
+	if err == nil && msg != nil && !w.isClosed() {
+		var last bool
+		if last, err = w.handle(msg); last && err == nil {
+			w.readerStopped()
+			return false, true, nil
+		}
+	}
+	if err != nil {
+		err = w.socketEnded(err)
+		return false, err == nil, err
+	}
+	return msg == nil, false, nil
+}
+
+// socketEnded handles an error reading the socket: a deadline or
+// errWouldBlock is returned, for the reader's turn alone; anything else
+// ends the reading (readerStopped), and the connection as ended says.
 func (w *swConn) socketEnded(err error) error {
-	if errors.Is(err, os.ErrDeadlineExceeded) {
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, errWouldBlock) {
 		return err
 	}
 	w.readerStopped()
@@ -211,33 +222,22 @@ func (w *swConn) skipFrame() error {
 	return err
 }
 
-// readLoop reads the socket until it ends.
+// readLoop reads the socket, to its end, for good: it queues Data payloads
+// for Read (readData), the rest first of one a Read had begun. Its socket
+// has no deadline, so any error ends it.
 func (w *swConn) readLoop() {
-	defer w.readerStopped()
 	w.in.lean = true // it may wait on an idle socket for the connection's life
 	for {
-		var err error
-		// A Read may have taken part of a Data frame before readLoop took
-		// over: its payload's rest comes first.
-		if w.in.data == 0 {
-			var msg handshake.Message
-			msg, err = w.nextFrame(true)
-			switch {
-			case err != nil || msg == nil:
-			case w.isClosed():
-				continue // after Close: read on to the peer's end, acting on nothing
-			default:
-				var last bool
-				if last, err = w.handle(msg); last && err == nil {
-					return
-				}
-			}
-		}
-		if err == nil && w.in.data > 0 {
+		data, over, err := w.frame(true)
+		if data {
 			err = w.readData(w.in.data)
 		}
 		if err != nil {
+			w.readerStopped()
 			w.ended(err)
+			return
+		}
+		if over {
 			return
 		}
 	}
@@ -277,11 +277,8 @@ func (w *swConn) readData(n int) error {
 	buf := pool.Get(n)
 	for k := 0; k < n; {
 		m, err := w.in.take(buf[k:], true)
-		if err != nil {
+		if err != nil { // io.ErrUnexpectedEOF at the socket's end (take)
 			pool.Put(buf)
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
 			return err
 		}
 		k += m
