@@ -43,6 +43,8 @@ type Conn struct {
 	// Counters of the bytes on TCP (a ring keeps its own).
 	bytesRead, bytesWritten, writes atomic.Uint64
 
+	keepAliveOnce sync.Once // keep-alive was turned on (keepAlive)
+
 	born   time.Time   // when it was made (registry.go)
 	shard  uint8       // its registry shard
 	closed atomic.Bool // Close was called: it left the registry

@@ -70,8 +70,8 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
 		defer cancel()
 	}
-	nd := &net.Dialer{LocalAddr: d.LocalAddr}
-	var addr net.Addr // the server's, once a probe reached it
+	nd := &net.Dialer{LocalAddr: d.LocalAddr, KeepAlive: noKeepAlive} // the Conn turns it on (keepAlive)
+	var addr net.Addr                                                 // the server's, once a probe reached it
 	// plain dials again with plain TCP, if the Config allows that.
 	plain := func(code string, why error) (net.Conn, error) {
 		if code != CodeTCPOnly && !s.fallback {

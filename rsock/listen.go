@@ -38,7 +38,7 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 	if err != nil {
 		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
 	}
-	var nlc net.ListenConfig
+	nlc := net.ListenConfig{KeepAlive: noKeepAlive} // each Conn turns it on (keepAlive)
 	ln, err := nlc.Listen(ctx, network, address)
 	if err != nil {
 		return nil, err

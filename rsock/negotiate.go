@@ -128,6 +128,7 @@ func plainConn(network string, raw *net.TCPConn, prefix []byte, code string, fal
 	_ = raw.SetDeadline(time.Time{})
 	c := &Conn{network: network, tcp: raw}
 	c.label.Store(&label{transport: "tcp", code: code, reason: reason, fallback: fallback})
+	c.keepAlive()
 	c.setPrefixLocked(prefix) // c is not shared yet
 	c.register()
 	return c

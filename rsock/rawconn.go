@@ -39,6 +39,7 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.keepAlive()
 	rc, err := t.SyscallConn()
 	if err != nil {
 		return nil, err

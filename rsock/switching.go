@@ -164,11 +164,13 @@ func (w *swConn) init(c *Conn, s *settings, raw *net.TCPConn, client bool) {
 }
 
 // start arms the connection's first timed step (§9.8), at most helloHold
-// from now: the client's upgrade policy, or the server's reader.
+// from now: the client's upgrade policy, or the server's reader. That step,
+// or start when there is none, turns keep-alive on (Conn.keepAlive).
 func (w *swConn) start(transports []handshake.Transport) {
 	w.transports = transports
 	if len(transports) == 0 && w.pending == nil {
-		return // no upgrade: only the application's reads read the socket
+		w.c.keepAlive() // no timed step
+		return          // no upgrade: only the application's reads read the socket
 	}
 	after, f := w.set.upgradeAfter, w.kick
 	switch {
@@ -181,6 +183,7 @@ func (w *swConn) start(transports []handshake.Transport) {
 		// At helloHold a held hello goes out; the policy's time runs on.
 		rest := after - helloHold
 		after, f = helloHold, func() {
+			w.c.keepAlive()
 			w.out.flush()
 			w.mu.Lock()
 			if !w.closed {
@@ -217,13 +220,14 @@ const ownTimerBelow = time.Millisecond
 // server takes a client silent for SniffTimeout for a plain one.
 var helloHold = DefaultUpgradeAfter
 
-// kick starts the client's upgrade, once. Before
+// kick turns keep-alive on and starts the client's upgrade, once. Before
 // an early hello's answer, which names the transports, it only sends the
 // hello and has the answer read; the upgrade begins on it (answered).
 func (w *swConn) kick() {
 	if !w.client {
 		return
 	}
+	w.c.keepAlive()
 	w.out.flush()
 	w.mu.Lock()
 	if w.pending != nil {
@@ -241,8 +245,9 @@ func (w *swConn) kick() {
 }
 
 // serverReaderDue is the server's reader timer (§9.8): it flushes a held
-// answer, starts readLoop and, without "tcp", ringDue.
+// answer, turns keep-alive on, starts readLoop and, without "tcp", ringDue.
 func (w *swConn) serverReaderDue() {
+	w.c.keepAlive()
 	w.out.flush()
 	w.needReader()
 	if !w.set.fallback {

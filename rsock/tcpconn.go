@@ -9,23 +9,47 @@ import (
 // on a ring the bootstrap connection's (each says what it does to the ring).
 // After Close each returns an error wrapping net.ErrClosed, as TCPConn's do.
 
+// Keep-alive (README, "API"): rsock dials and accepts with it off and turns
+// it on (keepAlive) when a connection that stays on TCP is made, or at a
+// switching connection's first timed step (swConn.start). The methods
+// below, and SyscallConn, turn it on first, so what they set stays set.
+
+// keepAliveDefault is net.Dialer's and net.ListenConfig's default (Go's).
+var keepAliveDefault = net.KeepAliveConfig{Enable: true}
+
+// noKeepAlive as a Dialer's or ListenConfig's KeepAlive leaves keep-alive off.
+const noKeepAlive = -1
+
+// keepAlive turns Go's default keep-alive on, the first time it is called.
+func (c *Conn) keepAlive() {
+	c.keepAliveOnce.Do(func() { _ = c.tcp.SetKeepAliveConfig(keepAliveDefault) })
+}
+
 // SetKeepAlive turns TCP keep-alive probes on or off. On a ring they run on the
 // bootstrap connection, where they detect a peer host that went away without a
 // word (a dead process is detected anyway: its kernel closes the socket).
 func (c *Conn) SetKeepAlive(keepalive bool) error {
-	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetKeepAlive(keepalive) })
+	return c.onKeepAlive(func(t *net.TCPConn) error { return t.SetKeepAlive(keepalive) })
 }
 
 // SetKeepAlivePeriod sets the time between keep-alive probes, as
 // *net.TCPConn's does; on a ring, of the bootstrap connection.
 func (c *Conn) SetKeepAlivePeriod(d time.Duration) error {
-	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetKeepAlivePeriod(d) })
+	return c.onKeepAlive(func(t *net.TCPConn) error { return t.SetKeepAlivePeriod(d) })
 }
 
 // SetKeepAliveConfig configures keep-alive as *net.TCPConn's does; on a
 // ring, of the bootstrap connection.
 func (c *Conn) SetKeepAliveConfig(config net.KeepAliveConfig) error {
-	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetKeepAliveConfig(config) })
+	return c.onKeepAlive(func(t *net.TCPConn) error { return t.SetKeepAliveConfig(config) })
+}
+
+// onKeepAlive applies f to the socket once keep-alive is on.
+func (c *Conn) onKeepAlive(f func(*net.TCPConn) error) error {
+	return c.onSocket("set", func(t *net.TCPConn) error {
+		c.keepAlive()
+		return f(t)
+	})
 }
 
 // SetNoDelay controls Nagle's algorithm. A ring has none: each Write is

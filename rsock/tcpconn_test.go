@@ -146,7 +146,8 @@ func TestLingerZeroAborts(t *testing.T) {
 	}
 }
 
-// keepAliveOf reads the keep-alive options of c's socket.
+// keepAliveOf reads the keep-alive options of c's socket itself, not
+// through c.SyscallConn (which turns keep-alive on).
 func keepAliveOf(t *testing.T, c *Conn) (on, idle, interval, count int) {
 	t.Helper()
 	rc, err := c.tcp.SyscallConn()
@@ -157,30 +158,61 @@ func keepAliveOf(t *testing.T, c *Conn) (on, idle, interval, count int) {
 		rawSockopt(t, rc, unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
 }
 
-// TestKeepAliveOn: every Conn's socket has the keep-alive net.Dial and
-// net.Listen give theirs (on; 15 s, 15 s, 9 probes), on TCP, on a ring and
-// on the switching protocol before its upgrade; what the application sets
+// TestKeepAliveOn: every Conn's socket gets the keep-alive net.Dial and
+// net.Listen give theirs (on; 15 s, 15 s, 9 probes): a Conn on TCP
+// when it is made, a switching one at its first timed step and not
+// before; and what the application sets before that step
 // stays set.
 func TestKeepAliveOn(t *testing.T) {
-	for name, cfg := range map[string]*Config{
-		"tcp":       tcpOnly(),
-		"ring":      {Transports: []string{"shm"}},
-		"switching": {Transports: []string{"shm", "tcp"}, UpgradeAfter: time.Hour, ProbeCacheTTL: -1},
-	} {
-		t.Run(name, func(t *testing.T) {
-			c, s := dialAccept(t, listen(t, cfg), cfg)
-			defer s.Close()
-			defer c.Close()
-			for who, x := range map[string]*Conn{"client": c, "server": s} {
-				on, idle, interval, count := keepAliveOf(t, x)
-				assert.Equal(t, []int{1, 15, 15, 9}, []int{on, idle, interval, count}, "%s: keep-alive on, idle, interval, count", who)
-			}
-			require.NoError(t, c.SetKeepAlivePeriod(7*time.Second))
-			on, idle, _, _ := keepAliveOf(t, c)
-			assert.Equal(t, []int{1, 7}, []int{on, idle}, "SetKeepAlivePeriod")
-			require.NoError(t, c.SetKeepAlive(false))
-			on, _, _, _ = keepAliveOf(t, c)
-			assert.Equal(t, 0, on, "SetKeepAlive(false)")
-		})
+	defaults := func(t *testing.T, c *Conn, who string) {
+		t.Helper()
+		on, idle, interval, count := keepAliveOf(t, c)
+		assert.Equal(t, []int{1, 15, 15, 9}, []int{on, idle, interval, count}, "%s: keep-alive on, idle, interval, count", who)
 	}
+	t.Run("at once", func(t *testing.T) {
+		for name, cfg := range map[string]*Config{
+			"tcp":     tcpOnly(),
+			"v1-ring": {Transports: []string{"shm"}},
+		} {
+			c, s := pipe(t, listen(t, cfg), cfg)
+			defaults(t, c, name+" client")
+			defaults(t, s, name+" server")
+			c.Close()
+			s.Close()
+		}
+	})
+	t.Run("switching", func(t *testing.T) {
+		defer func(d time.Duration) { helloHold = d }(helloHold)
+		helloHold = time.Hour
+		cfg := &Config{Transports: []string{"shm", "tcp"}, UpgradeAfter: time.Hour, ProbeCacheTTL: -1}
+		ln := listen(t, cfg)
+		c, s := dialAccept(t, ln, cfg) // not pipe: it waits for the upgrade
+		defer s.Close()
+		defer c.Close()
+		require.NotNil(t, c.w)
+		require.NotNil(t, s.w)
+		on, _, _, _ := keepAliveOf(t, c)
+		assert.Equal(t, 0, on, "the client's, before its first step")
+		c.w.kick() // the client's first step, an hour early
+		defaults(t, c, "client after its first step")
+		// The server's first step (serverReaderAfter) is its reader's.
+		require.Eventually(t, func() bool { on, _, _, _ := keepAliveOf(t, s); return on == 1 }, 10*time.Second, time.Millisecond, "the server's, after its first step")
+		defaults(t, s, "server after its first step")
+
+		// The application's settings before the first step stay.
+		c2, s2 := dialAccept(t, ln, cfg)
+		defer s2.Close()
+		defer c2.Close()
+		require.NoError(t, c2.SetKeepAlivePeriod(7*time.Second))
+		c2.w.kick()
+		on, idle, _, _ := keepAliveOf(t, c2)
+		assert.Equal(t, []int{1, 7}, []int{on, idle}, "SetKeepAlivePeriod before the first step: on, as on a *net.TCPConn, with its period")
+		c3, s3 := dialAccept(t, ln, cfg)
+		defer s3.Close()
+		defer c3.Close()
+		require.NoError(t, c3.SetKeepAlive(false))
+		c3.w.kick()
+		on, _, _, _ = keepAliveOf(t, c3)
+		assert.Equal(t, 0, on, "SetKeepAlive(false) before the first step")
+	})
 }
