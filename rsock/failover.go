@@ -123,10 +123,9 @@ func (w *swConn) failover(cause string) error {
 // the connection is relabelled for reason, and Resume{recv} goes out.
 func (w *swConn) resumeOnTCPUnlock(recv uint64, reason string) {
 	w.agreed = false
-	w.stayed = true
 	w.awaitResume = true
 	w.setbacks++
-	w.settleLocked()
+	w.settled.fire() // back on TCP: settled, as an upgrade that ended without a ring
 	w.mu.Unlock()
 	w.c.relabel(&label{transport: "tcp", code: CodeFailedOver, fallback: true, reason: reason})
 	_ = w.out.send(&handshake.Resume{Cursor: recv}) // if the socket failed, the reader reports it

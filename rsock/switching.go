@@ -90,8 +90,7 @@ type swConn struct {
 	rdlT     time.Time              // the read deadline's time, for the socket (socketDeadlineLocked)
 	linger   *int
 	log      []SwitchEvent
-	stayed   bool   // the upgrade ended without a ring
-	settled  signal // no direction will move any more (settleLocked)
+	settled  signal // no direction will move any more (settleLocked), or an upgrade ended without a ring
 	goodbye  sync.Once
 	pending  *earlyHello // client: the answer to our early hello is still to come
 
@@ -514,7 +513,7 @@ func (w *swConn) settleLocked() {
 	// The peer's end settles the connection once no upgrade runs (one
 	// that runs ends on it, and says how).
 	gone := w.gone.set && w.up == upIdle
-	if w.closed || w.err != nil || w.stayed || gone || (send && recv) {
+	if w.closed || w.err != nil || gone || (send && recv) {
 		w.settled.fire()
 	}
 }

@@ -124,7 +124,6 @@ func (s *settings) switchConn(network string, raw *net.TCPConn, ln *Listener, st
 		c.w.pending.due = time.AfterFunc(s.probe+helloHold, c.w.earlyDue)
 	}
 	if stays {
-		c.w.stayed = true
 		c.w.settled.fire() // nothing waits yet: no channel
 	}
 	if st.held != nil {
@@ -158,8 +157,7 @@ func (w *swConn) stayOnTCP(code, reason string) {
 	w.c.relabel(&label{transport: "tcp", code: code, fallback: true, reason: reason})
 	w.mu.Lock()
 	w.noteLocked("", "tcp", "tcp", reason)
-	w.stayed = true
-	w.settleLocked()
+	w.settled.fire() // the upgrade ended without a ring
 	w.mu.Unlock()
 }
 
