@@ -775,14 +775,14 @@ func (w *swConn) setLinger(sec int) error {
 	return w.raw.SetLinger(sec)
 }
 
-// setRing installs the started ring r; false if the connection closed or
-// failed meanwhile (r is then closed).
-func (w *swConn) setRing(r *stream.Conn, name string) bool {
+// setRing installs the started ring r, relabels the connection and moves
+// our sending to r; r is closed if the connection closed or failed meanwhile.
+func (w *swConn) setRing(r *stream.Conn, name string) {
 	w.mu.Lock()
 	if w.closed || w.err != nil {
 		w.mu.Unlock()
 		dropRing(r)
-		return false
+		return
 	}
 	if w.linger != nil {
 		_ = r.SetLinger(*w.linger)
@@ -802,7 +802,15 @@ func (w *swConn) setRing(r *stream.Conn, name string) bool {
 		r.PeerGoodbye(&handshake.Goodbye{})
 	}
 	w.rnote.wake()
-	return true
+	w.c.relabel(&label{transport: name, code: CodeAgreed, reason: name + " agreed (upgraded from TCP)"})
+	// Not here: a Write in progress holds wmu until the ring has room,
+	// which may take the peer's Switch, which the reader handles only
+	// once this upgrade has ended (peerSwitched).
+	go func() {
+		w.wmu.Lock()
+		w.switchLocked()
+		w.wunlock()
+	}()
 }
 
 // dropRing ends a started ring that was never installed: nothing was

@@ -161,12 +161,6 @@ func (w *swConn) stayOnTCP(code, reason string) {
 	w.mu.Unlock()
 }
 
-// upgraded relabels the connection once its ring is running.
-func (w *swConn) upgraded(name string) {
-	to := &label{transport: name, code: CodeAgreed, reason: name + " agreed (upgraded from TCP)"}
-	w.c.relabel(to)
-}
-
 // clientUpgrade offers the first transport the server takes, in our order
 // (host-local first), and on an Accept starts the ring and switches.
 func (w *swConn) clientUpgrade() {
@@ -302,14 +296,7 @@ func (w *swConn) clientUpgrade() {
 			dropRing(r)
 			return
 		}
-		if !w.setRing(r, name) {
-			return
-		}
-		w.upgraded(name)
-		// Not here: a Write in progress holds wmu until the ring has room,
-		// which may take the server's Switch, which the reader handles
-		// only once this upgrade has ended (peerSwitched).
-		go w.switchSend()
+		w.setRing(r, name)
 	}
 }
 
@@ -421,13 +408,6 @@ func (w *swConn) clientStart(ctx context.Context, ep *stream.Endpoint, name stri
 	return ep.Start(streamRing(m.Ring), w, &w.rdl, &w.wdl)
 }
 
-// switchSend moves our sending to the ring once a Write in progress ends.
-func (w *swConn) switchSend() {
-	w.wmu.Lock()
-	w.switchLocked()
-	w.wunlock()
-}
-
 // serveUpgrade answers the client's offer with Accept or Decline, and
 // after Confirm{0} starts the ring and switches.
 func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
@@ -518,11 +498,7 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		w.startFailed("starting "+name, err)
 		return
 	}
-	if !w.setRing(r, name) {
-		return
-	}
-	w.upgraded(name)
-	go w.switchSend()
+	w.setRing(r, name)
 }
 
 // stepContext bounds an upgrade's step by HandshakeTimeout and Close.
