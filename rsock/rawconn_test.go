@@ -170,7 +170,9 @@ func TestSyscallConnLivenessInterrupted(t *testing.T) {
 	defer s.Close()
 	require.NotNil(t, c.w)
 	var once sync.Once
-	testHookPollSocket.set(func(w *swConn) { once.Do(w.needReader) })
+	testHookPollSocket.set(func(w *swConn) {
+		once.Do(func() { w.mu.Lock(); w.needReaderLocked(); w.mu.Unlock() })
+	})
 	defer testHookPollSocket.set(nil)
 
 	checkBoth(t, c, nil, "idle, with readLoop called for during the check")

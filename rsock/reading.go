@@ -126,13 +126,7 @@ func (w *swConn) socketEnded(err error) error {
 	return nil
 }
 
-// needReader makes readLoop read the socket, now or once the reading Read ends.
-func (w *swConn) needReader() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.needReaderLocked()
-}
-
+// needReaderLocked makes readLoop read the socket, now or once the reading Read ends.
 func (w *swConn) needReaderLocked() {
 	switch w.reader {
 	case readerApp:

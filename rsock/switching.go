@@ -229,16 +229,12 @@ func (w *swConn) kick() {
 	w.c.keepAlive()
 	w.out.flush()
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.pending != nil {
 		w.pending.kicked = true
 		w.needReaderLocked()
-		w.mu.Unlock()
-		return
-	}
-	can := len(w.transports) > 0
-	w.mu.Unlock()
-	if can && w.upStarted.CompareAndSwap(false, true) {
-		w.needReader() // the server's answers come whether or not the application reads
+	} else if len(w.transports) > 0 && w.upStarted.CompareAndSwap(false, true) {
+		w.needReaderLocked() // the server's answers come whether or not the application reads
 		go w.clientUpgrade()
 	}
 }
@@ -248,13 +244,11 @@ func (w *swConn) kick() {
 func (w *swConn) serverReaderDue() {
 	w.c.keepAlive()
 	w.out.flush()
-	w.needReader()
-	if !w.set.fallback {
-		w.mu.Lock()
-		if !w.closed {
-			w.upTimer = time.AfterFunc(w.set.handshake-serverReaderAfter, w.ringDue)
-		}
-		w.mu.Unlock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.needReaderLocked()
+	if !w.set.fallback && !w.closed {
+		w.upTimer = time.AfterFunc(w.set.handshake-serverReaderAfter, w.ringDue)
 	}
 }
 
