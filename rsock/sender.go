@@ -197,16 +197,13 @@ func (s *sender) sendAt(m func(cursor uint64) handshake.Message, last bool) (uin
 	return cursor, nil
 }
 
-// offer queues the client's Offer; Data waits from here until confirmed.
+// offer queues the client's Offer; Data waits from here until confirmed,
+// which the caller calls however the upgrade ends.
 func (s *sender) offer(m *handshake.UpgradeOffer) error {
 	s.mu.Lock()
 	s.offered = true
 	s.mu.Unlock()
-	err := s.send(m)
-	if err != nil {
-		s.confirmed(nil)
-	}
-	return err
+	return s.send(m)
 }
 
 // confirmed queues the client's Confirm m, if not nil, and lets Data go
