@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"syscall"
-	"time"
 
 	"github.com/rdmanet/rdmanet/internal/sysdep"
 )
@@ -145,34 +144,23 @@ func (w *swConn) poll() sysdep.Readiness {
 	}
 }
 
-// pollSocket is poll's turn at the socket when no one else reads it: it
-// handles what has arrived, without waiting, up to the next Data payload
-// (left for a Read: in.data) or the socket's end. It reports whether it took
-// the turn and whether a Data payload is next; else poll looks again.
+// pollSocket is poll's turn at the socket (socketTurn): it handles what has
+// arrived, without waiting, up to the next Data payload (left for a Read:
+// in.data) or the socket's end. It reports whether it took the turn and
+// whether a Data payload is next; else poll looks again.
 func (w *swConn) pollSocket() (took, data bool) {
-	w.mu.Lock()
-	if w.reader != readerNone {
-		w.mu.Unlock()
-		return false, false // readLoop or a Read acts on what arrives
-	}
-	w.reader = readerApp
-	w.socketDeadlineLocked(time.Time{}) // a past deadline would fail even a read that does not wait
-	w.mu.Unlock()
-
-	// It stops at errWouldBlock; or at the deadline by which needReaderLocked
-	// ends its turn, readLoop taking over below.
-	data = w.in.data > 0
-	var over bool
-	var err error
-	for !data && !over && err == nil {
-		testHookPollSocket.run(w)
-		data, over, err = w.frame(false)
-	}
-
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.socketDone()
-	return true, data
+	took, _ = w.socketTurn(true, func() {
+		// It stops at errWouldBlock; or at the deadline by which
+		// needReaderLocked ends its turn, readLoop taking over after it.
+		data = w.in.data > 0
+		var over bool
+		var err error
+		for !data && !over && err == nil {
+			testHookPollSocket.run(w)
+			data, over, err = w.frame(false)
+		}
+	})
+	return took, data
 }
 
 // testHookPollSocket runs before each frame pollSocket reads.

@@ -35,37 +35,44 @@ const serverReaderAfter = DefaultUpgradeAfter
 // (readFrames): n 0 and err nil, the caller looks again. took is false
 // when the socket is not the Read's to read: it then waits for readLoop.
 func (w *swConn) readSocket(b []byte) (n int, took bool, err error) {
+	took, handed := w.socketTurn(false, func() { n, err = w.readFrames(b) })
+	if handed && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = nil // ended for a reason: the caller looks again
+	}
+	return n, took, err
+}
+
+// socketTurn runs f as a Read's (or, with poll, poll's) turn at the socket,
+// unless someone else reads it (took false). The socket has the Read's
+// deadline, or none for poll (a past one would fail even a read that does
+// not wait). handed: readLoop was called for meanwhile, and takes over;
+// else a waiting Read may take the next turn.
+func (w *swConn) socketTurn(poll bool, f func()) (took, handed bool) {
 	w.mu.Lock()
 	if w.reader != readerNone {
 		w.mu.Unlock()
-		return 0, false, nil
+		return false, false
 	}
 	w.reader = readerApp
-	w.socketDeadlineLocked(w.rdlT)
+	if poll {
+		w.socketDeadlineLocked(time.Time{})
+	} else {
+		w.socketDeadlineLocked(w.rdlT)
+	}
 	w.mu.Unlock()
-
-	n, err = w.readFrames(b)
-
+	f()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.reader == readerHanding && errors.Is(err, os.ErrDeadlineExceeded) {
-		err = nil // ended for a reason: the caller looks again
-	}
-	w.socketDone()
-	return n, true, err
-}
-
-// socketDone ends a Read's (or poll's) turn at the socket, under mu:
-// readLoop takes over if it was called for meanwhile, else a waiting Read.
-func (w *swConn) socketDone() {
-	switch w.reader {
+	switch w.reader { // (readerEnded: f read the socket's end)
 	case readerHanding:
 		w.reader = readerNone
 		w.needReaderLocked()
+		return true, true
 	case readerApp:
 		w.reader = readerNone
 		w.rnote.wake()
 	}
+	return true, false
 }
 
 // readFrames is a Read's turn at the socket (readSocket): the next frame,
