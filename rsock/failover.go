@@ -119,10 +119,9 @@ func (w *swConn) failover(cause string) error {
 }
 
 // resumeOnTCPUnlock ends a failover's work under mu, which it releases:
-// no ring is agreed, the upgrade is over, the peer's Resume is awaited,
-// the connection is relabelled for reason, and Resume{recv} goes out.
+// the upgrade is over, the peer's Resume is awaited, the connection is
+// relabelled for reason, and Resume{recv} goes out.
 func (w *swConn) resumeOnTCPUnlock(recv uint64, reason string) {
-	w.agreed = false
 	w.awaitResume = true
 	w.setbacks++
 	w.settled.fire() // back on TCP: settled, as an upgrade that ended without a ring
@@ -157,7 +156,7 @@ func (w *swConn) startFailed(cause string, err error) {
 // peer saw the failure first), and what we owe is sent again from r.
 func (w *swConn) peerResumed(r uint64) error {
 	w.mu.Lock()
-	wait, agreed := w.upDone, w.agreed
+	wait, agreed := w.upDone, w.up == upAgreed || w.ring != nil
 	w.mu.Unlock()
 	if agreed && wait != nil {
 		// Our side of an agreed ring may still be starting (the server

@@ -331,7 +331,7 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 	}
 	switch m := msg.(type) {
 	case *handshake.Accept, *handshake.Decline:
-		if !w.client || !w.takeAnswer() {
+		if !w.client || !w.takeAnswer(upAnswered) {
 			return false, protocolError("%v without an offer", msg.Type())
 		}
 		w.answers <- msg
@@ -343,7 +343,7 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		// that upgrade ends first, waiting for nothing from the client.
 		w.mu.Lock()
 		finishing := w.upDone
-		if w.up != upAnswered {
+		if w.up < upAnswered {
 			finishing = nil
 		}
 		w.mu.Unlock()
@@ -364,13 +364,12 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		}
 		go w.serveUpgrade(m.Offer, mine)
 	case *handshake.Confirm:
-		if w.client || !w.takeAnswer() {
-			return false, protocolError("a confirm without an accept")
-		}
+		to := upAnswered
 		if m.Code == handshake.DeclineNone {
-			w.mu.Lock()
-			w.agreed = true // the client's Switch may follow at once
-			w.mu.Unlock()
+			to = upAgreed // the client's Switch may follow at once
+		}
+		if w.client || !w.takeAnswer(to) {
+			return false, protocolError("a confirm without an accept")
 		}
 		w.answers <- msg
 	case *handshake.Switch:
@@ -394,14 +393,14 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 	return false, nil
 }
 
-// takeAnswer moves an upgrade from upOffered to upAnswered; false if none.
-func (w *swConn) takeAnswer() bool {
+// takeAnswer moves an upgrade from upOffered to the answer's phase; false if none.
+func (w *swConn) takeAnswer(to upPhase) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.up != upOffered {
 		return false
 	}
-	w.up = upAnswered
+	w.up = to
 	return true
 }
 
@@ -409,7 +408,7 @@ func (w *swConn) takeAnswer() bool {
 func (w *swConn) peerSwitched(x uint64) error {
 	w.mu.Lock()
 	wait := w.upDone
-	agreed := w.agreed || w.recv == recvStale
+	agreed := w.up == upAgreed || w.ring != nil || w.recv == recvStale
 	w.mu.Unlock()
 	if !agreed {
 		return protocolError("a switch without an agreed ring")
@@ -433,8 +432,6 @@ func (w *swConn) peerSwitched(x uint64) error {
 		return nil
 	}
 	switch {
-	case !w.agreed:
-		return protocolError("a switch without an agreed ring")
 	case w.recv == recvRing || w.recv == recvEnd:
 		return protocolError("a switch after a switch or fin")
 	case x != w.rcvd:

@@ -83,7 +83,6 @@ type swConn struct {
 	closed   bool     // Close
 	ring     *stream.Conn
 	ringName string                 // ring's transport
-	agreed   bool                   // an Accept and Confirm{0} set up ring: the peer may switch
 	up       upPhase                // where the upgrade in progress is
 	upDone   chan struct{}          // server: closed when the upgrade in progress ends
 	answers  chan handshake.Message // the peer's Accept or Decline (client), Confirm (server) (upgradingLocked makes it)
@@ -141,6 +140,9 @@ const (
 	upOffered
 	// upAnswered: the answer was read; the upgrade finishes and ends.
 	upAnswered
+	// upAgreed: a ring was agreed (the client's started, or the server read
+	// Confirm{0}): the peer may switch; once the upgrade ends, ring says so.
+	upAgreed
 )
 
 // SwitchEvent is one move of a direction of a connection between TCP and

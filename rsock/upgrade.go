@@ -288,7 +288,7 @@ func (w *swConn) clientUpgrade() {
 			return
 		}
 		w.mu.Lock()
-		w.agreed = true
+		w.up = upAgreed
 		w.mu.Unlock()
 		// Confirm goes out before a Write can see the ring and queue its
 		// Switch behind it.
