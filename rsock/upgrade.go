@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -183,13 +184,7 @@ func (w *swConn) clientUpgrade() {
 	case <-w.done:
 		return
 	}
-	placed := true
-	release := func() {
-		if placed {
-			placed = false
-			<-clientSetups
-		}
-	}
+	release := sync.OnceFunc(func() { <-clientSetups })
 	defer release()
 	if w.isClosed() {
 		return // while it waited
