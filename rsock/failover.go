@@ -305,12 +305,7 @@ func (w *swConn) awaitMove() {
 // resendDone waits at most wait, for Close, until no failover runs and its
 // bytes went again (resendBg); false if some are still owed (Close loses them).
 func (w *swConn) resendDone(wait time.Duration) bool {
-	var t *time.Timer // made only if there is something to wait for
-	defer func() {
-		if t != nil {
-			t.Stop()
-		}
-	}()
+	var timeout <-chan time.Time // made only if there is something to wait for
 	for {
 		w.mu.Lock()
 		ch, o, gone := w.moving, w.owe, w.gone.set || w.err != nil
@@ -321,12 +316,12 @@ func (w *swConn) resendDone(wait time.Duration) bool {
 		case ch == nil:
 			ch = o.done
 		}
-		if t == nil {
-			t = time.NewTimer(wait)
+		if timeout == nil {
+			timeout = time.After(wait)
 		}
 		select {
 		case <-ch:
-		case <-t.C:
+		case <-timeout:
 			return false
 		}
 	}

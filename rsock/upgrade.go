@@ -236,13 +236,12 @@ func (w *swConn) clientUpgrade() {
 	}
 	// The answer may wait behind Data the server's application has not
 	// read: past HandshakeTimeout the setup place is given back.
-	slow := time.NewTimer(w.set.handshake)
-	defer slow.Stop()
+	slow := time.After(w.set.handshake)
 	var answer handshake.Message
 	for answer == nil {
 		select {
 		case answer = <-w.answers:
-		case <-slow.C:
+		case <-slow:
 			release()
 		case <-w.done:
 			ep.Close()
@@ -444,13 +443,12 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	}
 	// The client confirms within its HandshakeTimeout: a Confirm not here
 	// within twice that will not come (§9.4 step 4).
-	confirmBy := time.NewTimer(2 * w.set.handshake)
-	defer confirmBy.Stop()
+	confirmBy := time.After(2 * w.set.handshake)
 	var confirm *handshake.Confirm
 	select {
 	case m := <-w.answers:
 		confirm = m.(*handshake.Confirm)
-	case <-confirmBy.C:
+	case <-confirmBy:
 		ep.Close()
 		w.fail(&stream.ResetError{Reason: fmt.Sprintf("the client did not confirm %s within %v", name, 2*w.set.handshake)})
 		return
