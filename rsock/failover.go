@@ -25,7 +25,6 @@ type owed struct {
 	fin   bool          // CloseWrite on the ring: Fin follows the data
 	known bool          // the peer's Resume came; from is set
 	from  uint64        // the stream cursor to send from
-	sent  bool          // the sender's cursor was moved to from
 	done  chan struct{} // closed once sent (resendLocked)
 }
 
@@ -232,10 +231,7 @@ func (w *swConn) resendLocked(dl *deadline.Deadline) error {
 			continue
 		}
 		w.mu.Unlock()
-		if !o.sent {
-			w.out.seek(o.from)
-			o.sent = true
-		}
+		w.out.seek(o.from) // (again after a deadline: the cursor is at from already)
 		if rest := o.data[o.from-o.first:]; len(rest) > 0 {
 			k, err := w.out.data(rest, dl, w.done)
 			o.from += uint64(k)
