@@ -352,10 +352,9 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		}
 		w.mu.Lock()
 		busy := w.up != upIdle || w.ring != nil || w.moving != nil || w.awaitResume
-		mine := make(chan struct{})
+		var mine chan struct{}
 		if !busy {
-			w.upgradingLocked()
-			w.upDone = mine
+			mine = w.upgradingLocked()
 			w.needReaderLocked() // the client's Confirm comes whether or not the application reads
 		}
 		w.mu.Unlock()

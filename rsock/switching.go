@@ -514,14 +514,16 @@ func (w *swConn) settleLocked() {
 	}
 }
 
-// upgradingLocked marks an upgrade begun, and makes the channels its
-// steps wait on (once: a connection that never upgrades has none).
-func (w *swConn) upgradingLocked() {
+// upgradingLocked marks an upgrade begun and returns its upDone; it makes
+// answers and gone's channel once (a connection that never upgrades has none).
+func (w *swConn) upgradingLocked() chan struct{} {
 	w.up = upOffered
 	if w.answers == nil {
 		w.answers = make(chan handshake.Message, 1)
 	}
 	w.gone.channel()
+	w.upDone = make(chan struct{})
+	return w.upDone
 }
 
 func (w *swConn) settledChan() <-chan struct{} {

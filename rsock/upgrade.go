@@ -216,9 +216,7 @@ func (w *swConn) clientUpgrade() {
 		ep.Close()
 		return
 	}
-	w.upgradingLocked()
-	mine := make(chan struct{})
-	w.upDone = mine
+	mine := w.upgradingLocked()
 	w.mu.Unlock()
 	again := false // the server was busy: offer again after the backoff
 	defer func() {
