@@ -222,8 +222,11 @@ func (w *swConn) clientUpgrade() {
 	defer func() {
 		_ = w.out.confirmed(nil) // however the upgrade ended, Data goes on
 		w.upgradeEnded(mine)
-		if again {
-			w.upgradeLater()
+		if again { // a setback, and a new upgrade after the backoff
+			w.mu.Lock()
+			w.setbacks++
+			w.reupgradeLocked()
+			w.mu.Unlock()
 		}
 		testHookUpgradeOver.run(w)
 	}()
@@ -350,7 +353,7 @@ func reupgradeDelay(n int) time.Duration {
 }
 
 // reupgradeLocked arms the client's next upgrade once a setback is over
-// (the peer's Resume came, or upgradeLater), at random between half the
+// (the peer's Resume came, or a busy server's decline), at random between half the
 // backoff and all of it, so that connections set back together spread.
 func (w *swConn) reupgradeLocked() {
 	if !w.client || len(w.transports) == 0 || w.closed || w.err != nil || w.gone.set || reupgradeScale.Load() < 0 {
@@ -369,15 +372,6 @@ func (w *swConn) reupgradeLocked() {
 // testHookUpgradeOver runs when a client's upgrade has ended, and a new
 // one is armed if it is to follow (tests).
 var testHookUpgradeOver hook
-
-// upgradeLater counts an upgrade a busy server declined as a setback and
-// arms a new one; it runs once that upgrade has ended (upgradeEnded).
-func (w *swConn) upgradeLater() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.setbacks++
-	w.reupgradeLocked()
-}
 
 // declineOffer ends the server's upgrade, then declines the offer (the
 // client may offer again once it reads it), with this side's code ours.
