@@ -471,7 +471,8 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	default:
 		w.recv = recvEnd
 	}
-	w.goneLocked()
+	w.gone.fire()
+	w.settleLocked()
 	w.mu.Unlock()
 	testHookGoodbye.run(w)
 	gone := r == nil || r.PeerGoodbye(&handshake.Goodbye{FinalProd: ringFinal})
@@ -530,7 +531,8 @@ func (w *swConn) peerClosedOnTCP() bool {
 		return false
 	}
 	w.recv = recvEnd
-	w.goneLocked()
+	w.gone.fire()
+	w.settleLocked()
 	r := w.ring
 	w.mu.Unlock()
 	w.rnote.wake()

@@ -578,13 +578,6 @@ func (s *signal) channel() chan struct{} {
 	return s.ch
 }
 
-// goneLocked records the peer's end (its goodbye, or its orderly close on
-// TCP): an upgrade waiting for its answer ends, and the connection settles.
-func (w *swConn) goneLocked() {
-	w.gone.fire()
-	w.settleLocked()
-}
-
 func (w *swConn) noteLocked(dir, from, to, cause string) {
 	if len(w.log) < maxSwitchLog {
 		w.log = append(w.log, SwitchEvent{At: time.Now(), Direction: dir, From: from, To: to, Cause: cause})
