@@ -106,7 +106,10 @@ func (w *swConn) frame(wait bool) (data, over bool, err error) {
 	if w.in.data > 0 {
 		return true, false, nil
 	}
-	msg, err := w.nextFrame(wait)
+	h, msg, err := w.in.next(wait) // msg nil: a Data frame, its payload next
+	if err == nil && h.Type == handshake.TypeData {
+		err = w.dataAllowed()
+	}
 	if err == nil && msg != nil && !w.isClosed() {
 		var last bool
 		if last, err = w.handle(msg); last && err == nil {
@@ -242,16 +245,6 @@ func (w *swConn) readLoop() {
 			return
 		}
 	}
-}
-
-// nextFrame reads the next frame: its message, or nil for a Data frame
-// (checked by dataAllowed), whose payload (in.data bytes) comes next.
-func (w *swConn) nextFrame(wait bool) (handshake.Message, error) {
-	h, msg, err := w.in.next(wait)
-	if err == nil && h.Type == handshake.TypeData {
-		err = w.dataAllowed()
-	}
-	return msg, err
 }
 
 func (w *swConn) dataAllowed() error {
