@@ -74,7 +74,9 @@ func TestRingGrowsUnderLoad(t *testing.T) {
 	carry(3<<20, 1)
 	// A move completes beside the traffic that follows the writer's
 	// block, not by itself: carry on until both sides have moved.
-	grown := func(c *Conn) bool { return c.Stats().RingGrows.Load() == 2 && c.Registered() == 64<<10+8*slotSize+64<<10 }
+	grown := func(c *Conn) bool {
+		return c.Stats().RingGrows.Load() == 2 && c.Registered() == 64<<10+8*slotSize+64<<10
+	}
 	for i := uint64(0); (!grown(a) || !grown(b)) && i < 256 && !t.Failed(); i++ {
 		carry(64<<10, 10+2*i)
 	}
