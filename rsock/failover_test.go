@@ -891,3 +891,24 @@ func TestFailoverSecondResumeDuringResend(t *testing.T) {
 	require.NoError(t, err, "read %d of %d owed bytes", n, len(data))
 	require.Equal(t, data, got)
 }
+
+// TestRingCallsReturnTheConnectionsReset: once the connection is reset,
+// a call on the ring's fast path returns the connection's error, which
+// says once that the peer aborted (the ring does not read its own
+// connection's failure as a second abort of the peer's).
+func TestRingCallsReturnTheConnectionsReset(t *testing.T) {
+	registerSim(t)
+	cfg := growCfg("sim", time.Nanosecond)
+	c, s := onRing(t, listen(t, cfg), cfg)
+	require.NoError(t, s.SetLinger(0))
+	require.NoError(t, s.Close())
+	for _, call := range []func() error{
+		func() error { _, err := c.Read(make([]byte, 1)); return err },
+		func() error { _, err := c.Write([]byte{'x'}); return err },
+	} {
+		require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+		err := call()
+		require.ErrorIs(t, err, syscall.ECONNRESET)
+		assert.Equal(t, 1, strings.Count(err.Error(), "peer aborted"), "%v", err)
+	}
+}

@@ -828,12 +828,11 @@ func (w *swConn) fail(err error) {
 	w.mu.Unlock()
 	w.rnote.wake()
 	w.wnote.wake()
-	why := handshake.SanitizeReason(re.Why())
 	if r != nil {
-		r.PeerGoodbye(&handshake.Goodbye{Abort: true, Reason: why})
+		r.Fail(err) // its calls return err too (the fast paths)
 	}
 	w.set.logReset(w.c, err)
-	w.Goodbye(&handshake.Goodbye{Abort: true, Reason: why})
+	w.Goodbye(&handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(re.Why())})
 }
 
 // Failed (stream.Owner) is the ring's failure: a ring that moves fails

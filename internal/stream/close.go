@@ -59,6 +59,17 @@ func (c *Conn) PeerGoodbye(g *handshake.Goodbye) (gone bool) {
 	return c.life == lifePeerGone && c.err == nil
 }
 
+// Fail resets c with err, its owner's failure of the whole connection:
+// c's calls return err (a *ResetError). It does nothing once c has failed
+// or Close has begun.
+func (c *Conn) Fail(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.life < lifeClosing {
+		c.failLocked(err)
+	}
+}
+
 // awaitFinal handles the peer's orderly goodbye: it waits up to goodbyeGrace
 // for the ring messages sent before it, then marks the peer gone (reads end
 // with EOF after the data). mu is held on entry and return, not while it waits.
