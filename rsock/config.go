@@ -331,21 +331,22 @@ func (c *Config) resolve() (*settings, error) {
 		parse      func(string) (int, error)
 		lo, hi     int
 		why        string
+		pow2       bool // a ring size: a power of two
 	}{
-		{"RingSize", "RSOCK_RING_SIZE", cfg.RingSize, DefaultRingSize, &s.ringSize, parseSize, ring.MinRingSize, ring.MaxRingSize, ringWhy},
-		{"RingStart", "RSOCK_RING_START", cfg.RingStart, DefaultRingStart, &s.ringStart, parseSize, ring.MinRingSize, ring.MaxRingSize, ringWhy},
-		{"Credits", "RSOCK_CREDITS", cfg.Credits, DefaultCredits, &s.credits, strconv.Atoi, ring.MinCredits, ring.MaxCredits, fmt.Sprintf("not in [%d, %d]", ring.MinCredits, ring.MaxCredits)},
-		{"UpgradeBytes", "RSOCK_UPGRADE_BYTES", cfg.UpgradeBytes, DefaultUpgradeBytes, &s.upgradeBytes, parseSize, 1, math.MaxInt, "must be positive"},
-		{"EndpointPool", "RSOCK_ENDPOINT_POOL", cfg.EndpointPool, DefaultEndpointPool, &s.pool, strconv.Atoi, math.MinInt, math.MaxInt, ""},
-		{"Port", "RSOCK_PORT", cfg.Port, 0, &s.port, strconv.Atoi, 0, 255, "not in [1, 255]"},
-		{"GIDIndex", "RSOCK_GID_INDEX", cfg.GIDIndex, -1, &s.gidIndex, strconv.Atoi, -1, 255, "not in [0, 255]"},
-		{"TrafficClass", "RSOCK_TRAFFIC_CLASS", cfg.TrafficClass, -1, &s.tclass, strconv.Atoi, -1, 255, "not in [0, 255]"},
-		{"ServiceLevel", "RSOCK_SERVICE_LEVEL", cfg.ServiceLevel, -1, &s.sl, strconv.Atoi, -1, 15, "not in [0, 15]"},
-		{"RetryCount", "RSOCK_RETRY_COUNT", cfg.RetryCount, 0, &s.retries, strconv.Atoi, 0, 6, "not in [1, 6]"},
+		{"RingSize", "RSOCK_RING_SIZE", cfg.RingSize, DefaultRingSize, &s.ringSize, parseSize, ring.MinRingSize, ring.MaxRingSize, ringWhy, true},
+		{"RingStart", "RSOCK_RING_START", cfg.RingStart, DefaultRingStart, &s.ringStart, parseSize, ring.MinRingSize, ring.MaxRingSize, ringWhy, true},
+		{"Credits", "RSOCK_CREDITS", cfg.Credits, DefaultCredits, &s.credits, strconv.Atoi, ring.MinCredits, ring.MaxCredits, fmt.Sprintf("not in [%d, %d]", ring.MinCredits, ring.MaxCredits), false},
+		{"UpgradeBytes", "RSOCK_UPGRADE_BYTES", cfg.UpgradeBytes, DefaultUpgradeBytes, &s.upgradeBytes, parseSize, 1, math.MaxInt, "must be positive", false},
+		{"EndpointPool", "RSOCK_ENDPOINT_POOL", cfg.EndpointPool, DefaultEndpointPool, &s.pool, strconv.Atoi, math.MinInt, math.MaxInt, "", false},
+		{"Port", "RSOCK_PORT", cfg.Port, 0, &s.port, strconv.Atoi, 0, 255, "not in [1, 255]", false},
+		{"GIDIndex", "RSOCK_GID_INDEX", cfg.GIDIndex, -1, &s.gidIndex, strconv.Atoi, -1, 255, "not in [0, 255]", false},
+		{"TrafficClass", "RSOCK_TRAFFIC_CLASS", cfg.TrafficClass, -1, &s.tclass, strconv.Atoi, -1, 255, "not in [0, 255]", false},
+		{"ServiceLevel", "RSOCK_SERVICE_LEVEL", cfg.ServiceLevel, -1, &s.sl, strconv.Atoi, -1, 15, "not in [0, 15]", false},
+		{"RetryCount", "RSOCK_RETRY_COUNT", cfg.RetryCount, 0, &s.retries, strconv.Atoi, 0, 6, "not in [1, 6]", false},
 	}
 	for _, f := range ints {
 		n, from, err := field(f.field, f.v, f.env, f.def, f.parse)
-		bad := n < f.lo || n > f.hi || f.why == ringWhy && n&(n-1) != 0 || f.field == "RetryCount" && from != "" && n == 0
+		bad := n < f.lo || n > f.hi || f.pow2 && n&(n-1) != 0 || f.field == "RetryCount" && from != "" && n == 0
 		if err == nil && bad {
 			err = &ConfigError{Field: f.field, Env: from, Value: strconv.Itoa(n), Err: errors.New(f.why)}
 		}
