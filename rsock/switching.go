@@ -783,6 +783,9 @@ func (w *swConn) setRing(r *stream.Conn, name string) {
 	}
 	gone := w.gone.set
 	w.ring, w.ringName = r, name
+	// Counted before a call can move bytes on r (lock order: mu, then the
+	// registry's shard lock).
+	w.c.relabel(&label{transport: name, code: CodeAgreed, reason: name + " agreed (upgraded from TCP)"})
 	w.mu.Unlock()
 	if r.Moving() {
 		// It failed before it was installed (Failed).
@@ -793,7 +796,6 @@ func (w *swConn) setRing(r *stream.Conn, name string) {
 		r.PeerGoodbye(&handshake.Goodbye{})
 	}
 	w.rnote.wake()
-	w.c.relabel(&label{transport: name, code: CodeAgreed, reason: name + " agreed (upgraded from TCP)"})
 	// Not here: a Write in progress holds wmu until the ring has room,
 	// which may take the peer's Switch, which the reader handles only
 	// once this upgrade has ended (peerSwitched).
