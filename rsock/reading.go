@@ -111,9 +111,8 @@ func (w *swConn) frame(wait bool) (data, over bool, err error) {
 		err = w.dataAllowed()
 	}
 	if err == nil && msg != nil && !w.isClosed() {
-		var last bool
-		if last, err = w.handle(msg); last && err == nil {
-			w.readerStopped()
+		if err = w.handle(msg); err == nil && h.Type == handshake.TypeGoodbye {
+			w.readerStopped() // nothing is read after the peer's goodbye
 			return false, true, nil
 		}
 	}
@@ -126,12 +125,11 @@ func (w *swConn) frame(wait bool) (data, over bool, err error) {
 
 // socketEnded handles an error reading the socket: a deadline or
 // errWouldBlock is returned, for the reader's turn alone; anything else
-// ends the reading (readerStopped), and the connection as ended says.
+// ends the reading (ended).
 func (w *swConn) socketEnded(err error) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, errWouldBlock) {
 		return err
 	}
-	w.readerStopped()
 	w.ended(err)
 	return nil
 }
@@ -237,7 +235,6 @@ func (w *swConn) readLoop() {
 			err = w.readData(w.in.data)
 		}
 		if err != nil {
-			w.readerStopped()
 			w.ended(err)
 			return
 		}
@@ -315,22 +312,22 @@ func protocolError(format string, args ...any) error {
 	return &protocolErr{fmt.Sprintf(format, args...)}
 }
 
-// handle acts on a control frame; last is true after the peer's goodbye.
-func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
+// handle acts on a control frame.
+func (w *swConn) handle(msg handshake.Message) error {
 	if w.client {
 		if p := w.takePending(); p != nil {
-			return false, w.answered(p, msg)
+			return w.answered(p, msg)
 		}
 	}
 	switch m := msg.(type) {
 	case *handshake.Accept, *handshake.Decline:
 		if !w.client || !w.takeAnswer(upAnswered) {
-			return false, protocolError("%v without an offer", msg.Type())
+			return protocolError("%v without an offer", msg.Type())
 		}
 		w.answers <- msg
 	case *handshake.UpgradeOffer:
 		if w.client {
-			return false, protocolError("an offer to the client")
+			return protocolError("an offer to the client")
 		}
 		// An offer right behind the Confirm that declined the last Accept:
 		// that upgrade ends first, waiting for nothing from the client.
@@ -352,7 +349,7 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 		}
 		w.mu.Unlock()
 		if busy {
-			return false, protocolError("an offer while another upgrade runs, a ring exists or a failover is not over")
+			return protocolError("an offer while another upgrade runs, a ring exists or a failover is not over")
 		}
 		go w.serveUpgrade(m.Offer, mine)
 	case *handshake.Confirm:
@@ -361,28 +358,28 @@ func (w *swConn) handle(msg handshake.Message) (last bool, err error) {
 			to = upAgreed // the client's Switch may follow at once
 		}
 		if w.client || !w.takeAnswer(to) {
-			return false, protocolError("a confirm without an accept")
+			return protocolError("a confirm without an accept")
 		}
 		w.answers <- msg
 	case *handshake.Switch:
-		return false, w.peerSwitched(m.Cursor)
+		return w.peerSwitched(m.Cursor)
 	case *handshake.Resume:
-		return false, w.peerResumed(m.Cursor)
+		return w.peerResumed(m.Cursor)
 	case *handshake.Fin:
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if w.recv == recvRing || w.recv == recvEnd || m.Cursor != w.rcvd {
-			return false, protocolError("fin at %d after %d data bytes (receiving %d)", m.Cursor, w.rcvd, w.recv)
+			return protocolError("fin at %d after %d data bytes (receiving %d)", m.Cursor, w.rcvd, w.recv)
 		}
 		w.recv = recvEnd
 		w.settleLocked()
 		w.rnote.wake()
 	case *handshake.Goodbye:
-		return true, w.peerGoodbye(m)
+		return w.peerGoodbye(m)
 	default:
-		return false, protocolError("unexpected %v", msg.Type())
+		return protocolError("unexpected %v", msg.Type())
 	}
-	return false, nil
+	return nil
 }
 
 // takeAnswer moves an upgrade from upOffered to the answer's phase; false if none.
@@ -480,9 +477,11 @@ func (w *swConn) peerGoodbye(g *handshake.Goodbye) error {
 	return nil
 }
 
-// ended handles the end of the bootstrap: after Close, nothing; else a
-// peer that vanished or broke the protocol resets the connection.
+// ended stops the reading at the end of the bootstrap, or an error reading
+// it: after Close, nothing more; else a peer that vanished or broke the
+// protocol resets the connection.
 func (w *swConn) ended(err error) {
+	w.readerStopped()
 	if w.isClosed() {
 		return
 	}
