@@ -265,8 +265,9 @@ func (w *swConn) ringDue() {
 	}
 }
 
-// counted counts n bytes moved on TCP toward the policy's UpgradeBytes.
-func (w *swConn) counted(n int) {
+// counted counts n bytes moved on TCP in total and toward UpgradeBytes.
+func (w *swConn) counted(total *atomic.Uint64, n int) {
+	total.Add(uint64(n))
 	if n > 0 && w.moved.Add(uint64(n)) >= uint64(w.set.upgradeBytes) && !w.upStarted.Load() {
 		w.kick()
 	}
@@ -293,8 +294,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 		case w.rqLen > 0 && !w.rclosed:
 			n := w.takeLocked(b)
 			w.mu.Unlock()
-			w.c.bytesRead.Add(uint64(n))
-			w.counted(n)
+			w.counted(&w.c.bytesRead, n)
 			return n, nil
 		case w.rclosed:
 			w.mu.Unlock()
@@ -333,8 +333,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 		}
 		if n, took, err := w.readSocket(b); took {
 			if n > 0 {
-				w.c.bytesRead.Add(uint64(n))
-				w.counted(n)
+				w.counted(&w.c.bytesRead, n)
 				return n, nil
 			}
 			if err != nil {
@@ -426,11 +425,10 @@ func (w *swConn) Write(b []byte) (int, error) {
 		end := min(len(b), n+handshake.MaxData)
 		k, err := w.out.data(b[n:end], &w.wdl, w.done)
 		n += k
-		w.c.bytesWritten.Add(uint64(k))
+		w.counted(&w.c.bytesWritten, k)
 		if n == len(b) && k > 0 {
 			w.c.writes.Add(1)
 		}
-		w.counted(k)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) && !w.isClosed() {
 				// The sender finished: a failure, or the ring's goodbye.
