@@ -191,7 +191,7 @@ func (w *swConn) claimReaderLocked() bool {
 // closeReading ends the reading at a Close on TCP when no one reads the
 // socket (claimReaderLocked): docs/protocol.md §9.6, "Closing at once".
 func (w *swConn) closeReading(orderly bool) {
-	if orderly && w.in.buffered() == 0 && w.in.data == 0 && w.out.quiet() {
+	if orderly && w.in.buffered() == 0 && w.in.data == 0 && w.out.delivered(true) {
 		w.readerStopped()
 		return
 	}
@@ -205,7 +205,7 @@ func (w *swConn) closeReading(orderly bool) {
 			return
 		}
 	}
-	if orderly && w.out.delivered() {
+	if orderly && w.out.delivered(false) {
 		w.readerStopped()
 		return
 	}

@@ -24,7 +24,7 @@ const sendQueue = 256 << 10
 // short would break the framing for good (docs/protocol.md §9.3).
 type sender struct {
 	raw *net.TCPConn
-	sys sysdep.Writer             // raw's RawConn's calls (sendLocked, delivered, quiet), guarded by mu
+	sys sysdep.Writer             // raw's RawConn's calls (sendLocked, delivered), guarded by mu
 	hdr [handshake.HeaderLen]byte // data's frame header, guarded by mu
 
 	mu      sync.Mutex
@@ -348,23 +348,16 @@ func (s *sender) readerDone() {
 // delivered reports whether every frame queued so far has been written
 // and acknowledged by the peer's TCP (SIOCOUTQ; false where the system
 // does not tell): a reset that meets the socket now destroys none of ours.
-func (s *sender) delivered() bool {
-	s.mu.Lock()
-	idle := s.idleLocked()
-	s.mu.Unlock()
-	return idle && s.sys.Delivered()
-}
-
-// quiet is delivered and, in the same system call (SO_MEMINFO), nothing of
-// the peer's unread in the socket. Close calls it, once.
-func (s *sender) quiet() bool {
+// With quiet, the same system call (SO_MEMINFO) also finds nothing of the
+// peer's unread in the socket.
+func (s *sender) delivered(quiet bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.idleLocked() && s.sys.Quiet()
-}
-
-// idleLocked reports whether s holds no frame: nothing queued, held or
-// being written, and no failure.
-func (s *sender) idleLocked() bool {
-	return !s.running && len(s.q) == 0 && s.err == nil && s.held == nil
+	switch {
+	case s.running || len(s.q) > 0 || s.err != nil || s.held != nil:
+		return false // a frame is queued, being written or held, or the socket failed
+	case quiet:
+		return s.sys.Quiet()
+	}
+	return s.sys.Delivered()
 }

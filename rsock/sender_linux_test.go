@@ -19,10 +19,10 @@ func TestSenderQuiet(t *testing.T) {
 	require.NoError(t, err)
 	var s sender
 	s.init(a, rc)
-	assert.True(t, s.quiet(), "a fresh connection")
+	assert.True(t, s.delivered(true), "a fresh connection")
 
 	s.hold([]byte("held"))
-	assert.False(t, s.quiet(), "a held frame")
+	assert.False(t, s.delivered(true), "a held frame")
 	s.held = nil
 
 	_, err = b.Write([]byte("x"))
@@ -33,9 +33,9 @@ func TestSenderQuiet(t *testing.T) {
 		_, err = unix.Poll(fds, 5000)
 	}))
 	require.NoError(t, err)
-	assert.False(t, s.quiet(), "a byte of the peer's unread")
+	assert.False(t, s.delivered(true), "a byte of the peer's unread")
 
 	_, err = a.Read(make([]byte, 1))
 	require.NoError(t, err)
-	assert.True(t, s.quiet(), "the byte was read")
+	assert.True(t, s.delivered(true), "the byte was read")
 }
