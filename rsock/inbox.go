@@ -104,14 +104,11 @@ func (in *inbox) release() {
 	}
 }
 
-// next reads the next frame; not inside a Data frame (data > 0). For a
+// next reads the next frame, once data is 0 (callers check). For a
 // Data frame it returns the header, with a nil message, and leaves the
 // payload (h.Length bytes, at least 1) to take; for any other frame, the
 // message. Malformed frames are handshake.ParseHeader's and Decode's errors.
 func (in *inbox) next(wait bool) (handshake.Header, handshake.Message, error) {
-	if in.data > 0 {
-		return handshake.Header{}, nil, fmt.Errorf("rsock: inbox: next inside a data frame (%d bytes left)", in.data)
-	}
 	// Judged at each read: bytes that are not the magic fail at once (a
 	// plain server's short reply to an early hello).
 	for in.buffered() < handshake.HeaderLen {
