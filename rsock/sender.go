@@ -180,21 +180,18 @@ func (s *sender) sendAt(m func(cursor uint64) handshake.Message, last bool) (uin
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cursor := s.sent
-	frame, err := handshake.Append(pool.Get(512)[:0], m(cursor))
-	if err != nil {
-		pool.Put(frame)
+	if err := s.failureLocked(); err != nil {
 		return cursor, err
 	}
-	if s.err != nil || s.end != endOpen {
-		pool.Put(frame)
-		return cursor, s.failureLocked()
+	frame, err := handshake.Append(pool.Get(512)[:0], m(cursor))
+	if err == nil {
+		s.sendLocked(frame, nil)
+		if last {
+			s.end = endFinish
+		}
 	}
-	s.sendLocked(frame, nil)
 	pool.Put(frame)
-	if last {
-		s.end = endFinish
-	}
-	return cursor, nil
+	return cursor, err
 }
 
 // offer queues the client's Offer; Data waits from here until confirmed,
@@ -235,11 +232,16 @@ func (s *sender) seek(x uint64) {
 	s.sent = max(s.sent, x)
 }
 
+// failureLocked is why s takes no more frames, nil while it takes them:
+// the socket's failure, or net.ErrClosed once it ended (end).
 func (s *sender) failureLocked() error {
-	if s.err != nil {
+	switch {
+	case s.err != nil:
 		return s.err
+	case s.end != endOpen:
+		return net.ErrClosed
 	}
-	return net.ErrClosed
+	return nil
 }
 
 // data queues b as Data frames. It waits for room while sendQueue bytes
@@ -249,7 +251,7 @@ func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (in
 	n := 0
 	for n < len(b) {
 		s.mu.Lock()
-		for (s.queued >= sendQueue || s.offered) && s.err == nil && s.end == endOpen {
+		for (s.queued >= sendQueue || s.offered) && s.failureLocked() == nil {
 			s.mu.Unlock()
 			select {
 			case <-s.room:
@@ -260,8 +262,7 @@ func (s *sender) data(b []byte, dl *deadline.Deadline, done <-chan struct{}) (in
 			}
 			s.mu.Lock()
 		}
-		if s.err != nil || s.end != endOpen {
-			err := s.failureLocked()
+		if err := s.failureLocked(); err != nil {
 			s.mu.Unlock()
 			return n, err
 		}
