@@ -195,33 +195,23 @@ func (w *swConn) closeReading(orderly bool) {
 		w.readerStopped()
 		return
 	}
-	for {
-		err := w.skipFrame()
-		if errors.Is(err, errWouldBlock) {
-			break
-		}
-		if err != nil {
-			w.readerStopped() // the peer's end, or a failure: nothing to wait for
-			return
+	var err error
+	for err == nil { // drop what has arrived, without waiting
+		if w.in.data > 0 {
+			buf := pool.Get(min(w.in.data, inboxSize))
+			_, err = w.in.take(buf, false)
+			pool.Put(buf)
+		} else {
+			_, _, err = w.in.next(false)
 		}
 	}
-	if orderly && w.out.delivered(false) {
+	if !errors.Is(err, errWouldBlock) || orderly && w.out.delivered(false) {
+		// The peer's end, a failure, or all we sent is with the peer:
+		// nothing to wait for.
 		w.readerStopped()
 		return
 	}
 	go w.readLoop()
-}
-
-// skipFrame drops what the socket holds of one frame, without waiting.
-func (w *swConn) skipFrame() error {
-	if w.in.data > 0 {
-		buf := pool.Get(min(w.in.data, inboxSize))
-		defer pool.Put(buf)
-		_, err := w.in.take(buf, false)
-		return err
-	}
-	_, _, err := w.in.next(false)
-	return err
 }
 
 // readLoop reads the socket, to its end, for good: it queues Data payloads
@@ -411,20 +401,16 @@ func (w *swConn) peerSwitched(x uint64) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.recv == recvStale && w.ring == nil {
-		// Sent before our failover took the ring away: the peer sends
-		// the bytes after x again as Data.
-		if x != w.rcvd {
-			return protocolError("switch at stream byte %d after %d data bytes", x, w.rcvd)
-		}
-		w.recv = recvTCP
-		return nil
-	}
 	switch {
 	case w.recv == recvRing || w.recv == recvEnd:
 		return protocolError("a switch after a switch or fin")
 	case x != w.rcvd:
 		return protocolError("switch at stream byte %d after %d data bytes", x, w.rcvd)
+	case w.recv == recvStale && w.ring == nil:
+		// Sent before our failover took the ring away: the peer sends
+		// the bytes after x again as Data.
+		w.recv = recvTCP
+		return nil
 	case w.ring == nil:
 		return &stream.ResetError{Reason: "the peer switched to a ring this side could not start"}
 	}
