@@ -409,11 +409,8 @@ func (w *swConn) Write(b []byte) (int, error) {
 		if n == len(b) && n > 0 {
 			return n, nil // written, whatever happened since
 		}
-		if err := w.writeErr(); err != nil {
-			return n, err
-		}
-		if n == len(b) {
-			return n, nil
+		if err := w.writeErr(); err != nil || n == len(b) {
+			return n, err // (an empty Write reports the connection's state)
 		}
 		if w.wdl.Expired() {
 			return n, os.ErrDeadlineExceeded
