@@ -31,11 +31,28 @@ const (
 // starts, to answer an offer the client's default policy may make then.
 const serverReaderAfter = DefaultUpgradeAfter
 
-// readSocket is a Read's turn at the socket when no one else reads it
-// (readFrames): n 0 and err nil, the caller looks again. took is false
-// when the socket is not the Read's to read: it then waits for readLoop.
+// readSocket is a Read's turn at the socket when no one else reads it: the
+// next frame, and if it is Data, what b takes of its payload (counted, and
+// dropped after CloseRead or Close). n 0 and err nil: the caller looks
+// again; err is a deadline. took is false when the socket is not the
+// Read's to read: it then waits for readLoop.
 func (w *swConn) readSocket(b []byte) (n int, took bool, err error) {
-	took, handed := w.socketTurn(false, func() { n, err = w.readFrames(b) })
+	took, handed := w.socketTurn(false, func() {
+		var data bool
+		if data, _, err = w.frame(true); !data {
+			return
+		}
+		if n, err = w.in.take(b, true); err != nil {
+			n, err = 0, w.socketEnded(err)
+			return
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.rcvd += uint64(n)
+		if w.rclosed || w.closed {
+			n = 0
+		}
+	})
 	if handed && errors.Is(err, os.ErrDeadlineExceeded) {
 		err = nil // ended for a reason: the caller looks again
 	}
@@ -75,28 +92,7 @@ func (w *swConn) socketTurn(poll bool, f func()) (took, handed bool) {
 	return true, false
 }
 
-// readFrames is a Read's turn at the socket (readSocket): the next frame,
-// and if it is Data, what b takes of its payload (counted, and dropped
-// after CloseRead or Close). n 0 and err nil: the caller looks again; err
-// is a deadline.
-func (w *swConn) readFrames(b []byte) (int, error) {
-	if data, _, err := w.frame(true); !data {
-		return 0, err
-	}
-	n, err := w.in.take(b, true)
-	if err != nil {
-		return 0, w.socketEnded(err)
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.rcvd += uint64(n)
-	if w.rclosed || w.closed {
-		return 0, nil
-	}
-	return n, nil
-}
-
-// frame is one step of a reader of the socket (readFrames, readLoop,
+// frame is one step of a reader of the socket (readSocket, readLoop,
 // pollSocket). data: a Data payload (in.data bytes) is next, for the caller
 // to take. Else it reads the next frame and acts on a control frame
 // (handle), but not after Close (§9.6, "Lingering close"). over: the
