@@ -496,9 +496,6 @@ func (w *swConn) switchLocked() {
 
 // settleLocked fires settled once nothing will move any more (§9.1).
 func (w *swConn) settleLocked() {
-	if w.settled.set {
-		return
-	}
 	send := w.send == sendRing || w.send == sendFin
 	recv := w.recv == recvRing || w.recv == recvEnd
 	// The peer's end settles the connection once no upgrade runs (one
