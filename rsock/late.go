@@ -27,29 +27,26 @@ func (c *Conn) rescueLateHello() error {
 		}
 		return err
 	}
-	msg, err := handshake.ReadAfterMagic(c.tcp) // buf is the magic
+	c.setPrefixLocked(nil) // buf is the magic: none of it is the application's
+	msg, err := handshake.ReadAfterMagic(c.tcp)
 	if err != nil {
-		c.setPrefixLocked(nil)
 		return fmt.Errorf("rsock: a late rsock hello did not parse: %w", err)
 	}
 	hello, ok := msg.(*handshake.Hello)
 	if !ok {
-		c.setPrefixLocked(nil)
 		return fmt.Errorf("rsock: a late rsock client opened with %v", msg.Type())
 	}
 	const why = "the hello arrived after the listener's sniff timeout"
 	if err := handshake.Write(c.tcp, &handshake.Decline{Code: handshake.DeclinePolicy, Reason: why}); err != nil {
 		return err
 	}
-	c.setPrefixLocked(nil)
 	if hello.Flags&handshake.FlagEarly != 0 {
 		// Its frames follow the hello and are not plain TCP: the client
 		// fails with ErrEarlyRefused, and so does this connection.
 		c.tcp.Close()
 		return fmt.Errorf("rsock: a late early hello (%s): the frames after it are not plain TCP", why)
 	}
-	to := &label{transport: "tcp", code: CodeDeclined, fallback: true, reason: "declined: " + why}
-	c.relabel(to)
+	c.relabel(&label{transport: "tcp", code: CodeDeclined, fallback: true, reason: "declined: " + why})
 	return nil
 }
 
