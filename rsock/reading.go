@@ -327,16 +327,13 @@ func (w *swConn) handle(msg handshake.Message) error {
 			w.await(finishing)
 		}
 		w.mu.Lock()
-		busy := w.up != upIdle || w.ring != nil || w.moving != nil || w.awaitResume
-		var mine chan struct{}
-		if !busy {
-			mine = w.upgradingLocked()
-			w.needReaderLocked() // the client's Confirm comes whether or not the application reads
-		}
-		w.mu.Unlock()
-		if busy {
+		if w.up != upIdle || w.ring != nil || w.moving != nil || w.awaitResume {
+			w.mu.Unlock()
 			return protocolError("an offer while another upgrade runs, a ring exists or a failover is not over")
 		}
+		mine := w.upgradingLocked()
+		w.needReaderLocked() // the client's Confirm comes whether or not the application reads
+		w.mu.Unlock()
 		go w.serveUpgrade(m.Offer, mine)
 	case *handshake.Confirm:
 		to := upAnswered
