@@ -47,11 +47,10 @@ func (w *swConn) answered(p *earlyHello, msg handshake.Message) error {
 	w.mu.Lock()
 	w.transports, w.peer = ts, peerRing{grows: up.Flags&handshake.UpgradeGrow != 0, max: up.RingMax}
 	w.mu.Unlock()
-	if len(ts) == 0 {
+	switch {
+	case len(ts) == 0:
 		w.stayOnTCP(CodeDeclined, "the server takes none of the transports offered here")
-		return nil
-	}
-	if p.kicked {
+	case p.kicked:
 		w.kick()
 	}
 	return nil
