@@ -599,16 +599,12 @@ func (w *swConn) CloseWrite() error {
 		return err
 	}
 	w.mu.Lock()
-	if w.send == sendFin {
-		w.mu.Unlock()
-		return nil
-	}
+	again, gone := w.send == sendFin, w.gone.set
 	w.send = sendFin
 	w.settleLocked()
-	gone := w.gone.set
 	w.mu.Unlock()
-	if gone {
-		return nil // the peer said goodbye: it reads nothing more
+	if again || gone {
+		return nil // (gone: the peer said goodbye, it reads nothing more)
 	}
 	_, err := w.out.sendAt(func(x uint64) handshake.Message { return &handshake.Fin{Cursor: x} }, false)
 	return err
