@@ -851,16 +851,10 @@ var testServeExchangeErr atomic.Pointer[error]
 // hook is a function tests set to run at a point of the code.
 type hook struct{ f atomic.Pointer[func(*swConn)] }
 
-func (h *hook) set(f func(*swConn)) {
-	if f == nil {
-		h.f.Store(nil)
-		return
-	}
-	h.f.Store(&f)
-}
+func (h *hook) set(f func(*swConn)) { h.f.Store(&f) }
 
 func (h *hook) run(w *swConn) {
-	if f := h.f.Load(); f != nil {
+	if f := h.f.Load(); f != nil && *f != nil {
 		(*f)(w)
 	}
 }
