@@ -22,7 +22,7 @@ type readerState uint8
 const (
 	readerNone    readerState = iota // no one: the next Read (or poll) takes it
 	readerApp                        // a Read (or poll) reads it
-	readerHanding                    // a Read reads it, its socket read ended (interruptLocked): readLoop takes over after it
+	readerHanding                    // a Read reads it, its socket read ended (claimReaderLocked): readLoop takes over after it
 	readerLoop                       // readLoop reads it, to its end (or Close has claimed it)
 	readerEnded                      // its end or failure was read: no one reads it any more
 )
@@ -132,14 +132,26 @@ func (w *swConn) socketEnded(err error) error {
 
 // needReaderLocked makes readLoop read the socket, now or once the reading Read ends.
 func (w *swConn) needReaderLocked() {
-	switch w.reader {
-	case readerApp:
-		w.interruptLocked()
-	case readerNone:
-		w.reader = readerLoop
-		w.socketDeadlineLocked(time.Time{})
+	if w.claimReaderLocked() {
 		go w.readLoop()
 	}
+}
+
+// claimReaderLocked takes the socket's reading if no one reads it: true,
+// and the caller starts readLoop or, at Close, ends the reading
+// (closeReading). A Read reading it is ended, and readLoop reads on after
+// it (socketTurn).
+func (w *swConn) claimReaderLocked() bool {
+	switch w.reader {
+	case readerNone:
+		w.reader = readerLoop
+		w.socketDeadlineLocked(time.Time{}) // a Read's deadline, maybe past, is not readLoop's
+		return true
+	case readerApp:
+		w.reader = readerHanding
+		w.socketDeadlineLocked(aLongTimeAgo)
+	}
+	return false
 }
 
 // socketDeadlineLocked sets the socket's read deadline unless it is t
@@ -151,14 +163,6 @@ func (w *swConn) socketDeadlineLocked(t time.Time) {
 	}
 }
 
-// interruptLocked ends the socket read of the Read reading it.
-func (w *swConn) interruptLocked() {
-	if w.reader == readerApp {
-		w.reader = readerHanding
-		w.socketDeadlineLocked(aLongTimeAgo)
-	}
-}
-
 // readerStopped records that nothing reads the socket any more: the
 // sender may close it once its last frame is written.
 func (w *swConn) readerStopped() {
@@ -166,22 +170,6 @@ func (w *swConn) readerStopped() {
 	w.reader = readerEnded
 	w.mu.Unlock()
 	w.out.readerDone()
-}
-
-// claimReaderLocked is Close's hold on the reading: true if no one reads
-// the socket, which is then Close's to end (closeReading). A Read reading
-// it is ended, and readLoop reads on after it.
-func (w *swConn) claimReaderLocked() bool {
-	switch w.reader {
-	case readerApp, readerHanding:
-		w.interruptLocked()
-		return false
-	case readerLoop, readerEnded:
-		return false
-	}
-	w.reader = readerLoop
-	w.socketDeadlineLocked(time.Time{}) // a Read's deadline, maybe past, is not Close's
-	return true
 }
 
 // closeReading ends the reading at a Close on TCP when no one reads the
