@@ -296,7 +296,7 @@ func (w *swConn) Read(b []byte) (int, error) {
 			w.mu.Unlock()
 			w.counted(&w.c.bytesRead, n)
 			return n, nil
-		case w.rclosed:
+		case w.rclosed || w.recv == recvEnd:
 			w.mu.Unlock()
 			return 0, io.EOF
 		case w.recv == recvRing:
@@ -313,9 +313,6 @@ func (w *swConn) Read(b []byte) (int, error) {
 				return 0, err
 			}
 			continue
-		case w.recv == recvEnd:
-			w.mu.Unlock()
-			return 0, io.EOF
 		case w.err != nil:
 			err := w.err
 			w.mu.Unlock()
