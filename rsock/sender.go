@@ -93,7 +93,7 @@ func (s *sender) hold(frame []byte) {
 	s.held = frame
 }
 
-// flush queues the held frame, if any.
+// flush queues the held frame, if any; one that can no longer go is dropped.
 func (s *sender) flush() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -101,13 +101,10 @@ func (s *sender) flush() {
 }
 
 func (s *sender) flushLocked() {
-	if s.held != nil {
-		if s.err != nil || s.end != endOpen {
-			s.held = nil
-			return
-		}
+	if s.held != nil && s.failureLocked() == nil {
 		s.sendLocked(nil, nil)
 	}
+	s.held = nil
 }
 
 // init prepares s to write on raw, whose RawConn is rc (nil: WriteNow
