@@ -27,22 +27,19 @@ type sender struct {
 	sys sysdep.Writer             // raw's RawConn's calls (sendLocked, delivered), guarded by mu
 	hdr [handshake.HeaderLen]byte // data's frame header, guarded by mu
 
-	mu      sync.Mutex
-	q       net.Buffers // frames not yet written, in order (pooled)
-	queued  int         // bytes of q
-	sent    uint64      // Data payload bytes queued so far: the stream cursor on TCP
-	running bool        // a goroutine is writing
-	end     sendEnd     // how far the sending has ended
-	err     error       // the socket failed; set once
-	room    note        // the queue shrank
-	// closeTimer resets the socket under a finished sender's queue (finish).
-	closeTimer *time.Timer
-	readerGone bool // the reader has stopped (readerDone)
-	// ended is closed once the socket is (closeSocket).
-	ended   chan struct{}
-	endOnce sync.Once
-	// held goes out in front of the next frame queued (hold).
-	held []byte
+	mu         sync.Mutex
+	q          net.Buffers   // frames not yet written, in order (pooled)
+	queued     int           // bytes of q
+	sent       uint64        // Data payload bytes queued so far: the stream cursor on TCP
+	running    bool          // a goroutine is writing
+	end        sendEnd       // how far the sending has ended
+	err        error         // the socket failed; set once
+	room       note          // the queue shrank
+	closeTimer *time.Timer   // resets the socket under a finished sender's queue (finish)
+	readerGone bool          // the reader has stopped (readerDone)
+	ended      chan struct{} // closed once the socket is (closeSocket)
+	endOnce    sync.Once     // closeSocket runs once
+	held       []byte        // goes out in front of the next frame queued (hold)
 	// offered: the client's Offer is queued and its Confirm not yet; no
 	// Data goes between them (offer, confirmed; docs/protocol.md §9.4).
 	offered bool
