@@ -221,13 +221,10 @@ const ownTimerBelow = time.Millisecond
 // server takes a client silent for SniffTimeout for a plain one.
 var helloHold = DefaultUpgradeAfter
 
-// kick turns keep-alive on and starts the client's upgrade, once. Before
+// kick turns keep-alive on and starts a client's upgrade, once. Before
 // an early hello's answer, which names the transports, it only sends the
 // hello and has the answer read; the upgrade begins on it (answered).
 func (w *swConn) kick() {
-	if !w.client {
-		return
-	}
 	w.c.keepAlive()
 	w.out.flush()
 	w.mu.Lock()
@@ -265,10 +262,11 @@ func (w *swConn) ringDue() {
 	}
 }
 
-// counted counts n bytes moved on TCP in total and toward UpgradeBytes.
+// counted counts n bytes moved on TCP in total and toward a client's
+// UpgradeBytes.
 func (w *swConn) counted(total *atomic.Uint64, n int) {
 	total.Add(uint64(n))
-	if n > 0 && w.moved.Add(uint64(n)) >= uint64(w.set.upgradeBytes) && !w.upStarted.Load() {
+	if w.client && n > 0 && w.moved.Add(uint64(n)) >= uint64(w.set.upgradeBytes) && !w.upStarted.Load() {
 		w.kick()
 	}
 }
