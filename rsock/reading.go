@@ -221,17 +221,16 @@ func (w *swConn) readLoop() {
 func (w *swConn) dataAllowed() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if p := w.pending; p != nil {
+	switch p := w.pending; {
+	case p != nil:
 		w.pending = nil
+		p.due.Stop() // as takePending does
 		return p.refused("data before its answer")
-	}
-	if w.recv == recvRing {
+	case w.recv == recvRing:
 		return protocolError("data after the peer's switch")
-	}
-	if !w.client && w.up == upOffered {
+	case !w.client && w.up == upOffered:
 		return protocolError("data between an offer and its confirm")
-	}
-	if w.recv == recvEnd {
+	case w.recv == recvEnd:
 		return protocolError("data after the peer's fin")
 	}
 	return nil
