@@ -34,11 +34,10 @@ type earlyHello struct {
 // transports (and starts the upgrade if kicked); anything else refuses.
 func (w *swConn) answered(p *earlyHello, msg handshake.Message) error {
 	up, ok := msg.(*handshake.Upgrade)
-	switch {
+	switch d, declined := msg.(*handshake.Decline); {
+	case declined:
+		return p.refused(fmt.Sprintf("it declined: %v: %s", d.Code, d.Reason))
 	case !ok:
-		if d, isDecline := msg.(*handshake.Decline); isDecline {
-			return p.refused(fmt.Sprintf("it declined: %v: %s", d.Code, d.Reason))
-		}
 		return p.refused(fmt.Sprintf("it answered with %v", msg.Type()))
 	case up.Flags&handshake.UpgradeEarly == 0:
 		return p.refused("its answer does not say it takes early frames")
