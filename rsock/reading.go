@@ -305,13 +305,10 @@ func (w *swConn) handle(msg handshake.Message) error {
 		// An offer right behind the Confirm that declined the last Accept:
 		// that upgrade ends first, waiting for nothing from the client.
 		w.mu.Lock()
-		finishing := w.upDone
-		if w.up < upAnswered {
-			finishing = nil
-		}
+		finishing, done := w.up >= upAnswered, w.upDone
 		w.mu.Unlock()
-		if finishing != nil {
-			w.await(finishing)
+		if finishing {
+			w.await(done)
 		}
 		w.mu.Lock()
 		if w.up != upIdle || w.ring != nil || w.moving != nil || w.awaitResume {
