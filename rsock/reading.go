@@ -363,18 +363,16 @@ func (w *swConn) takeAnswer(to upPhase) bool {
 // peerSwitched handles the peer's Switch{x}: its Data ends at x (§9.5).
 func (w *swConn) peerSwitched(x uint64) error {
 	w.mu.Lock()
-	wait := w.upDone
+	wait := w.upDone // set: each way to agree follows an upgrade (upgradingLocked)
 	agreed := w.up == upAgreed || w.ring != nil || w.recv == recvStale
 	w.mu.Unlock()
 	if !agreed {
 		return protocolError("a switch without an agreed ring")
 	}
-	if wait != nil {
-		// Our side of the ring may not be started or installed yet: the
-		// client switches right after its Confirm.
-		if !w.await(wait) {
-			return nil
-		}
+	// Our side of the ring may not be started or installed yet: the
+	// client switches right after its Confirm.
+	if !w.await(wait) {
+		return nil
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
