@@ -39,10 +39,11 @@ type Owner interface {
 }
 
 // PeerGoodbye handles the peer's goodbye on the bootstrap connection: an
-// orderly one ends the connection in order (awaitFinal; its FinalProd is
-// the peer's ring producer cursor), an abort resets it. It may wait up to
-// goodbyeGrace; it returns at once after Close. It reports whether the
-// peer is gone in order: the ring has every message the goodbye promised.
+// abort resets the connection; after an orderly one it waits up to
+// goodbyeGrace for the ring messages sent before it (its FinalProd is the
+// peer's ring producer cursor), then marks the peer gone: reads end with
+// EOF after the data. It returns at once after Close. It reports whether
+// the peer is gone in order: the ring has every message the goodbye promised.
 func (c *Conn) PeerGoodbye(g *handshake.Goodbye) (gone bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -55,8 +56,27 @@ func (c *Conn) PeerGoodbye(g *handshake.Goodbye) (gone bool) {
 		c.failLocked(reset("peer aborted: "+g.Reason, nil))
 		return false
 	}
-	c.awaitFinal(g.FinalProd)
-	return c.life == lifePeerGone && c.err == nil
+	dl := deadline.New()
+	dl.Set(time.Now().Add(goodbyeGrace))
+	defer dl.Set(time.Time{})
+	e := new(entry).init(evRead, c.done)
+	for c.err == nil && c.life < lifeClosing {
+		drain(e.ch)
+		c.progressLocked()
+		if c.st.PeerProd() >= g.FinalProd || c.err != nil || c.life >= lifeClosing || c.wait(e, dl, false) != nil {
+			break
+		}
+	}
+	if c.life >= lifeClosing || c.err != nil {
+		return false
+	}
+	if c.st.PeerProd() != g.FinalProd {
+		c.failLocked(reset("peer's goodbye does not match the data it sent", fmt.Errorf("have %d bytes, goodbye says %d", c.st.PeerProd(), g.FinalProd)))
+		return false
+	}
+	c.life = lifePeerGone
+	c.wakeLocked(evRead | evWrite)
+	return true
 }
 
 // Fail resets c with err, its owner's failure of the whole connection:
@@ -70,32 +90,6 @@ func (c *Conn) Fail(err error) {
 	}
 }
 
-// awaitFinal handles the peer's orderly goodbye: it waits up to goodbyeGrace
-// for the ring messages sent before it, then marks the peer gone (reads end
-// with EOF after the data). mu is held on entry and return, not while it waits.
-func (c *Conn) awaitFinal(final uint64) {
-	dl := deadline.New()
-	dl.Set(time.Now().Add(goodbyeGrace))
-	defer dl.Set(time.Time{})
-	e := new(entry).init(evRead, c.done)
-	for c.err == nil && c.life < lifeClosing {
-		drain(e.ch)
-		c.progressLocked()
-		if c.st.PeerProd() >= final || c.err != nil || c.life >= lifeClosing || c.wait(e, dl, false) != nil {
-			break
-		}
-	}
-	if c.life >= lifeClosing || c.err != nil {
-		return
-	}
-	if c.st.PeerProd() != final {
-		c.failLocked(reset("peer's goodbye does not match the data it sent", fmt.Errorf("have %d bytes, goodbye says %d", c.st.PeerProd(), final)))
-		return
-	}
-	c.life = lifePeerGone
-	c.wakeLocked(evRead | evWrite)
-}
-
 // life is where a Conn is in its lifecycle (docs/protocol.md §4); it only
 // moves forward, under mu. A transport failure (err) is orthogonal to it.
 type life uint8
@@ -103,8 +97,7 @@ type life uint8
 const (
 	lifeOpen     life = iota
 	lifePeerGone      // the peer said goodbye: reads end with EOF after the data, writes fail
-	lifeClosing       // Close was called: calls fail with net.ErrClosed; the goodbye is on its way
-	lifeClosed        // the goodbye was sent and the bootstrap connection closed
+	lifeClosing       // Close or Detach was called: calls fail with net.ErrClosed
 )
 
 // Close closes the Conn: blocked calls return net.ErrClosed at once, and
@@ -132,18 +125,8 @@ func (c *Conn) Close() error {
 	c.bs.stop()
 	c.st.SetClose()
 	ended := c.sayGoodbye(final)
-	c.life = lifeClosed
 	c.mu.Unlock()
-	go func() {
-		c.calls.Wait()
-		// A Read from a lease is not among the calls (recv.go): taking the
-		// receive half's lock waits for one still copying out of the ring.
-		c.rd.mu.Lock()
-		//lint:ignore SA2001 the empty critical section is the barrier
-		c.rd.mu.Unlock()
-		<-ended // the peer has what we sent (Owner.Goodbye)
-		c.release()
-	}()
+	c.release(ended) // once the peer has what we sent (Owner.Goodbye)
 	return nil
 }
 
@@ -162,10 +145,31 @@ func (c *Conn) SetLinger(sec int) error {
 	return nil
 }
 
-// release frees what the Conn holds once nothing uses it
-// (Endpoint.release), draining the completions the closed QP flushed.
-func (c *Conn) release() {
-	c.ep.release(func() { c.drain(); c.loops.Wait() })
+// release frees what the Conn holds (Endpoint.release) in the background,
+// once ended is closed and the last call has left, and polls for a bounded
+// time the completions the closed QP flushed.
+func (c *Conn) release(ended <-chan struct{}) {
+	go func() {
+		c.calls.Wait()
+		// A Read from a lease is not among the calls (recv.go): taking the
+		// receive half's lock waits for one still copying out of the ring.
+		c.rd.mu.Lock()
+		//lint:ignore SA2001 the empty critical section is the barrier
+		c.rd.mu.Unlock()
+		<-ended
+		c.ep.release(func() {
+			end := time.Now().Add(100 * time.Millisecond)
+			for time.Now().Before(end) {
+				c.mu.Lock()
+				n, err := c.ep.cq.Poll(c.wcs[:])
+				c.mu.Unlock()
+				if err != nil || n == 0 {
+					break
+				}
+			}
+			c.loops.Wait()
+		})
+	}()
 }
 
 // sayGoodbye sends the final FIN|CLOSE message if final and waits a bounded
@@ -220,17 +224,4 @@ func (c *Conn) sayGoodbye(final bool) <-chan struct{} {
 	}
 	c.mu.Lock()
 	return ended
-}
-
-// drain polls flushed completions for a bounded time after the QP closed.
-func (c *Conn) drain() {
-	end := time.Now().Add(100 * time.Millisecond)
-	for time.Now().Before(end) {
-		c.mu.Lock()
-		n, err := c.ep.cq.Poll(c.wcs[:])
-		c.mu.Unlock()
-		if err != nil || n == 0 {
-			return
-		}
-	}
 }

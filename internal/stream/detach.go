@@ -109,13 +109,10 @@ func (c *Conn) Detach() (Leftover, error) {
 	if from := c.st.PeerCons(); from < lo.Sent {
 		lo.Unacked = c.sentLocked(from, lo.Sent)
 	}
-	c.life = lifeClosed
+	c.life = lifeClosing
 	close(c.done)
 	c.bs.stop()
-	go func() {
-		c.calls.Wait()
-		c.release()
-	}()
+	c.release(c.done) // closed: no goodbye to wait for
 	return lo, nil
 }
 
