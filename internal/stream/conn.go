@@ -163,13 +163,6 @@ func drain(ch chan struct{}) {
 	}
 }
 
-func wake(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
-}
-
 // QP returns the queue pair carrying the Conn, for tests that inject faults
 // or hostile messages underneath the protocol.
 func (c *Conn) QP() verbs.QP { return c.ep.qp }

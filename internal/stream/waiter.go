@@ -60,7 +60,10 @@ func (e *entry) signal() {
 		woken.Add(1)
 		e.sigAt.Store(monotonic())
 	}
-	wake(e.ch)
+	select {
+	case e.ch <- struct{}{}:
+	default:
+	}
 }
 
 // init sets e up in place (an entry holds an atomic: it is not copied).
@@ -173,8 +176,8 @@ func (c *Conn) idleLocked() {
 	}
 	want := uint32(armNone)
 	switch {
-	case c.owesPeerLocked() || c.rd.shut:
-		want = armAll
+	case c.st.Unannounced() > 0 || c.st.FINPending() || c.st.NeedUpdate() || c.rd.shut:
+		want = armAll // we owe the peer something, or discard what comes
 	case !c.rd.lent:
 		want = armSolicited
 	}
@@ -198,11 +201,6 @@ func (c *Conn) idleLocked() {
 		}
 	}
 	c.progressLocked()
-}
-
-// owesPeerLocked reports whether we hold something the peer waits for.
-func (c *Conn) owesPeerLocked() bool {
-	return c.st.Unannounced() > 0 || c.st.FINPending() || c.st.NeedUpdate()
 }
 
 // notify is the CQ's notification (verbs.CQ): it wakes the poller, or, with
@@ -311,8 +309,10 @@ func (c *Conn) spin(e *entry, dl *deadline.Deadline, w time.Duration) (done bool
 		if dl.Expired() {
 			return true, os.ErrDeadlineExceeded
 		}
-		if isClosed(e.stop) {
+		select {
+		case <-e.stop:
 			return true, net.ErrClosed
+		default:
 		}
 		if time.Now().After(end) {
 			return false, nil
@@ -327,12 +327,3 @@ const spinAlone = 64
 
 // yieldRan is how long a yield that ran no other thread takes at most.
 const yieldRan = int64(2 * time.Microsecond)
-
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
