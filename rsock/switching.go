@@ -661,10 +661,14 @@ func (w *swConn) Close() error {
 	}
 	r := w.ring
 	failed := w.err
+	linger := -1 // SetLinger's, if called: no later setLinger (closed)
+	if w.linger != nil {
+		linger = *w.linger
+	}
 	ending := r == nil && w.claimReaderLocked()
 	w.mu.Unlock()
 	if r != nil {
-		return r.Close()
+		return r.Close(linger)
 	}
 	// Without a ring the socket's end is the goodbye, but for an abort.
 	var g *handshake.Goodbye
@@ -673,7 +677,7 @@ func (w *swConn) Close() error {
 		g = &handshake.Goodbye{Abort: true, Reason: handshake.SanitizeReason(failed.Error())}
 	case !resent:
 		g = &handshake.Goodbye{Abort: true, Reason: "closed before the failover sent its bytes again"}
-	case w.linger != nil && *w.linger == 0:
+	case linger == 0:
 		g = &handshake.Goodbye{Abort: true, Reason: "closed with linger 0 (abort)"}
 	}
 	if ending {
@@ -735,7 +739,8 @@ func (w *swConn) setDeadline(t time.Time, read, write bool) error {
 	return nil
 }
 
-// setLinger applies SetLinger to the socket and the ring, now and later.
+// setLinger applies SetLinger to the socket, or, with a ring, to the
+// ring's Close (Close reads w.linger).
 func (w *swConn) setLinger(sec int) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -744,7 +749,7 @@ func (w *swConn) setLinger(sec int) error {
 	}
 	w.linger = &sec
 	if w.ring != nil {
-		return w.ring.SetLinger(sec)
+		return nil
 	}
 	return w.raw.SetLinger(sec)
 }
@@ -757,9 +762,6 @@ func (w *swConn) setRing(r *stream.Conn, name string) {
 		w.mu.Unlock()
 		dropRing(r)
 		return
-	}
-	if w.linger != nil {
-		_ = r.SetLinger(*w.linger)
 	}
 	if w.rclosed {
 		_ = r.CloseRead()

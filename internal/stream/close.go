@@ -105,17 +105,20 @@ const (
 // not failed, it sends the final message and waits for its acknowledgement;
 // then it says goodbye on the bootstrap connection, an abort if a failure
 // showed, and after an orderly goodbye it waits for the peer's end of the
-// bootstrap (Owner.Goodbye), all within finalAckTimeout (or as SetLinger
-// says). The queue pair and memory are released once the bootstrap has
+// bootstrap (Owner.Goodbye). linger bounds that as SO_LINGER does for TCP:
+// with linger < 0 Close waits at most finalAckTimeout, with linger > 0 at
+// most linger seconds, and with linger == 0 it aborts: it sends no final
+// message, the peer's calls fail with a reset, and bytes it has not read
+// are lost. The queue pair and memory are released once the bootstrap has
 // ended and the last call has left (a Read copying out of the ring, a
 // CopyTo whose writer blocks). A second Close returns net.ErrClosed.
-func (c *Conn) Close() error {
+func (c *Conn) Close(linger int) error {
 	c.mu.Lock()
 	if c.life >= lifeClosing {
 		c.mu.Unlock()
 		return net.ErrClosed
 	}
-	if c.linger == 0 && c.err == nil {
+	if linger == 0 && c.err == nil {
 		c.err = reset("closed with linger 0 (abort)", nil)
 	}
 	final := c.life == lifeOpen && c.err == nil
@@ -124,24 +127,9 @@ func (c *Conn) Close() error {
 	close(c.done)
 	c.bs.stop()
 	c.st.SetClose()
-	ended := c.sayGoodbye(final)
+	ended := c.sayGoodbye(final, linger)
 	c.mu.Unlock()
 	c.release(ended) // once the peer has what we sent (Owner.Goodbye)
-	return nil
-}
-
-// SetLinger sets how Close ends the connection, as SO_LINGER does for TCP: with
-// sec < 0 (the default) Close waits at most finalAckTimeout for the final
-// message to be acknowledged and the peer to end the bootstrap, with sec > 0 at
-// most sec seconds, and with sec == 0 it aborts: it sends no final message, the
-// peer's calls fail with a reset, and bytes it has not read are lost.
-func (c *Conn) SetLinger(sec int) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.life >= lifeClosing {
-		return net.ErrClosed
-	}
-	c.linger = sec
 	return nil
 }
 
@@ -175,14 +163,14 @@ func (c *Conn) release(ended <-chan struct{}) {
 // sayGoodbye sends the final FIN|CLOSE message if final and waits a bounded
 // time for its ack, so that it is on its way before the peer reads our
 // goodbye; then it says goodbye, ending the bootstrap, and after an orderly
-// one waits, within the same bound, for the peer's end. It returns
-// Owner.Goodbye's channel. mu is held on entry and on return, released while
-// it waits and while it writes the goodbye.
-func (c *Conn) sayGoodbye(final bool) <-chan struct{} {
+// one waits, within the same bound (as Close's linger says), for the peer's
+// end. It returns Owner.Goodbye's channel. mu is held on entry and on
+// return, released while it waits and while it writes the goodbye.
+func (c *Conn) sayGoodbye(final bool, linger int) <-chan struct{} {
 	dl := deadline.New()
 	wait := finalAckTimeout
-	if c.linger > 0 {
-		wait = time.Duration(c.linger) * time.Second
+	if linger > 0 {
+		wait = time.Duration(linger) * time.Second
 	}
 	dl.Set(time.Now().Add(wait))
 	defer dl.Set(time.Time{})

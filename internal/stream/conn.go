@@ -56,7 +56,6 @@ type Conn struct {
 	sqDone   uint64
 	lastSig  uint64
 	closeSig uint64   // ID of the signaled final message, 0 if none
-	linger   int      // SetLinger's seconds; negative: finalAckTimeout
 	waiting  []*entry // entries of the calls waiting now
 	// armed is how the queue is armed and has not notified since (notify
 	// clears it): idleLocked skips an Arm that would change nothing, and
@@ -117,7 +116,6 @@ func (e *Endpoint) Start(peer Ring, owner Owner, rdl, wdl *deadline.Deadline) (*
 		ep: e, owner: owner, peer: peer, opts: e.opts, st: st,
 		inline: e.qp.MaxInline(),
 		done:   make(chan struct{}),
-		linger: -1,
 	}
 	c.rd.dl, c.wr.dl = rdl, wdl
 	c.ringSize.Store(int64(e.opts.RingSize))

@@ -53,10 +53,10 @@ func newPairOn(t *testing.T, p verbs.Provider, opts Options) (a, b *Conn) {
 	t.Cleanup(func() {
 		done := make(chan struct{})
 		go func() {
-			_ = a.Close()
+			_ = a.Close(-1)
 			close(done)
 		}()
-		_ = b.Close()
+		_ = b.Close(-1)
 		<-done
 	})
 	return a, b
@@ -219,7 +219,7 @@ func TestCloseWaitsForAck(t *testing.T) {
 	a, b := newPair(t, eventOnly)
 	_, err := a.Write([]byte("last words"))
 	require.NoError(t, err)
-	require.NoError(t, a.Close())
+	require.NoError(t, a.Close(-1))
 	got, err := io.ReadAll(b)
 	require.NoError(t, err, "the peer's Read after an orderly close")
 	require.Equal(t, "last words", string(got))

@@ -106,11 +106,11 @@ func TestWokenBalances(t *testing.T) {
 			}
 			done := make(chan error, 1)
 			go func() { _, err := a.Read(buf); done <- err }()
-			_ = b.Close()
+			_ = b.Close(-1)
 			if err := <-done; err == nil {
 				t.Error("Read across the peer's Close returned no error")
 			}
-			_ = a.Close()
+			_ = a.Close(-1)
 		})
 	}
 	wg.Wait()
@@ -188,8 +188,8 @@ func TestParkCostFromWaits(t *testing.T) {
 	defer parkCost.Store(parkCost.Load())
 	parkCost.Store(0)
 	a, b := newPair(t, eventOnly)
-	defer a.Close()
-	defer b.Close()
+	defer a.Close(-1)
+	defer b.Close(-1)
 	done := make(chan error, 1)
 	go func() {
 		buf := make([]byte, 8)
