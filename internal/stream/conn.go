@@ -2,7 +2,6 @@ package stream
 
 import (
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 
@@ -143,15 +142,11 @@ func (e *Endpoint) Start(peer Ring, owner Owner, rdl, wdl *deadline.Deadline) (*
 // Stats returns the Conn's live counters.
 func (c *Conn) Stats() *Stats { return &c.stats }
 
-// enter counts an in-flight call (enterLocked); it fails once Close started.
+// enter is enterLocked for a call that does not hold mu.
 func (c *Conn) enter() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.life >= lifeClosing {
-		return net.ErrClosed
-	}
-	c.enterLocked()
-	return nil
+	return c.enterLocked()
 }
 
 func drain(ch chan struct{}) {

@@ -89,7 +89,7 @@ func (c *Conn) growLocked() {
 		e.nextRing = nil
 	}
 	ok := c.err == nil && c.life == lifeOpen && !c.st.PeerClosed() && c.sqFreeLocked() > 0
-	if e.nextRing != nil && !c.grow.offered && ok && !c.rd.shut && c.st.CanSendControl() {
+	if e.nextRing != nil && !c.grow.offered && ok && c.st.CanSendControl() {
 		if m, err := c.st.Grow(uint64(c.opts.GrowTo), e.nextRing.Addr(), e.nextRing.RKey()); err == nil {
 			c.grow.offered = true
 			c.postMsgLocked(&m, false, false)

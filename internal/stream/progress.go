@@ -92,7 +92,7 @@ func (c *Conn) handleRecvLocked(wc *verbs.Completion) event {
 	case m.Flags&ring.FlagBlocked != 0:
 		c.maybeGrowLocked()
 	}
-	if c.rd.shut && !c.rd.lent {
+	if c.rd.shut && !c.lentLocked() {
 		// Nobody will read: consume and discard so the peer is not stalled
 		// (bytes lent to a Read or CopyTo are discarded when it is done).
 		_ = c.st.Consumed(c.st.Readable())

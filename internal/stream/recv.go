@@ -27,16 +27,19 @@ type recvHalf struct {
 	dl   *deadline.Deadline // the caller's (Endpoint.Start)
 	stop atomic.Bool        // Close or CloseRead was called: no more Reads from a lease; set under Conn.mu
 	shut bool               // CloseRead was called; guarded by Conn.mu
-	lent bool               // readable bytes are lent outside Conn.mu (a lease, a CopyTo piece): CloseRead leaves them to their holder; guarded by Conn.mu
 	// copying is the piece a CopyTo has handed to its writer, which may
 	// block at will: Detach counts it read. Guarded by Conn.mu.
 	copying uint64
 
 	base  uint64 // consumer cursor (ring.State.Cons) when the lease was taken or last reported
-	lease uint64 // bytes from base lent to Reads
+	lease uint64 // bytes from base lent to Reads; written under Conn.mu too
 	taken uint64 // bytes of the lease copied out, not yet reported
 	mem   []byte // the ring that holds the lease (one ring: a lease never spans a move, grow.go)
 }
+
+// lentLocked reports whether readable bytes are lent outside mu (a lease,
+// a CopyTo's piece): CloseRead leaves them to their holder.
+func (c *Conn) lentLocked() bool { return c.rd.lease > 0 || c.rd.copying > 0 }
 
 // Lease Reads report what they took at ring size>>leaseReportShift bytes.
 const leaseReportShift = 4 // 1/16
@@ -49,11 +52,10 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if c.rd.lease <= c.rd.taken || len(b) == 0 || c.rd.stop.Load() || c.rd.dl.Expired() {
 		c.mu.Lock()
 		// enter, under the lock awaitLeaseLocked needs anyway.
-		if c.life >= lifeClosing {
+		if err := c.enterLocked(); err != nil {
 			c.mu.Unlock()
-			return 0, net.ErrClosed
+			return 0, err
 		}
-		c.enterLocked()
 		err := c.awaitLeaseLocked(len(b) == 0)
 		var n uint64
 		if err == nil && len(b) > 0 && c.rd.lease <= lockedCopy {
@@ -147,7 +149,7 @@ func (c *Conn) readLease(b []byte) (uint64, error) {
 		if c.rd.taken >= report || c.rd.taken == c.rd.lease {
 			c.mu.Lock()
 			err := c.syncLeaseLocked()
-			if !c.rd.lent {
+			if c.rd.lease == 0 {
 				c.idleLocked() // a lease that ends arms as a call that leaves
 			}
 			c.mu.Unlock()
@@ -171,7 +173,6 @@ func (c *Conn) syncLeaseLocked() error {
 		if err := c.st.Consumed(c.rd.taken); err != nil {
 			return err
 		}
-		c.rd.base += c.rd.taken
 		c.rd.taken = 0
 	}
 	if c.st.Readable() == 0 {
@@ -188,7 +189,6 @@ func (c *Conn) syncLeaseLocked() error {
 		c.rd.mem = c.ringMemLocked(old)
 	}
 	c.rd.base = c.st.Cons()
-	c.rd.lent = c.rd.lease > 0
 	if c.life < lifeClosing {
 		c.flushLocked()
 	}
@@ -209,7 +209,7 @@ func (c *Conn) dropLease() {
 		return
 	}
 	c.mu.Lock()
-	if c.rd.lent && c.life < lifeClosing {
+	if c.rd.lease > 0 && c.life < lifeClosing {
 		_ = c.syncLeaseLocked()
 	}
 	c.mu.Unlock()
@@ -219,7 +219,6 @@ func (c *Conn) dropLease() {
 // returnLentLocked ends a CopyTo's use of readable bytes outside mu: n of
 // them are consumed, and the rest discarded if CloseRead came meanwhile.
 func (c *Conn) returnLentLocked(n uint64) error {
-	c.rd.lent = false
 	err := c.st.Consumed(n)
 	if c.rd.shut {
 		_ = c.st.Consumed(c.st.Readable())
@@ -246,7 +245,7 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 	defer c.mu.Unlock()
 	// A lease of earlier Reads comes back first: this reads the ring directly.
 	err := c.syncLeaseLocked()
-	c.rd.lease, c.rd.lent = 0, false
+	c.rd.lease = 0
 	if err != nil {
 		return 0, err, nil
 	}
@@ -258,7 +257,6 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 		if avail, old := c.st.ReadableHere(); avail > 0 {
 			mem := c.ringMemLocked(old)
 			s1, s2 := c.st.ReadSegments(min(avail, max(uint64(len(mem))/4, 1)))
-			c.rd.lent = true
 			c.rd.copying = s1.Len + s2.Len
 			c.mu.Unlock()
 			k, werr := writeSegs(w, mem[s1.Off:s1.Off+s1.Len], mem[s2.Off:s2.Off+s2.Len])
@@ -332,7 +330,7 @@ func (c *Conn) CloseRead() error {
 	}
 	c.rd.shut = true
 	c.rd.stop.Store(true)
-	if !c.rd.lent { // else their holder discards them (returnLentLocked, dropLease)
+	if !c.lentLocked() { // else their holder discards them (returnLentLocked, dropLease)
 		_ = c.st.Consumed(c.st.Readable())
 		c.flushLocked()
 	}

@@ -39,10 +39,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 	defer c.mu.Unlock()
 	// Counted in the Conn from here: a Write waiting for wr.mu touches
 	// nothing before it finds the Conn closed.
-	if c.life >= lifeClosing {
-		return 0, net.ErrClosed
+	if err := c.enterLocked(); err != nil {
+		return 0, err
 	}
-	c.enterLocked()
 	c.wr.busy = true
 	defer func() {
 		c.wr.busy = false

@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -144,11 +145,8 @@ func (c *Conn) pollFor(e *entry) {
 // leaveLocked removes e from the waiting entries; a poller handles what woke
 // it and hands the role on, or arms for background progress if it was last.
 func (c *Conn) leaveLocked(e *entry) {
-	for i, w := range c.waiting {
-		if w == e {
-			c.waiting = append(c.waiting[:i], c.waiting[i+1:]...)
-			break
-		}
+	if i := slices.Index(c.waiting, e); i >= 0 {
+		c.waiting = slices.Delete(c.waiting, i, i+1)
 	}
 	if c.poller.Load() != e {
 		return
@@ -178,7 +176,7 @@ func (c *Conn) idleLocked() {
 	switch {
 	case c.st.Unannounced() > 0 || c.st.FINPending() || c.st.NeedUpdate() || c.rd.shut:
 		want = armAll // we owe the peer something, or discard what comes
-	case !c.rd.lent:
+	case !c.lentLocked():
 		want = armSolicited
 	}
 	if want != armNone {
@@ -232,9 +230,16 @@ func (c *Conn) background() {
 	c.idleLocked()
 }
 
-// enterLocked counts a call in the Conn; exit uncounts it, and arms for
-// background progress when it was the last.
-func (c *Conn) enterLocked() { c.active.Add(1); c.calls.Add(1) }
+// enterLocked counts a call in the Conn, unless Close or Detach started;
+// exit uncounts it, and arms for background progress when it was the last.
+func (c *Conn) enterLocked() error {
+	if c.life >= lifeClosing {
+		return net.ErrClosed
+	}
+	c.active.Add(1)
+	c.calls.Add(1)
+	return nil
+}
 
 func (c *Conn) exit() {
 	c.mu.Lock()
