@@ -216,19 +216,6 @@ func (c *Conn) dropLease() {
 	c.rd.mu.Unlock()
 }
 
-// returnLentLocked ends a CopyTo's use of readable bytes outside mu: n of
-// them are consumed, and the rest discarded if CloseRead came meanwhile.
-func (c *Conn) returnLentLocked(n uint64) error {
-	err := c.st.Consumed(n)
-	if c.rd.shut {
-		_ = c.st.Consumed(c.st.Readable())
-	}
-	if err == nil {
-		c.flushLocked()
-	}
-	return err
-}
-
 // CopyTo hands the stream to w until EOF (both errors nil), an error of
 // the stream (readErr, as Read would return it) or of w (writeErr). The
 // bytes go to w.Write straight from the ring (w must not keep the slice),
@@ -265,7 +252,14 @@ func (c *Conn) CopyTo(w io.Writer) (n int64, readErr, writeErr error) {
 			if c.life >= lifeClosing {
 				return n + int64(k), net.ErrClosed, werr // detached meanwhile: it took the piece as read
 			}
-			err := c.returnLentLocked(uint64(k))
+			// The piece is consumed, and the rest discarded if CloseRead came meanwhile.
+			err := c.st.Consumed(uint64(k))
+			if c.rd.shut {
+				_ = c.st.Consumed(c.st.Readable())
+			}
+			if err == nil {
+				c.flushLocked()
+			}
 			n += int64(k)
 			c.stats.BytesRead.Add(uint64(k))
 			switch {
@@ -330,7 +324,7 @@ func (c *Conn) CloseRead() error {
 	}
 	c.rd.shut = true
 	c.rd.stop.Store(true)
-	if !c.lentLocked() { // else their holder discards them (returnLentLocked, dropLease)
+	if !c.lentLocked() { // else their holder discards them (CopyTo, dropLease)
 		_ = c.st.Consumed(c.st.Readable())
 		c.flushLocked()
 	}

@@ -22,12 +22,9 @@ import (
 // when it leaves: while any call is parked, the queue is armed for one.
 
 // Test hooks: a call about to park (after it became the poller or found
-// one, with mu released), and a poller that has let go of the role and
-// not yet polled (mu held).
-var testHookParking, testHookLeaving atomic.Pointer[func(*Conn)]
-
-// testHookYield runs when a spinner is about to hand its P on.
-var testHookYield atomic.Pointer[func(*Conn)]
+// one, with mu released), a poller that has let go of the role and not
+// yet polled (mu held), and a spinner about to hand its P on.
+var testHookParking, testHookLeaving, testHookYield atomic.Pointer[func(*Conn)]
 
 // How the queue is armed (Conn.armed).
 const (
