@@ -353,3 +353,23 @@ func newConn(network string, l label) *Conn {
 	c.label.Store(&l)
 	return c
 }
+
+// TestUpgradeCountedBeforeItsRingIsUsed: a connection is relabelled, and
+// its upgrade counted, before a call can move bytes on its new ring.
+func TestUpgradeCountedBeforeItsRingIsUsed(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	testHookRingSet.set(func(w *swConn) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, w.c.Info().Transport)
+	})
+	t.Cleanup(func() { testHookRingSet.set(nil) })
+	cfg := &Config{Transports: []string{"shm", "tcp"}, UpgradeAfter: -1}
+	c, s := pipe(t, listen(t, cfg), cfg)
+	defer c.Close()
+	defer s.Close()
+	mu.Lock() // pipe waited for both ends to settle, after their rings were installed
+	defer mu.Unlock()
+	assert.Equal(t, []string{"shm", "shm"}, seen, "both ends, as their rings were installed")
+}

@@ -772,6 +772,7 @@ func (w *swConn) setRing(r *stream.Conn, name string) {
 	// registry's shard lock).
 	w.c.relabel(&label{transport: name, code: CodeAgreed, reason: name + " agreed (upgraded from TCP)"})
 	w.mu.Unlock()
+	testHookRingSet.run(w)
 	if r.Moving() {
 		// It failed before it was installed (Failed).
 		go func() { _ = w.failover("the ring failed as it started") }()
@@ -790,6 +791,9 @@ func (w *swConn) setRing(r *stream.Conn, name string) {
 		w.wunlock()
 	}()
 }
+
+// testHookRingSet runs as soon as calls can use the ring setRing installed (tests).
+var testHookRingSet hook
 
 // dropRing ends a started ring that was never installed: nothing was
 // sent on it, so there is no final message to wait for, and it sends no
