@@ -121,15 +121,11 @@ func (d *Dialer) dial(ctx context.Context, s *settings, network, address string)
 	}
 	var redial *redialError
 	if errors.As(err, &redial) {
-		return plain(redial.code, err)
-	}
-	var nr *notRsockError
-	if errors.As(err, &nr) {
-		if s.probeCacheTTL > 0 && plainServers.add(key, s.probeCacheTTL) {
+		if redial.code == CodePlainServer && s.probeCacheTTL > 0 && plainServers.add(key, s.probeCacheTTL) {
 			s.log.LogAttrs(ctx, slog.LevelInfo, "rsock: remembering a server that does not speak rsock",
 				slog.String("code", CodePlainServer), slog.String("peer", address), slog.String("reason", err.Error()), slog.Duration("for", s.probeCacheTTL))
 		}
-		return plain(CodePlainServer, err)
+		return plain(redial.code, err)
 	}
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: network, Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err}

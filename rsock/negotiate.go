@@ -175,20 +175,15 @@ func mustTransport(name string) handshake.Transport {
 	return t
 }
 
-// redialError says the handshake left the connection unusable although
-// the server may well speak rsock (silence, a close, a malformed or
-// unexpected answer, a version the server declined): the caller closes it
-// and dials again plainly, without remembering a verdict.
+// redialError says the handshake left the connection unusable: the caller
+// closes it and dials again plainly. With CodePlainServer the server
+// answered, and not like an rsock server: the only evidence that it is a
+// plain one, which the caller remembers (an overloaded rsock server may be
+// silent or close too). Any other code (silence, a close, a malformed or
+// unexpected answer, a version the server declined) is no verdict.
 type redialError struct{ code, why string }
 
 func (e *redialError) Error() string { return e.why }
-
-// notRsockError says the server answered, and not like an rsock server:
-// the only evidence that it is a plain one (an overloaded rsock server may
-// be silent or close too).
-type notRsockError struct{ why string }
-
-func (e *notRsockError) Error() string { return "server does not speak rsock: " + e.why }
 
 // offerable returns the configured transports that raw's connection may
 // offer, in order, and why the others may not.
@@ -230,8 +225,8 @@ func (s *settings) dialEarly(network, key string, raw *net.TCPConn) *Conn {
 
 // readAnswer reads the server's answer to the hello: the magic within
 // ProbeTimeout, the rest of the frame within ctx's deadline. On an error raw
-// is closed, and the error says whether the server answered as a plain
-// server (*notRsockError) or not usefully (*redialError).
+// is closed, and a *redialError says whether the server answered as a
+// plain server or not usefully.
 func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.Message, error) {
 	end, bounded := ctx.Deadline()
 	probeEnd := time.Now().Add(s.probe)
@@ -249,7 +244,7 @@ func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
 		case n > 0 && !handshake.MatchesMagicPrefix(head[:n]):
-			return nil, &notRsockError{"its reply does not start with the rsock magic"}
+			return nil, &redialError{CodePlainServer, "server does not speak rsock: its reply does not start with the rsock magic"}
 		case isTimeout(err):
 			return nil, &redialError{CodeNoAnswer, fmt.Sprintf("server did not answer within %v", s.probe)}
 		default:
@@ -274,7 +269,7 @@ func (s *settings) readAnswer(ctx context.Context, raw *net.TCPConn) (handshake.
 // dialHandshake runs the client side on raw: magic and Hello in one
 // write; the server's Upgrade makes a Conn on TCP that upgrades later, or
 // before it is returned (dialWaits). On an error raw is closed; a
-// *notRsockError or *redialError tells the caller to dial again plainly.
+// *redialError tells the caller to dial again plainly.
 func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *net.TCPConn) (*Conn, error) {
 	names, why := s.offerable(raw)
 	if len(names) == 0 { // nothing sent yet: plain TCP, if allowed
@@ -330,13 +325,13 @@ func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *
 		return s.declined(network, raw, m)
 	case *handshake.Hello:
 		raw.Close()
-		return nil, &notRsockError{"it echoed the hello"}
+		return nil, &redialError{CodePlainServer, "server does not speak rsock: it echoed the hello"}
 	case *handshake.Accept:
 		raw.Close()
 		return nil, &redialError{CodeNoAnswer, "the server accepted an offer without a ring"}
 	default:
 		raw.Close()
-		return nil, &notRsockError{fmt.Sprintf("it answered with %v", msg.Type())}
+		return nil, &redialError{CodePlainServer, fmt.Sprintf("server does not speak rsock: it answered with %v", msg.Type())}
 	}
 }
 
