@@ -62,40 +62,6 @@ func (s *settings) newEndpoint(name string, raw net.Conn, p peerRing) (*stream.E
 	return stream.NewEndpoint(prov, s.openOptions(raw), s.streamOptions(p))
 }
 
-// preparePassive makes the server's endpoint for the client's offer of
-// transport name (p: what its Hello said of rings), registering all it needs
-// before the client switches, so a refused registration declines, not aborts.
-func (s *settings) preparePassive(ctx context.Context, name string, raw net.Conn, o handshake.Offer, p peerRing) (*stream.Endpoint, error) {
-	if err := s.checkPeerRing(o.Ring); err != nil {
-		return nil, fmt.Errorf("client's ring: %w", err)
-	}
-	e, err := s.newEndpoint(name, raw, p)
-	if err != nil {
-		return nil, err
-	}
-	if err = e.Connect(ctx, o.Info, false); err == nil {
-		err = e.Prepare(streamRing(o.Ring))
-	}
-	if err != nil {
-		e.Close()
-		return nil, err
-	}
-	return e, nil
-}
-
-// connectActive is the client's side of an Accept: it checks the server's
-// ring, registers the staging for it (before switching, as the server
-// does) and connects ep actively. On an error the caller closes ep.
-func (s *settings) connectActive(ctx context.Context, ep *stream.Endpoint, m *handshake.Accept) error {
-	if err := s.checkPeerRing(m.Ring); err != nil {
-		return err
-	}
-	if err := ep.Prepare(streamRing(m.Ring)); err != nil {
-		return err
-	}
-	return ep.Connect(ctx, m.Info, true)
-}
-
 func ringOf(r stream.Ring) handshake.RingInfo {
 	return handshake.RingInfo{Size: r.Size, Addr: r.Addr, RKey: r.RKey, Credits: uint16(r.Credits)}
 }

@@ -383,12 +383,20 @@ func (w *swConn) declineOffer(mine chan struct{}, code handshake.DeclineCode, ou
 	}
 }
 
-// clientStart connects and starts the ring the server accepted.
+// clientStart connects and starts the ring the server accepted: it checks
+// the server's ring, registers the staging for it (before switching, as the
+// server does) and connects ep actively. On an error the caller closes ep.
 func (w *swConn) clientStart(ctx context.Context, ep *stream.Endpoint, name string, m *handshake.Accept) (*stream.Conn, error) {
 	if m.Transport != mustTransport(name) {
 		return nil, fmt.Errorf("the server accepted %v, which was not offered", m.Transport)
 	}
-	if err := w.set.connectActive(ctx, ep, m); err != nil {
+	if err := w.set.checkPeerRing(m.Ring); err != nil {
+		return nil, err
+	}
+	if err := ep.Prepare(streamRing(m.Ring)); err != nil {
+		return nil, err
+	}
+	if err := ep.Connect(ctx, m.Info, true); err != nil {
 		return nil, err
 	}
 	return ep.Start(streamRing(m.Ring), w, &w.rdl, &w.wdl)
@@ -499,11 +507,27 @@ func (w *swConn) stepContext() (context.Context, context.CancelFunc) {
 	return ctx, cancel
 }
 
-// servePrepare prepares an offer's endpoint, if its transport is allowed.
+// servePrepare makes the server's endpoint for the client's offer, if its
+// transport is allowed, registering all it needs before the client
+// switches, so a refused registration declines, not aborts.
 func (w *swConn) servePrepare(ctx context.Context, o handshake.Offer) (*stream.Endpoint, error) {
-	name := o.Transport.String()
-	if !slices.Contains(w.set.transports, name) {
-		return nil, fmt.Errorf("not allowed here (%s)", w.set.transportList())
+	s, name := w.set, o.Transport.String()
+	if !slices.Contains(s.transports, name) {
+		return nil, fmt.Errorf("not allowed here (%s)", s.transportList())
 	}
-	return w.set.preparePassive(ctx, name, w.raw, o, w.peer)
+	if err := s.checkPeerRing(o.Ring); err != nil {
+		return nil, fmt.Errorf("client's ring: %w", err)
+	}
+	e, err := s.newEndpoint(name, w.raw, w.peer)
+	if err != nil {
+		return nil, err
+	}
+	if err = e.Connect(ctx, o.Info, false); err == nil {
+		err = e.Prepare(streamRing(o.Ring))
+	}
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
 }
