@@ -34,12 +34,11 @@ import (
 // Neither Read nor Write blocks. After Close each method fails with an
 // error wrapping net.ErrClosed.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) {
-	t, err := c.socket()
-	if err != nil {
-		return nil, err
-	}
-	c.keepAlive()
-	rc, err := t.SyscallConn()
+	var rc syscall.RawConn
+	err := c.onKeepAlive(func(t *net.TCPConn) (err error) {
+		rc, err = t.SyscallConn()
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -46,7 +46,7 @@ func (c *Conn) SetKeepAliveConfig(config net.KeepAliveConfig) error {
 
 // onKeepAlive applies f to the socket once keep-alive is on.
 func (c *Conn) onKeepAlive(f func(*net.TCPConn) error) error {
-	return c.onSocket("set", func(t *net.TCPConn) error {
+	return c.onSocket(func(t *net.TCPConn) error {
 		c.keepAlive()
 		return f(t)
 	})
@@ -56,21 +56,21 @@ func (c *Conn) onKeepAlive(f func(*net.TCPConn) error) error {
 // posted to the peer at once, so on a ring this only sets the bootstrap
 // socket's option.
 func (c *Conn) SetNoDelay(noDelay bool) error {
-	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetNoDelay(noDelay) })
+	return c.onSocket(func(t *net.TCPConn) error { return t.SetNoDelay(noDelay) })
 }
 
 // SetReadBuffer sets the socket's receive buffer. On a ring the receive
 // buffer is the ring, whose size the handshake fixed (Config.RingSize):
 // this sets only the bootstrap socket's.
 func (c *Conn) SetReadBuffer(bytes int) error {
-	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetReadBuffer(bytes) })
+	return c.onSocket(func(t *net.TCPConn) error { return t.SetReadBuffer(bytes) })
 }
 
 // SetWriteBuffer sets the socket's send buffer. On a ring a Write copies
 // straight into the peer's ring (whose size the peer chose): this sets
 // only the bootstrap socket's.
 func (c *Conn) SetWriteBuffer(bytes int) error {
-	return c.onSocket("set", func(t *net.TCPConn) error { return t.SetWriteBuffer(bytes) })
+	return c.onSocket(func(t *net.TCPConn) error { return t.SetWriteBuffer(bytes) })
 }
 
 // SetLinger sets how Close behaves with data not yet delivered, as
@@ -87,19 +87,11 @@ func (c *Conn) SetLinger(sec int) error {
 	return c.tcp.SetLinger(sec)
 }
 
-// socket is the TCP connection under c: its own or its bootstrap's. On a
-// ring it fails once the Conn is closed.
-func (c *Conn) socket() (*net.TCPConn, error) {
+// onSocket applies f to the TCP connection under c: its own or its
+// bootstrap's. On a ring it fails once the Conn is closed.
+func (c *Conn) onSocket(f func(*net.TCPConn) error) error {
 	if c.w != nil && c.closed.Load() {
-		return nil, c.opError("set", net.ErrClosed)
+		return c.opError("set", net.ErrClosed)
 	}
-	return c.tcp, nil
-}
-
-func (c *Conn) onSocket(op string, f func(*net.TCPConn) error) error {
-	t, err := c.socket()
-	if err != nil {
-		return err
-	}
-	return f(t)
+	return f(c.tcp)
 }
