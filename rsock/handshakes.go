@@ -90,12 +90,22 @@ func (l *Listener) deliver(c *Conn, err error, peer net.Addr) {
 	}
 }
 
-// dropped counts and logs a handshake that failed.
+// dropped counts and logs a handshake that failed, rate-limited (logBurst).
 func (l *Listener) dropped(err error, peer net.Addr) {
 	l.handshakeErrors.Add(1)
 	failed(err)
-	logLimited(l.s.log, &l.logLimit, slog.LevelWarn, "rsock: handshake dropped",
-		slog.String("reason", err.Error()), slog.String("peer", fmt.Sprint(peer)))
+	if !l.s.log.Enabled(context.Background(), slog.LevelWarn) {
+		return
+	}
+	ok, n := l.logLimit.allow()
+	if !ok {
+		return
+	}
+	attrs := []slog.Attr{slog.String("reason", err.Error()), slog.String("peer", fmt.Sprint(peer))}
+	if n > 0 {
+		attrs = append(attrs, slog.Int("suppressed", n))
+	}
+	l.s.log.LogAttrs(context.Background(), slog.LevelWarn, "rsock: handshake dropped", attrs...)
 }
 
 // handshake runs raw's handshake, its first bytes (read with err) being
@@ -215,18 +225,12 @@ func switchHelloIn(b []byte) (*handshake.Hello, int) {
 		return nil, 0 // not whole: no error to build
 	}
 	h, err := handshake.ParseHeader(b)
-	if err != nil || h.Type != handshake.TypeHello {
-		return nil, 0
-	}
 	end := handshake.HeaderLen + int(h.Length)
-	if len(b) < end {
+	if err != nil || h.Type != handshake.TypeHello || len(b) < end {
 		return nil, 0
 	}
 	m, err := handshake.Decode(h, b[handshake.HeaderLen:end])
-	if err != nil {
-		return nil, 0
-	}
-	if hello, ok := m.(*handshake.Hello); ok && hello.Flags&handshake.FlagSwitch != 0 {
+	if hello, ok := m.(*handshake.Hello); ok && err == nil && hello.Flags&handshake.FlagSwitch != 0 {
 		return hello, end
 	}
 	return nil, 0

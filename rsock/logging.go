@@ -49,21 +49,6 @@ func (l *limiter) allow() (ok bool, suppressed int) {
 	return true, n
 }
 
-// logLimited logs through lim.
-func logLimited(log *slog.Logger, lim *limiter, level slog.Level, msg string, attrs ...slog.Attr) {
-	if !log.Enabled(context.Background(), level) {
-		return
-	}
-	ok, n := lim.allow()
-	if !ok {
-		return
-	}
-	if n > 0 {
-		attrs = append(attrs, slog.Int("suppressed", n))
-	}
-	log.LogAttrs(context.Background(), level, msg, attrs...)
-}
-
 // logConn logs a connection that falls back to TCP.
 func (s *settings) logConn(c *Conn, side string) {
 	l := c.label.Load()
