@@ -222,8 +222,7 @@ var DefaultTransports = []string{"verbs", "shm", "tcp"}
 // settings is a Config resolved against the environment and the defaults.
 type settings struct {
 	transports    []string              // accelerated transports, in order ("tcp" removed)
-	served        []string              // transports, host-local first (serveOrder)
-	servedT       []handshake.Transport // served's, by number
+	order         []handshake.Transport // transports by number, host-local first (localFirst)
 	fallback      bool                  // "tcp" was listed
 	ringSize      int
 	ringStart     int
@@ -315,10 +314,8 @@ func (c *Config) resolve() (*settings, error) {
 		}
 		s.transports = append(s.transports, name)
 	}
-	s.served = localFirst(s.transports)
-	for _, name := range s.served {
-		t, _ := handshake.TransportByName(name)
-		s.servedT = append(s.servedT, t)
+	for _, name := range localFirst(s.transports) {
+		s.order = append(s.order, mustTransport(name))
 	}
 	if len(s.transports) == 0 && !s.fallback {
 		return nil, &ConfigError{Field: "Transports", Env: env, Value: strings.Join(list, ","), Err: fmt.Errorf("no transport")}

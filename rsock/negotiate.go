@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -117,20 +118,15 @@ func localFirst(names []string) []string {
 func taken(offers []handshake.Offer, ts []handshake.Transport) []handshake.Transport {
 	var out []handshake.Transport
 	for _, t := range ts {
-		if indexOffer(offers, t) >= 0 {
+		if offered(offers, t) {
 			out = append(out, t)
 		}
 	}
 	return out
 }
 
-func indexOffer(offers []handshake.Offer, t handshake.Transport) int {
-	for i, o := range offers {
-		if o.Transport == t {
-			return i
-		}
-	}
-	return -1
+func offered(offers []handshake.Offer, t handshake.Transport) bool {
+	return slices.ContainsFunc(offers, func(o handshake.Offer) bool { return o.Transport == t })
 }
 
 func mustTransport(name string) handshake.Transport {

@@ -36,8 +36,8 @@ func (s *settings) switchHello(names []string) *handshake.Hello {
 // first frames; the answer to an early hello is held (sender.hold).
 func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, from switchFrom, arrived []byte) (*Conn, error) {
 	var ts []handshake.Transport
-	for i, t := range s.servedT {
-		if _, built := transport.Lookup(s.served[i]); built && indexOffer(hello.Offers, t) >= 0 {
+	for _, t := range s.order {
+		if _, built := transport.Lookup(t.String()); built && offered(hello.Offers, t) {
 			ts = append(ts, t)
 		}
 	}
@@ -193,11 +193,12 @@ func (w *swConn) clientUpgrade() {
 	var why reasons
 	var ep *stream.Endpoint
 	var name string
-	for _, n := range localFirst(s.transports) {
+	for _, t := range s.order {
 		// (The hello offered only what raw's peer may take: offerable.)
-		if !slices.Contains(w.transports, mustTransport(n)) {
+		if !slices.Contains(w.transports, t) {
 			continue
 		}
+		n := t.String()
 		e, err := s.newEndpoint(n, w.raw, w.peer)
 		if err != nil {
 			why.add(n, err)
