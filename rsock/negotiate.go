@@ -284,34 +284,28 @@ func (s *settings) dialHandshake(ctx context.Context, network, key string, raw *
 		}
 		return c, nil
 	case *handshake.Decline:
-		return s.declined(network, raw, m)
+		// After a version it does not speak (the caller redials plainly) or
+		// no common transport (code 1) the server closes the connection; any
+		// other (a late hello, code 5) leaves it to carry on as plain TCP, if
+		// this side allows that.
+		reason := fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason)
+		switch {
+		case m.Code == handshake.DeclineVersion:
+			err = &redialError{CodeDeclined, reason}
+		case m.Code == handshake.DeclineNoCommonTransport || !s.fallback:
+			err = fmt.Errorf("%w: %s", ErrNoTransport, reason)
+		default:
+			return plainConn(network, raw, nil, CodeDeclined, true, reason), nil
+		}
 	case *handshake.Hello:
-		raw.Close()
-		return nil, &redialError{CodePlainServer, "server does not speak rsock: it echoed the hello"}
+		err = &redialError{CodePlainServer, "server does not speak rsock: it echoed the hello"}
 	case *handshake.Accept:
-		raw.Close()
-		return nil, &redialError{CodeNoAnswer, "the server accepted an offer without a ring"}
+		err = &redialError{CodeNoAnswer, "the server accepted an offer without a ring"}
 	default:
-		raw.Close()
-		return nil, &redialError{CodePlainServer, fmt.Sprintf("server does not speak rsock: it answered with %v", msg.Type())}
+		err = &redialError{CodePlainServer, fmt.Sprintf("server does not speak rsock: it answered with %v", msg.Type())}
 	}
-}
-
-// declined handles the server's Decline of the hello: after a version it
-// does not speak (the caller redials plainly) or no common transport (code 1)
-// the server closes the connection; any other (a late hello, code 5) leaves
-// it to carry on as plain TCP, if this side allows that.
-func (s *settings) declined(network string, raw *net.TCPConn, m *handshake.Decline) (*Conn, error) {
-	reason := fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason)
-	switch {
-	case m.Code == handshake.DeclineVersion:
-		raw.Close()
-		return nil, &redialError{CodeDeclined, reason}
-	case m.Code == handshake.DeclineNoCommonTransport || !s.fallback:
-		raw.Close()
-		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
-	}
-	return plainConn(network, raw, nil, CodeDeclined, true, reason), nil
+	raw.Close()
+	return nil, err
 }
 
 func isTimeout(err error) bool {
