@@ -2,6 +2,7 @@ package rsock
 
 import (
 	"errors"
+	"expvar"
 	"io"
 	"net"
 	"sync"
@@ -273,6 +274,17 @@ func Totals() TotalStats {
 		Fallbacks: registry.fallbacks.Load(), HandshakeFailures: registry.handshakeFails.Load(),
 		HandshakeFailuresBy: snapshot(registry.failCauses), Probes: registry.probes.Load(),
 		CMRejected: int64(ibverbs.CMRejected())}
+}
+
+var publishOnce sync.Once
+
+// PublishExpvar publishes the process's totals (Totals) as the expvar
+// variable "rsock", served with the others at /debug/vars by the expvar
+// package's handler. Calling it again does nothing.
+func PublishExpvar() {
+	publishOnce.Do(func() {
+		expvar.Publish("rsock", expvar.Func(func() any { return Totals() }))
+	})
 }
 
 func snapshot(m map[string]*atomic.Int64) map[string]int64 {
