@@ -238,28 +238,16 @@ func (w *swConn) clientUpgrade() {
 	}
 	// The answer may wait behind Data the server's application has not
 	// read: past HandshakeTimeout the setup place is given back.
-	slow := time.After(w.set.handshake)
-	var answer handshake.Message
-	for answer == nil {
-		select {
-		case answer = <-w.answers:
-		case <-slow:
-			release()
-		case <-w.done:
-			ep.Close()
-			return
-		case <-w.gone.ch:
-			// The peer's end: its answer, if it sent one, was read before.
-			select {
-			case answer = <-w.answers:
-			default:
-				ep.Close()
-				w.stayOnTCP(CodeDeclined, "the server closed the connection before it answered the offer")
-				return
-			}
-		}
-	}
+	slow := time.AfterFunc(w.set.handshake, release)
+	answer, gone := w.answer(nil)
+	slow.Stop()
 	switch m := answer.(type) {
+	case nil:
+		ep.Close()
+		if gone {
+			w.stayOnTCP(CodeDeclined, "the server closed the connection before it answered the offer")
+		}
+		return
 	case *handshake.Decline:
 		ep.Close()
 		w.stayOnTCP(CodeDeclined, fmt.Sprintf("server declined: %v: %s", m.Code, m.Reason))
@@ -444,28 +432,16 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	}
 	// The client confirms within its HandshakeTimeout: a Confirm not here
 	// within twice that will not come (§9.4 step 4).
-	confirmBy := time.After(2 * w.set.handshake)
-	var confirm *handshake.Confirm
-	select {
-	case m := <-w.answers:
-		confirm = m.(*handshake.Confirm)
-	case <-confirmBy:
+	m, gone := w.answer(time.After(2 * w.set.handshake))
+	confirm, _ := m.(*handshake.Confirm)
+	if confirm == nil {
 		ep.Close()
-		w.fail(&stream.ResetError{Reason: fmt.Sprintf("the client did not confirm %s within %v", name, 2*w.set.handshake)})
-		return
-	case <-w.done:
-		ep.Close()
-		return
-	case <-w.gone.ch:
-		// The client's end: its Confirm, if it sent one, was read before.
-		select {
-		case m := <-w.answers:
-			confirm = m.(*handshake.Confirm)
-		default:
-			ep.Close()
+		if gone {
 			w.stayOnTCP(CodeClientGaveUp, "the client closed the connection before it confirmed")
-			return
+		} else { // the time is up, or Close came (fail then does nothing)
+			w.fail(&stream.ResetError{Reason: fmt.Sprintf("the client did not confirm %s within %v", name, 2*w.set.handshake)})
 		}
+		return
 	}
 	if confirm.Code != handshake.DeclineNone {
 		ep.Close()
@@ -493,6 +469,24 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 		return
 	}
 	w.setRing(r, name)
+}
+
+// answer waits for the peer's answer to our Offer (Accept or Decline) or
+// Accept (Confirm) until timeout, Close or the peer's end: nil without one.
+// gone says the peer ended first (an answer it sent was read before its end).
+func (w *swConn) answer(timeout <-chan time.Time) (m handshake.Message, gone bool) {
+	select {
+	case m = <-w.answers:
+	case <-timeout:
+	case <-w.done:
+	case <-w.gone.ch:
+		select {
+		case m = <-w.answers:
+		default:
+			gone = true
+		}
+	}
+	return m, gone
 }
 
 // stepContext bounds an upgrade's step by HandshakeTimeout and Close.
