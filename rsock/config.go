@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -298,13 +299,8 @@ func (c *Config) resolve() (*settings, error) {
 			list = DefaultTransports
 		}
 	}
-	seen := map[string]bool{}
 	for _, name := range list {
 		name = strings.ToLower(strings.TrimSpace(name))
-		if seen[name] {
-			continue
-		}
-		seen[name] = true
 		if name == "tcp" {
 			s.fallback = true
 			continue
@@ -312,7 +308,9 @@ func (c *Config) resolve() (*settings, error) {
 		if _, ok := handshake.TransportByName(name); !ok {
 			return nil, &ConfigError{Field: "Transports", Env: env, Value: strings.Join(list, ","), Err: fmt.Errorf("unknown transport %q (want verbs, shm or tcp)", name)}
 		}
-		s.transports = append(s.transports, name)
+		if !slices.Contains(s.transports, name) {
+			s.transports = append(s.transports, name)
+		}
 	}
 	for _, name := range localFirst(s.transports) {
 		s.order = append(s.order, mustTransport(name))
