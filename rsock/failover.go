@@ -34,8 +34,7 @@ func (o *owed) end() uint64 { return o.first + uint64(len(o.data)) }
 // for it); it returns an error only if the connection failed instead.
 func (w *swConn) failover(cause string) error {
 	w.mu.Lock()
-	if w.moving != nil {
-		ch := w.moving
+	if ch := w.moving; ch != nil {
 		w.mu.Unlock()
 		w.await(ch)
 		return nil

@@ -14,15 +14,13 @@ import (
 // switching connection's first timed step (swConn.start). The methods
 // below, and SyscallConn, turn it on first, so what they set stays set.
 
-// keepAliveDefault is net.Dialer's and net.ListenConfig's default (Go's).
-var keepAliveDefault = net.KeepAliveConfig{Enable: true}
-
 // noKeepAlive as a Dialer's or ListenConfig's KeepAlive leaves keep-alive off.
 const noKeepAlive = -1
 
-// keepAlive turns Go's default keep-alive on, the first time it is called.
+// keepAlive turns Go's default keep-alive (net.Dialer's and
+// net.ListenConfig's) on, the first time it is called.
 func (c *Conn) keepAlive() {
-	c.keepAliveOnce.Do(func() { _ = c.tcp.SetKeepAliveConfig(keepAliveDefault) })
+	c.keepAliveOnce.Do(func() { _ = c.tcp.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true}) })
 }
 
 // SetKeepAlive turns TCP keep-alive probes on or off. On a ring they run on the
