@@ -133,11 +133,10 @@ type PathBytes struct {
 // Info returns the Conn's transport, the reason for it, and its counters.
 func (c *Conn) Info() ConnInfo {
 	l := c.label.Load()
-	ci := ConnInfo{Transport: l.transport, Fallback: l.fallback, Reason: l.reason, Code: l.code}
+	ci := ConnInfo{Transport: l.transport, Fallback: l.fallback, Reason: l.reason, Code: l.code, Writes: c.writes.Load(),
+		Paths: []PathBytes{{Transport: "tcp", BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load()}}}
 	var s *stream.Conn
 	var name string
-	ci.Paths = []PathBytes{{Transport: "tcp", BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load()}}
-	ci.Writes = c.writes.Load()
 	if c.w != nil {
 		s, name = c.w.info(&ci)
 	}

@@ -148,8 +148,7 @@ func (c *Conn) unregister() {
 		}
 		c.prev, c.next, c.listed = nil, nil, false
 	}
-	tr := c.label.Load().transport
-	if n := registry.open[tr]; ok && n != nil {
+	if n := registry.open[c.label.Load().transport]; ok && n != nil {
 		n.Add(-1)
 	}
 	sh.mu.Unlock()
