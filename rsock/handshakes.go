@@ -167,20 +167,16 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 	// its hello is complete it holds one of its source's waiting places.
 	l.setDeadline(raw, time.Now().Add(s.handshake), true)
 	src := l.waiting.add(raw)
-	waiting := true
-	defer func() {
-		if waiting {
-			l.waiting.remove(src, raw)
-		}
-	}()
 	// The magic at once, before the hello is read (docs/protocol.md §2.1);
 	// the next frame leaves it out (handshake.WriteAfterMagic).
 	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
+		l.waiting.remove(src, raw)
 		raw.Close()
 		return nil, err
 	}
 	hr := bytes.NewReader(rest)
 	msg, err := handshake.ReadAfterMagic(io.MultiReader(hr, raw))
+	l.waiting.remove(src, raw)
 	if err != nil {
 		if errors.Is(err, handshake.ErrVersion) {
 			_ = handshake.WriteAfterMagic(raw, &handshake.Decline{Code: handshake.DeclineVersion, Reason: fmt.Sprintf("server speaks version %d", handshake.Version)})
@@ -188,8 +184,6 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 		raw.Close()
 		return nil, err
 	}
-	l.waiting.remove(src, raw)
-	waiting = false
 	hello, ok := msg.(*handshake.Hello)
 	if !ok {
 		raw.Close()
