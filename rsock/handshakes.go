@@ -25,9 +25,8 @@ func (l *Listener) handshakeConn(raw *net.TCPConn) {
 	var buf [128]byte
 	n, err := sysdep.Arrived(raw, buf[:])
 	if hello, k := switchHelloIn(buf[:n]); err == nil && hello != nil {
-		peer := raw.RemoteAddr()
 		c, err := l.s.serveSwitch(l, raw, hello, switchFrom{withMagic: true}, buf[k:n])
-		l.deliver(c, err, peer)
+		l.deliver(raw, c, err)
 		return
 	}
 	first := bytes.Clone(buf[:n])
@@ -65,21 +64,21 @@ func (l *Listener) serveConn(raw *net.TCPConn, first []byte, err error) {
 	}
 	// Close ends the handshake's I/O.
 	stop := context.AfterFunc(l.ctx, func() { _ = raw.SetDeadline(aLongTimeAgo) })
-	peer := raw.RemoteAddr() // before the handshake, which may close raw
 	c, err := l.handshake(raw, first, err)
 	stop()
 	if l.ctx.Err() != nil && err == nil {
 		c.Close() // the listener closed under us
 		return
 	}
-	l.deliver(c, err, peer)
+	l.deliver(raw, c, err)
 }
 
-// deliver counts and logs the handshake's outcome, and waits until c is
-// queued for Accept, or the listener closes.
-func (l *Listener) deliver(c *Conn, err error, peer net.Addr) {
+// deliver counts and logs the outcome of raw's handshake, and waits until
+// c is queued for Accept, or the listener closes. On an error it closes raw.
+func (l *Listener) deliver(raw *net.TCPConn, c *Conn, err error) {
 	if err != nil {
-		l.dropped(err, peer)
+		raw.Close()
+		l.dropped(err, raw.RemoteAddr())
 		return
 	}
 	l.s.logConn(c, "server")
@@ -109,7 +108,8 @@ func (l *Listener) dropped(err error, peer net.Addr) {
 }
 
 // handshake runs raw's handshake, its first bytes (read with err) being
-// first: the sniff of the magic, then the hello.
+// first: the sniff of the magic, then the hello. On an error the caller
+// closes raw (deliver), as for plainClient, awaitHello and serveSwitch.
 func (l *Listener) handshake(raw *net.TCPConn, arrived []byte, err error) (*Conn, error) {
 	s := l.s
 	var buf [128]byte
@@ -127,7 +127,6 @@ func (l *Listener) handshake(raw *net.TCPConn, arrived []byte, err error) (*Conn
 		return l.plainClient(raw, head, err)
 	}
 	if err != nil {
-		raw.Close()
 		return nil, err
 	}
 	// A whole switching hello came with the magic: answer it now.
@@ -145,11 +144,9 @@ var testHookSniff hook
 func (l *Listener) plainClient(raw *net.TCPConn, head []byte, err error) (*Conn, error) {
 	// A plain client: what it sent, if anything, is its own.
 	if err != nil && len(head) == 0 && !isTimeout(err) && !errors.Is(err, io.EOF) {
-		raw.Close()
 		return nil, err
 	}
 	if !l.s.fallback {
-		raw.Close()
 		return nil, fmt.Errorf("%w: plain TCP client", ErrNoTransport)
 	}
 	c := plainConn(l.network, raw, bytes.Clone(head), CodePlainClient, false, "client does not speak rsock")
@@ -171,7 +168,6 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 	// the next frame leaves it out (handshake.WriteAfterMagic).
 	if _, err := raw.Write([]byte(handshake.Magic)); err != nil {
 		l.waiting.remove(src, raw)
-		raw.Close()
 		return nil, err
 	}
 	hr := bytes.NewReader(rest)
@@ -181,17 +177,14 @@ func (l *Listener) awaitHello(raw *net.TCPConn, rest []byte) (*Conn, error) {
 		if errors.Is(err, handshake.ErrVersion) {
 			_ = handshake.WriteAfterMagic(raw, &handshake.Decline{Code: handshake.DeclineVersion, Reason: fmt.Sprintf("server speaks version %d", handshake.Version)})
 		}
-		raw.Close()
 		return nil, err
 	}
 	hello, ok := msg.(*handshake.Hello)
 	if !ok {
-		raw.Close()
 		return nil, fmt.Errorf("rsock: client opened with %v, want hello", msg.Type())
 	}
 	if hello.Flags&handshake.FlagSwitch == 0 {
 		// Version 2 has no other handshake.
-		raw.Close()
 		return nil, errors.New("rsock: a hello without FlagSwitch")
 	}
 	// An early client's frames may have come with its hello.

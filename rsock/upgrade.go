@@ -32,8 +32,9 @@ func (s *settings) switchHello(names []string) *handshake.Hello {
 }
 
 // serveSwitch answers a Hello with FlagSwitch (docs/protocol.md §2.4) and
-// returns the connection, on TCP, for Accept. arrived is an early client's
-// first frames; the answer to an early hello is held (sender.hold).
+// returns the connection, on TCP, for Accept (on an error the caller closes
+// raw). arrived is an early client's first frames; the answer to an early
+// hello is held (sender.hold).
 func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.Hello, from switchFrom, arrived []byte) (*Conn, error) {
 	var ts []handshake.Transport
 	for _, t := range s.order {
@@ -61,12 +62,10 @@ func (s *settings) serveSwitch(l *Listener, raw *net.TCPConn, hello *handshake.H
 	} else if err == nil {
 		_, err = raw.Write(frame)
 	}
-	_, declined := answer.(*handshake.Decline)
-	if err != nil || declined {
-		raw.Close()
-		if err != nil {
-			return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
-		}
+	if err != nil {
+		return nil, fmt.Errorf("rsock: writing upgrade: %w", err)
+	}
+	if _, declined := answer.(*handshake.Decline); declined {
 		return nil, fmt.Errorf("%w: %s", ErrNoTransport, reason)
 	}
 	return s.switchConn(l.network, raw, l, st), nil
