@@ -197,14 +197,12 @@ func (w *swConn) clientUpgrade() {
 		if !slices.Contains(w.transports, t) {
 			continue
 		}
-		n := t.String()
-		e, err := s.newEndpoint(n, w.raw, w.peer)
-		if err != nil {
-			why.add(n, err)
-			continue
+		var err error
+		name = t.String()
+		if ep, err = s.newEndpoint(name, w.raw, w.peer); err == nil {
+			break
 		}
-		ep, name = e, n
-		break
+		why.add(name, err)
 	}
 	if ep == nil {
 		w.stayOnTCP(CodeNothingHere, "no transport available here: "+why.String())
@@ -416,12 +414,12 @@ func (w *swConn) serveUpgrade(o handshake.Offer, mine chan struct{}) {
 	ep, err := w.servePrepare(ctx, o)
 	<-w.ln.setups // prepared (or not): the place's work is done
 	if err != nil {
+		code, ours := handshake.DeclineUnavailable, CodeDeclined
 		if verbs.LocalLimit(err) {
 			// A limit of this host may pass: the client may offer again.
-			w.declineOffer(mine, handshake.DeclineResources, CodeLocalLimit, fmt.Sprintf("%s: %v", name, err))
-		} else {
-			w.declineOffer(mine, handshake.DeclineUnavailable, CodeDeclined, fmt.Sprintf("%s: %v", name, err))
+			code, ours = handshake.DeclineResources, CodeLocalLimit
 		}
+		w.declineOffer(mine, code, ours, fmt.Sprintf("%s: %v", name, err))
 		return
 	}
 	accept := &handshake.Accept{Transport: o.Transport, Ring: ringOf(ep.Ring()), Info: ep.Info()}
