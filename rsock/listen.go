@@ -182,10 +182,8 @@ func (l *Listener) acceptLoop() {
 		}
 		raw, err := l.ln.AcceptTCP()
 		if err != nil {
-			select {
-			case <-l.ctx.Done():
-				return
-			default:
+			if l.ctx.Err() != nil {
+				return // Close
 			}
 			if isTimeout(err) || isTemporary(err) {
 				// Out of descriptors and the like: back off, as net/http does.
